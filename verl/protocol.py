@@ -1,0 +1,583 @@
+"""DataProto: the batch object passed between the driver, workers and algorithms.
+
+A ``DataProto`` holds N rows in three parts:
+
+* ``batch``: a ``tensordict.TensorDict`` with ``batch_size == [N]`` (every tensor has N rows), or
+  ``None`` when the data has no tensors;
+* ``non_tensor_batch``: ``dict[str, np.ndarray]``, each array of length N (per-row Python objects
+  such as ``uid``, ``data_source``, ``reward_model`` live in arrays of dtype ``object``);
+* ``meta_info``: a plain ``dict`` of batch-level settings (temperature, metrics, ...).
+
+Names and signatures follow verl's ``verl.protocol`` so recipes written for verl port over. Differences
+from verl, all deliberate:
+
+* ``chunk`` never asserts equal chunk sizes (sizes follow ``np.array_split``) and ``split`` accepts a
+  list of sizes: the number of conversations per step varies in multi-conversation RL.
+* ``select``/``pop``/``rename`` raise ``KeyError`` for a missing key (naming it and the available keys)
+  instead of silently ignoring it.
+* ``pad_dataproto_to_divisor`` gives padding rows zero weight (see its docstring).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+__all__ = [
+    "DataProto",
+    "DataProtoItem",
+    "pad_dataproto_to_divisor",
+    "unpad_dataproto",
+    "PADDING_FLAG_KEY",
+    "PAD_ZEROED_MASK_KEYS",
+]
+
+# Bool tensor key added by ``pad_dataproto_to_divisor``: True on padding rows.
+PADDING_FLAG_KEY = "is_padding"
+# Tensor keys zeroed on padding rows so they add nothing to token-weighted losses or token counts.
+PAD_ZEROED_MASK_KEYS = ("response_mask", "loss_mask")
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _to_object_array(values: Sequence[Any]) -> np.ndarray:
+    """Return a 1-D object array with one element per item of ``values``.
+
+    Filled element by element so that a list of equal-length lists stays a 1-D array of lists
+    (``np.array`` would build a 2-D array instead).
+    """
+    array = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        array[i] = value
+    return array
+
+
+def _as_non_tensor_array(key: str, value: Any) -> np.ndarray:
+    """Convert a non-tensor column to a numpy array (lists/tuples become 1-D object arrays)."""
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0:
+            raise ValueError(f"non_tensor_batch['{key}'] is a 0-dim array; it needs one entry per row")
+        return value
+    if isinstance(value, (list, tuple)):
+        return _to_object_array(value)
+    raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array or a list, got {type(value).__name__}")
+
+
+def _build_tensordict(tensors: dict[str, torch.Tensor]) -> TensorDict:
+    """Build a TensorDict with batch_size [N] from tensors that all have N rows (named errors otherwise)."""
+    first_key, num_rows = None, None
+    for key, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"batch['{key}'] must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.ndim == 0:
+            raise ValueError(f"batch['{key}'] is a 0-dim tensor; every tensor needs a leading row dimension")
+        if num_rows is None:
+            first_key, num_rows = key, tensor.shape[0]
+        elif tensor.shape[0] != num_rows:
+            raise ValueError(f"batch['{key}'] has {tensor.shape[0]} rows but batch['{first_key}'] has {num_rows} rows")
+    return TensorDict(dict(tensors), batch_size=[num_rows or 0])
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    """Equality for meta_info values and object-array elements (tensors, arrays, NaN-aware floats)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return _arrays_equal(np.asarray(a), np.asarray(b))
+    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Shape- and element-wise equality of two numpy arrays, including object arrays."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype != object and b.dtype != object:
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
+    return all(_values_equal(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1)))
+
+
+def _missing_key_error(kind: str, missing: str, available: Sequence[str]) -> KeyError:
+    return KeyError(f"{kind} key '{missing}' not found; available {kind} keys: {sorted(available)}")
+
+
+def _check_keys_present(kind: str, wanted: Sequence[str] | None, available: Sequence[str]) -> None:
+    for key in wanted or ():
+        if key not in available:
+            raise _missing_key_error(kind, key, available)
+
+
+def _as_key_list(keys: str | Sequence[str] | None) -> list[str]:
+    if keys is None:
+        return []
+    if isinstance(keys, str):
+        return [keys]
+    return list(keys)
+
+
+def _describe(value: Any) -> str:
+    """Short 'dtype[shape]' description used by __repr__."""
+    dtype = str(value.dtype).replace("torch.", "")
+    text = f"{dtype}{list(value.shape)}"
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        text += f"@{value.device}"
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# DataProtoItem / DataProto
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class DataProtoItem:
+    """One row of a DataProto: ``batch`` is a TensorDict with batch_size [] (or None)."""
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict[str, Any] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class DataProto:
+    """A batch of N rows: tensors (``batch``), per-row Python objects (``non_tensor_batch``), ``meta_info``.
+
+    ``batch`` may also be given as a plain ``dict`` of tensors and non-tensor columns as lists; both are
+    converted. Consistency (every column has N rows) is checked on construction.
+    """
+
+    batch: TensorDict | None = None
+    non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch, dict):
+            self.batch = _build_tensordict(self.batch) if self.batch else None
+        if self.non_tensor_batch is None:
+            self.non_tensor_batch = {}
+        self.non_tensor_batch = {k: _as_non_tensor_array(k, v) for k, v in self.non_tensor_batch.items()}
+        if self.meta_info is None:
+            self.meta_info = {}
+        self.check_consistency()
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_dict(
+        cls,
+        tensors: dict[str, torch.Tensor] | None = None,
+        non_tensors: dict[str, Any] | None = None,
+        meta_info: dict[str, Any] | None = None,
+    ) -> DataProto:
+        """Build from a dict of tensors (all with the same first dimension) and a dict of non-tensors."""
+        batch = _build_tensordict(tensors) if tensors else None
+        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=dict(meta_info or {}))
+
+    @classmethod
+    def from_single_dict(cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None) -> DataProto:
+        """Build from one dict: tensors go to ``batch``; numpy arrays and lists go to ``non_tensor_batch``."""
+        tensors, non_tensors = {}, {}
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            elif isinstance(value, (np.ndarray, list, tuple)):
+                non_tensors[key] = value
+            else:
+                raise TypeError(f"data['{key}'] must be a torch.Tensor, numpy array or list, got {type(value).__name__}")
+        return cls.from_dict(tensors, non_tensors, meta_info)
+
+    # ---------------------------------------------------------------- basics
+    def __len__(self) -> int:
+        if self.batch is not None:
+            return int(self.batch.batch_size[0])
+        for value in self.non_tensor_batch.values():
+            return int(value.shape[0])
+        return 0
+
+    def check_consistency(self) -> None:
+        """Raise ValueError unless every tensor and non-tensor column has the same number of rows."""
+        if self.batch is not None:
+            if not isinstance(self.batch, TensorDict):
+                raise TypeError(f"batch must be a TensorDict, got {type(self.batch).__name__}")
+            if len(self.batch.batch_size) != 1:
+                raise ValueError(f"batch must have exactly one batch dimension, got batch_size={list(self.batch.batch_size)}")
+        if not isinstance(self.meta_info, dict):
+            raise TypeError(f"meta_info must be a dict, got {type(self.meta_info).__name__}")
+        reference = "batch" if self.batch is not None else None
+        num_rows = len(self)
+        for key, value in self.non_tensor_batch.items():
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array, got {type(value).__name__}")
+            if reference is None:
+                reference = f"non_tensor_batch['{key}']"
+            if value.shape[0] != num_rows:
+                raise ValueError(f"non_tensor_batch['{key}'] has {value.shape[0]} rows but {reference} has {num_rows} rows")
+
+    def __repr__(self) -> str:
+        def columns(items: Any) -> str:
+            return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in items) + "}"
+
+        batch = columns(self.batch.items()) if self.batch is not None else "None"
+        non_tensor = columns(self.non_tensor_batch.items())
+        return f"DataProto(len={len(self)}, batch={batch}, non_tensor_batch={non_tensor}, meta_info_keys={list(self.meta_info)})"
+
+    def __iter__(self) -> Iterator[DataProtoItem]:
+        for i in range(len(self)):
+            yield self[i]
+
+    # ---------------------------------------------------------------- indexing
+    def __getitem__(self, item: Any) -> DataProto | DataProtoItem:
+        """int -> DataProtoItem; slice, index list/array/tensor or bool mask -> DataProto."""
+        if isinstance(item, torch.Tensor) and item.ndim == 0 and not item.dtype.is_floating_point:
+            item = item.item()
+        if isinstance(item, (bool, np.bool_)):
+            raise TypeError("cannot index a DataProto with a single bool; use a boolean mask with one entry per row")
+        if isinstance(item, (int, np.integer)):
+            return self._row(int(item))
+        if isinstance(item, slice):
+            return self._with_rows(self.batch[item] if self.batch is not None else None,
+                                   {k: v[item] for k, v in self.non_tensor_batch.items()})
+        if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
+            return self._take(self._as_row_indices(item))
+        raise TypeError(f"cannot index a DataProto with {type(item).__name__}")
+
+    def _row(self, index: int) -> DataProtoItem:
+        num_rows = len(self)
+        if not -num_rows <= index < num_rows:
+            raise IndexError(f"row {index} out of range for DataProto with {num_rows} rows")
+        index %= num_rows
+        return DataProtoItem(
+            batch=self.batch[index] if self.batch is not None else None,
+            non_tensor_batch={k: v[index] for k, v in self.non_tensor_batch.items()},
+            meta_info=self.meta_info,
+        )
+
+    def _as_row_indices(self, item: Any) -> np.ndarray:
+        """Convert an index list/array/tensor or a bool mask into non-negative int64 row indices."""
+        array = item.detach().cpu().numpy() if isinstance(item, torch.Tensor) else np.asarray(item)
+        num_rows = len(self)
+        if array.ndim != 1:
+            raise IndexError(f"row indices must be 1-D, got shape {array.shape}")
+        if array.dtype == np.bool_:
+            if array.shape[0] != num_rows:
+                raise IndexError(f"boolean mask has {array.shape[0]} entries but DataProto has {num_rows} rows")
+            return np.flatnonzero(array)
+        if array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"row indices must be integers or booleans, got dtype {array.dtype}")
+        bad = array[(array < -num_rows) | (array >= num_rows)]
+        if bad.size:
+            raise IndexError(f"row index {int(bad[0])} out of range for DataProto with {num_rows} rows")
+        return np.where(array < 0, array + num_rows, array).astype(np.int64)
+
+    def _take(self, indices: np.ndarray) -> DataProto:
+        batch = self.batch[torch.from_numpy(indices)] if self.batch is not None else None
+        return self._with_rows(batch, {k: v[indices] for k, v in self.non_tensor_batch.items()})
+
+    def _with_rows(self, batch: TensorDict | None, non_tensor_batch: dict[str, np.ndarray]) -> DataProto:
+        return type(self)(batch=batch, non_tensor_batch=non_tensor_batch, meta_info=dict(self.meta_info))
+
+    # ---------------------------------------------------------------- key selection
+    def select(
+        self,
+        batch_keys: Sequence[str] | None = None,
+        non_tensor_batch_keys: Sequence[str] | None = None,
+        meta_info_keys: Sequence[str] | None = None,
+        deepcopy: bool = False,
+    ) -> DataProto:
+        """Return a new DataProto with the given keys (``None`` = all keys of that part).
+
+        Without ``deepcopy`` the tensors and arrays are shared with ``self`` (the dicts are new);
+        with ``deepcopy`` tensors are cloned and non-tensors/meta_info deep-copied.
+        """
+        batch_available = list(self.batch.keys()) if self.batch is not None else []
+        _check_keys_present("batch", batch_keys, batch_available)
+        _check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
+        _check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
+        batch = None
+        if self.batch is not None:
+            batch = self.batch.select(*(batch_available if batch_keys is None else batch_keys))
+        keys = self.non_tensor_batch.keys() if non_tensor_batch_keys is None else non_tensor_batch_keys
+        non_tensor = {k: self.non_tensor_batch[k] for k in keys}
+        meta = {k: self.meta_info[k] for k in (self.meta_info.keys() if meta_info_keys is None else meta_info_keys)}
+        if deepcopy:
+            batch = batch.clone() if batch is not None else None
+            non_tensor, meta = copy.deepcopy(non_tensor), copy.deepcopy(meta)
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def pop(
+        self,
+        batch_keys: Sequence[str] | None = None,
+        non_tensor_batch_keys: Sequence[str] | None = None,
+        meta_info_keys: Sequence[str] | None = None,
+    ) -> DataProto:
+        """Remove the given keys from ``self`` and return them as a new DataProto (``None`` = none).
+
+        All keys are checked before anything is removed, so a KeyError leaves ``self`` unchanged.
+        The returned DataProto keeps the row count even when it gets no tensors.
+        """
+        batch_keys, non_tensor_batch_keys = _as_key_list(batch_keys), _as_key_list(non_tensor_batch_keys)
+        meta_info_keys = _as_key_list(meta_info_keys)
+        _check_keys_present("batch", batch_keys, list(self.batch.keys()) if self.batch is not None else [])
+        _check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
+        _check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
+        batch = None
+        if self.batch is not None:
+            batch = TensorDict({k: self.batch.pop(k) for k in batch_keys}, batch_size=self.batch.batch_size)
+        non_tensor = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
+        meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def rename(self, old_keys: str | Sequence[str] | None = None, new_keys: str | Sequence[str] | None = None) -> DataProto:
+        """Rename tensor keys (or non-tensor keys) in place and return ``self``."""
+        old_keys, new_keys = _as_key_list(old_keys), _as_key_list(new_keys)
+        if len(old_keys) != len(new_keys):
+            raise ValueError(f"rename got {len(old_keys)} old keys {old_keys} but {len(new_keys)} new keys {new_keys}")
+        batch_available = list(self.batch.keys()) if self.batch is not None else []
+        for old, new in zip(old_keys, new_keys):
+            if old in batch_available:
+                if new in batch_available and new != old:
+                    raise ValueError(f"cannot rename batch['{old}'] to '{new}': batch key '{new}' already exists")
+                self.batch.rename_key_(old, new)
+            elif old in self.non_tensor_batch:
+                if new in self.non_tensor_batch and new != old:
+                    raise ValueError(f"cannot rename non_tensor_batch['{old}'] to '{new}': key '{new}' already exists")
+                self.non_tensor_batch[new] = self.non_tensor_batch.pop(old)
+            else:
+                raise _missing_key_error("batch or non_tensor_batch", old, batch_available + list(self.non_tensor_batch))
+            batch_available = list(self.batch.keys()) if self.batch is not None else []
+        return self
+
+    # ---------------------------------------------------------------- combining
+    def union(self, other: DataProto) -> DataProto:
+        """Merge ``other`` into ``self`` (in place, like verl) and return ``self``.
+
+        Keys present in both must hold equal values (``torch.equal`` / element-wise array equality /
+        ``==`` for meta_info), otherwise ValueError naming the key. Row counts must match unless one side
+        has no rows of data at all (no tensors and no non-tensors).
+        """
+        self_empty = self.batch is None and not self.non_tensor_batch
+        other_empty = other.batch is None and not other.non_tensor_batch
+        if not self_empty and not other_empty and len(self) != len(other):
+            raise ValueError(f"cannot union DataProto with {len(self)} rows and DataProto with {len(other)} rows")
+        if other.batch is not None and self.batch is not None:
+            for key, value in other.batch.items():
+                if key in self.batch.keys() and not torch.equal(self.batch[key], value):
+                    raise ValueError(f"cannot union: batch['{key}'] differs between the two DataProtos")
+        for key, value in other.non_tensor_batch.items():
+            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], value):
+                raise ValueError(f"cannot union: non_tensor_batch['{key}'] differs between the two DataProtos")
+        for key, value in other.meta_info.items():
+            if key in self.meta_info and not _values_equal(self.meta_info[key], value):
+                raise ValueError(f"cannot union: meta_info['{key}'] differs ({self.meta_info[key]!r} vs {value!r})")
+        if other.batch is not None:
+            if self.batch is None:
+                self.batch = other.batch.copy()
+            else:
+                for key, value in other.batch.items():
+                    if key not in self.batch.keys():
+                        self.batch[key] = value
+        for key, value in other.non_tensor_batch.items():
+            self.non_tensor_batch.setdefault(key, value)
+        for key, value in other.meta_info.items():
+            self.meta_info.setdefault(key, value)
+        self.check_consistency()
+        return self
+
+    @staticmethod
+    def concat(data: Sequence[DataProto]) -> DataProto:
+        """Concatenate DataProtos row-wise, preserving order.
+
+        All parts need the same tensor keys, each with the same trailing shape (padding to a common
+        width is the caller's job), and the same non-tensor keys. ``meta_info`` is the merge of all
+        parts' meta_info; when two parts disagree on a key, the value of the earliest part wins.
+        """
+        if len(data) == 0:
+            raise ValueError("DataProto.concat needs at least one DataProto")
+        first = data[0]
+        batch = None
+        if first.batch is not None:
+            first_keys = sorted(first.batch.keys())
+            for i, part in enumerate(data[1:], start=1):
+                part_keys = sorted(part.batch.keys()) if part.batch is not None else []
+                if part_keys != first_keys:
+                    raise ValueError(f"cannot concat: part {i} has batch keys {part_keys} but part 0 has {first_keys}")
+                for key in first_keys:
+                    shape0, shape_i = tuple(first.batch[key].shape), tuple(part.batch[key].shape)
+                    if shape0[1:] != shape_i[1:]:
+                        raise ValueError(
+                            f"cannot concat batch['{key}']: part 0 has shape {shape0} but part {i} has shape {shape_i}; "
+                            "pad to a common width first"
+                        )
+            batch = torch.cat([part.batch for part in data], dim=0)
+        elif any(part.batch is not None for part in data):
+            raise ValueError("cannot concat: part 0 has no tensor batch but another part has one")
+        first_nt_keys = list(first.non_tensor_batch)
+        for i, part in enumerate(data[1:], start=1):
+            if set(part.non_tensor_batch) != set(first_nt_keys):
+                raise ValueError(
+                    f"cannot concat: part {i} has non_tensor_batch keys {sorted(part.non_tensor_batch)} "
+                    f"but part 0 has {sorted(first_nt_keys)}"
+                )
+        non_tensor = {k: np.concatenate([part.non_tensor_batch[k] for part in data], axis=0) for k in first_nt_keys}
+        meta: dict[str, Any] = {}
+        for part in data:
+            for key, value in part.meta_info.items():
+                meta.setdefault(key, value)
+        return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    # ---------------------------------------------------------------- splitting / repeating
+    def chunk(self, chunks: int) -> list[DataProto]:
+        """Split into ``chunks`` parts like ``np.array_split``: sizes differ by at most one, earlier parts
+        are larger, and when ``chunks > len(self)`` the trailing parts have 0 rows. Never asserts divisibility."""
+        if not isinstance(chunks, (int, np.integer)) or chunks < 1:
+            raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+        base, extra = divmod(len(self), int(chunks))
+        return self.split([base + 1] * extra + [base] * (int(chunks) - extra))
+
+    def split(self, split_size: int | Sequence[int]) -> list[DataProto]:
+        """Split into pieces of ``split_size`` rows (the last may be shorter; 0 rows -> []), or into pieces
+        of exactly the listed sizes, which must sum to ``len(self)``."""
+        num_rows = len(self)
+        if isinstance(split_size, (int, np.integer)):
+            if split_size < 1:
+                raise ValueError(f"split_size must be a positive int, got {split_size}")
+            sizes = [min(int(split_size), num_rows - start) for start in range(0, num_rows, int(split_size))]
+        else:
+            sizes = [int(s) for s in split_size]
+            if any(s < 0 for s in sizes):
+                raise ValueError(f"split sizes must be non-negative, got {sizes}")
+            if sum(sizes) != num_rows:
+                raise ValueError(f"split sizes {sizes} sum to {sum(sizes)} but DataProto has {num_rows} rows")
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(self[start : start + size])
+            start += size
+        return parts
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
+        """Repeat every row ``repeat_times`` times: interleave=True gives [a, a, b, b], False gives [a, b, a, b]."""
+        if repeat_times < 1:
+            raise ValueError(f"repeat_times must be >= 1, got {repeat_times}")
+        rows = np.arange(len(self))
+        indices = np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
+        return self._take(indices)
+
+    def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> None:
+        """Permute the rows in place: row i becomes old row ``indices[i]``. ``indices`` must be a permutation."""
+        order = self._as_row_indices(indices)
+        if not np.array_equal(np.sort(order), np.arange(len(self))):
+            raise ValueError(f"reorder indices must be a permutation of range({len(self)}), got {order.tolist()}")
+        if self.batch is not None:
+            self.batch = self.batch[torch.from_numpy(order)]
+        self.non_tensor_batch = {k: v[order] for k, v in self.non_tensor_batch.items()}
+
+    # ---------------------------------------------------------------- devices, copies, persistence
+    def to(self, device: str | torch.device) -> DataProto:
+        """Move the tensors to ``device`` (in place) and return ``self``."""
+        if self.batch is not None:
+            self.batch = self.batch.to(device)
+        return self
+
+    def clone(self) -> DataProto:
+        """Deep copy: tensors cloned, non-tensors and meta_info deep-copied."""
+        return type(self)(
+            batch=self.batch.clone() if self.batch is not None else None,
+            non_tensor_batch=copy.deepcopy(self.non_tensor_batch),
+            meta_info=copy.deepcopy(self.meta_info),
+        )
+
+    def save_to_disk(self, filepath: str) -> None:
+        """Pickle this DataProto to ``filepath``."""
+        with open(filepath, "wb") as f:
+            pickle.dump(self, f)
+
+    @staticmethod
+    def load_from_disk(filepath: str) -> DataProto:
+        """Load a DataProto written by ``save_to_disk``."""
+        with open(filepath, "rb") as f:
+            data = pickle.load(f)
+        if not isinstance(data, DataProto):
+            raise TypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
+        return data
+
+
+# --------------------------------------------------------------------------------------------------
+# padding to a divisor (e.g. the data-parallel world size)
+# --------------------------------------------------------------------------------------------------
+
+
+def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+    """Pad ``data`` so its row count is a multiple of ``size_divisor``; return ``(padded, pad_size)``.
+
+    Padding rows are copies of existing rows, cycled from the start (rows 0, 1, ... as in verl), with
+    **zero weight**:
+
+    * every tensor named in ``PAD_ZEROED_MASK_KEYS`` (``response_mask``, ``loss_mask``) is zeroed on
+      padding rows, so they add nothing to token-weighted losses or token counts;
+    * ``attention_mask`` is deliberately kept: a fully zero attention mask can give NaN in attention
+      for some models, and padding rows still run through the forward pass;
+    * a bool tensor ``batch["is_padding"]`` (``PADDING_FLAG_KEY``) is True on padding rows and False on
+      real rows (an existing ``is_padding`` column is kept for the real rows).
+
+    ``pad_size == 0`` returns ``data`` itself unchanged (no ``is_padding`` key is added).
+    """
+    if size_divisor < 1:
+        raise ValueError(f"size_divisor must be a positive int, got {size_divisor}")
+    num_rows = len(data)
+    pad_size = -num_rows % size_divisor
+    if pad_size == 0:
+        return data, 0
+    pad_rows = data._take(np.arange(pad_size) % num_rows)
+    pad_batch = pad_rows.batch if pad_rows.batch is not None else TensorDict({}, batch_size=[pad_size])
+    for key in PAD_ZEROED_MASK_KEYS:
+        if key in pad_batch.keys():
+            pad_batch[key] = torch.zeros_like(pad_batch[key])
+    real_batch = data.batch if data.batch is not None else TensorDict({}, batch_size=[num_rows])
+    if PADDING_FLAG_KEY not in real_batch.keys():
+        real_batch = real_batch.copy()
+        real_batch[PADDING_FLAG_KEY] = torch.zeros(num_rows, dtype=torch.bool, device=real_batch.device)
+    pad_batch[PADDING_FLAG_KEY] = torch.ones(pad_size, dtype=torch.bool, device=pad_batch.device)
+    real = DataProto(batch=real_batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+    pad_rows.batch = pad_batch
+    padded = DataProto.concat([real, pad_rows])
+    padded.meta_info = dict(data.meta_info)
+    return padded, pad_size
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    """Drop the last ``pad_size`` rows added by ``pad_dataproto_to_divisor``.
+
+    The ``is_padding`` key is dropped too when no remaining row is padding, so pad-then-unpad gives
+    back the original keys. ``pad_size == 0`` returns ``data`` unchanged.
+    """
+    if pad_size < 0 or pad_size > len(data):
+        raise ValueError(f"pad_size must be in [0, {len(data)}] for a DataProto with {len(data)} rows, got {pad_size}")
+    if pad_size == 0:
+        return data
+    unpadded = data[: len(data) - pad_size]
+    if unpadded.batch is not None and PADDING_FLAG_KEY in unpadded.batch.keys():
+        if not bool(unpadded.batch[PADDING_FLAG_KEY].any()):
+            unpadded.batch = unpadded.batch.exclude(PADDING_FLAG_KEY)
+            if not list(unpadded.batch.keys()) and unpadded.non_tensor_batch:
+                unpadded.batch = None
+    return unpadded

@@ -1,0 +1,537 @@
+"""Core RL algorithms (verl-compatible names and positional signatures), plain torch, no DataProto.
+
+Contents:
+* advantage estimators (GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++, ReMax) and, re-exported from
+  ``verl.trainer.ppo.dapo``, the Multi-Conv credit assignment of MemAgent (``compute_multiconv_advantage``: one
+  scalar advantage per trajectory, broadcast to every response token of every conversation of that trajectory)
+  plus the turn-weighting choice (``trajectory_token_weights``);
+* loss aggregation (``agg_loss``) with global normalisers so that a mini-batch loss does not depend on how it is
+  split into micro-batches or ranks;
+* PPO clipped policy loss with decoupled clip range (DAPO clip-higher) and dual clip, KL penalties, entropy and
+  value losses, KL controllers;
+* registries (``ADV_ESTIMATORS``, ``POLICY_LOSSES``, ``AGG_MODES``) with clear errors for unknown names;
+* DAPO helpers (zero-variance group filter, overlong penalty) re-exported from ``verl.trainer.ppo.dapo``.
+
+Shapes: ``[B, L]`` = (rows, response tokens); ``response_mask`` is 1 on response tokens that count.
+Advantages and returns are computed without gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from verl.trainer.ppo.dapo import (
+    TURN_WEIGHTING_MODES,
+    GroupIndex,
+    compute_multiconv_advantage,
+    filter_zero_variance_groups,
+    group_relative_scores,
+    index_to_group_ids,
+    overlong_reward_penalty,
+    trajectory_token_weights,
+)
+from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum, masked_whiten
+
+__all__ = [
+    "AdvantageEstimator", "ADV_ESTIMATORS", "register_adv_est", "get_adv_estimator_fn",
+    "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage", "compute_remax_outcome_advantage",
+    "compute_multiconv_advantage", "trajectory_token_weights", "TURN_WEIGHTING_MODES",
+    "AGG_MODES", "agg_loss", "grad_acc_mode", "local_loss_normalizer",
+    "POLICY_LOSSES", "register_policy_loss", "get_policy_loss_fn", "compute_policy_loss",
+    "KL_PENALTY_TYPES", "kl_penalty", "compute_entropy_loss", "compute_value_loss",
+    "FixedKLController", "AdaptiveKLController", "get_kl_controller",
+    "filter_zero_variance_groups", "overlong_reward_penalty", "index_to_group_ids", "group_relative_scores",
+]
+
+
+def _valid_names(registry: Mapping[str, Any]) -> str:
+    return ", ".join(sorted(registry))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Advantage estimator registry
+# ----------------------------------------------------------------------------------------------------------
+
+
+class AdvantageEstimator(str, Enum):
+    """Names of the advantage estimators (``algorithm.adv_estimator``)."""
+
+    GAE = "gae"
+    GRPO = "grpo"
+    RLOO = "rloo"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
+    REMAX = "remax"
+    GRPO_MULTICONV = "grpo_multiconv"
+
+
+ADV_ESTIMATORS: dict[str, Callable[..., Any]] = {}
+
+
+def register_adv_est(name: Union[str, AdvantageEstimator]) -> Callable[[Callable], Callable]:
+    """Decorator registering an advantage estimator under ``name`` (a str or ``AdvantageEstimator``)."""
+    key = name.value if isinstance(name, AdvantageEstimator) else str(name)
+
+    def decorator(fn: Callable) -> Callable:
+        existing = ADV_ESTIMATORS.get(key)
+        if existing is not None and existing is not fn:
+            raise ValueError(f"adv_estimator '{key}' is already registered to {existing.__name__}")
+        ADV_ESTIMATORS[key] = fn
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator_fn(name: Union[str, AdvantageEstimator]) -> Callable[..., Any]:
+    """Return the estimator registered under ``name``; ``ValueError`` listing the valid names otherwise.
+
+    Note: ``grpo_multiconv`` takes trajectory-level scores plus ``sample_index`` (see
+    ``compute_multiconv_advantage``); all the others take token-level tensors of one row per sequence.
+    """
+    key = name.value if isinstance(name, AdvantageEstimator) else str(name)
+    if key not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown adv_estimator '{key}'; valid: {_valid_names(ADV_ESTIMATORS)}")
+    return ADV_ESTIMATORS[key]
+
+
+# Multi-Conv credit assignment lives in dapo.py (with the other Multi-Conv DAPO pieces); registered here.
+register_adv_est(AdvantageEstimator.GRPO_MULTICONV)(compute_multiconv_advantage)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Advantage estimators
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+@register_adv_est(AdvantageEstimator.GRPO)
+@torch.no_grad()
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: GroupIndex,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage; with ``norm_adv_by_std_in_grpo=False`` it is Dr.GRPO's ``R - mean(R_group)``.
+
+    Score per row = ``token_level_rewards.sum(-1)``; rows sharing ``index`` form a group; std is unbiased
+    (``torch.std``). The row's scalar advantage is broadcast over its tokens and multiplied by
+    ``response_mask``. Returns ``(advantages, returns)`` (identical), both ``[B, L]``.
+
+    Example: group rewards ``[1, 0, 0, 1]`` -> mean 0.5, std 0.5774 -> A = ``[0.866, -0.866, -0.866, 0.866]``.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    advantages = group_relative_scores(scores, index, epsilon, norm_adv_by_std_in_grpo)
+    advantages = (advantages.unsqueeze(-1) * response_mask).to(token_level_rewards.dtype)
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.RLOO)
+@torch.no_grad()
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: GroupIndex,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out: ``A_i = s_i - mean_{j != i} s_j = (s_i - mean_g) * n / (n - 1)``.
+
+    A group of size 1 has no other member, so its baseline is 0 and ``A = s``. ``epsilon`` is accepted for
+    signature compatibility and unused. Returns ``(advantages, returns)`` (identical), both ``[B, L]``.
+    """
+    del epsilon
+    scores = token_level_rewards.sum(dim=-1)
+    group_ids, num_groups = index_to_group_ids(index, scores.shape[0])
+    group_ids = group_ids.to(scores.device)
+    values = scores.to(_compute_dtype(scores))
+    counts = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, group_ids, torch.ones_like(values)
+    )
+    means = torch.zeros_like(counts).index_add_(0, group_ids, values) / counts
+    n = counts[group_ids]
+    loo = (values - means[group_ids]) * n / (n - 1).clamp_min(1)
+    advantages = torch.where(n > 1, loo, values)
+    advantages = (advantages.unsqueeze(-1) * response_mask).to(token_level_rewards.dtype)
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.GAE)
+@torch.no_grad()
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation; returns ``(whitened advantages, returns)``, both ``[B, L]``.
+
+    Backwards over t: ``delta_t = r_t + gamma * V_{t+1} - V_t`` and ``A_t = delta_t + gamma * lam * A_{t+1}``,
+    where ``V_{t+1}``/``A_{t+1}`` are those of the next *masked* token (masked-out positions are skipped, and
+    beyond the last token both are 0). ``returns = A + V`` (before whitening); the advantages are then
+    whitened with ``masked_whiten`` over all masked tokens of the batch.
+    """
+    num_tokens = token_level_rewards.shape[-1]
+    mask = response_mask.to(values.dtype)
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    reversed_advantages = []
+    for t in reversed(range(num_tokens)):
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        advantage_t = delta + gamma * lam * next_advantage
+        # a masked-out position passes the next token's value/advantage through unchanged
+        next_value = values[:, t] * mask[:, t] + (1 - mask[:, t]) * next_value
+        next_advantage = advantage_t * mask[:, t] + (1 - mask[:, t]) * next_advantage
+        reversed_advantages.append(next_advantage)
+    advantages = torch.stack(reversed_advantages[::-1], dim=1)
+    returns = advantages + values
+    advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted return-to-go per token, whitened over the batch, times the mask.
+
+    ``G_t = r_t + gamma * G_{t+1}`` (the running return is reset after masked-out positions). Returns
+    ``(advantages, returns)``; ``returns`` are the raw discounted returns.
+    """
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    mask = response_mask.to(token_level_rewards.dtype)
+    for t in reversed(range(token_level_rewards.shape[-1])):
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    advantages = masked_whiten(returns, response_mask) * mask
+    return advantages, returns
+
+
+@register_adv_est(AdvantageEstimator.REMAX)
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: ``returns_t = sum_{k >= t} r_k`` (masked), ``A_t = (returns_t - baseline) * mask``.
+
+    ``reward_baselines`` is ``[B]`` (the greedy rollout's reward per row). Returns ``(advantages, returns)``.
+    """
+    mask = response_mask.to(token_level_rewards.dtype)
+    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    advantages = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * mask
+    return advantages, returns
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Loss aggregation
+# ----------------------------------------------------------------------------------------------------------
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def grad_acc_mode(loss_agg_mode: str) -> str:
+    """``"token"`` for ``token-mean`` and ``"seq"`` for the ``seq-mean-*`` modes: which count normalises the loss."""
+    _check_agg_mode(loss_agg_mode)
+    return loss_agg_mode.split("-")[0]
+
+
+def _check_agg_mode(loss_agg_mode: str) -> None:
+    if loss_agg_mode not in AGG_MODES:
+        raise ValueError(f"unknown loss_agg_mode '{loss_agg_mode}'; valid: {', '.join(AGG_MODES)}")
+
+
+def local_loss_normalizer(loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """The count ``agg_loss`` divides by for these rows: masked tokens (token mode) or rows with >= 1 masked
+    token (seq modes). Sum it over all micro-batches (and all-reduce over ranks) to get the
+    ``global_token_count`` / ``global_seq_count`` of a mini-batch."""
+    mask = loss_mask.to(torch.float32)
+    if grad_acc_mode(loss_agg_mode) == "token":
+        return mask.sum()
+    return (mask.sum(dim=-1) > 0).to(torch.float32).sum()
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    loss_mask: torch.Tensor,
+    loss_agg_mode: str,
+    global_token_count: Optional[Union[float, torch.Tensor]] = None,
+    global_seq_count: Optional[Union[float, torch.Tensor]] = None,
+    weights: Optional[torch.Tensor] = None,
+    loss_scale_factor: Optional[float] = None,
+) -> torch.Tensor:
+    """Aggregate a ``[B, L]`` loss matrix into a scalar.
+
+    Modes (``m`` = mask, ``w`` = optional per-token ``weights`` multiplied into ``loss_mat``):
+
+    * ``token-mean``: ``sum(loss * m) / N`` with ``N = sum(m)``, or ``N = global_token_count`` when given.
+      Each micro-batch then returns ``its_sum / N_minibatch`` and the micro-batch losses *add up* to the
+      mini-batch token-mean, whatever the split (MemAgent's gradient-accumulation fix, spec §3.6).
+    * ``seq-mean-token-sum``: per row ``sum_t loss * m``, then ``sum over rows / S``.
+    * ``seq-mean-token-mean``: per row ``sum_t loss * m / sum_t m`` (0 for an empty row), then ``/ S``.
+    * ``seq-mean-token-sum-norm`` (Dr.GRPO): per row ``sum_t loss * m / loss_scale_factor`` (default
+      ``loss_mask.shape[-1]``, keep it constant across training), then ``/ S``. This is the mean over rows, as in
+      the Dr.GRPO objective and current verl; the 2025-04 verl base instead returned the *sum* over rows / L.
+
+    ``S`` = number of rows with at least one masked token (padding rows with an all-zero mask are not
+    counted), or ``global_seq_count`` when given. With data parallelism where gradients are *averaged* over
+    ranks, pass the global count divided by the number of ranks (or scale the loss by it).
+    """
+    _check_agg_mode(loss_agg_mode)
+    mask = loss_mask.to(loss_mat.dtype)
+    if weights is not None:
+        loss_mat = loss_mat * weights.to(loss_mat.dtype)
+    if loss_agg_mode == "token-mean":
+        denominator = mask.sum() if global_token_count is None else global_token_count
+        return masked_sum(loss_mat, mask) / _as_denominator(denominator, loss_mat)
+    token_counts = mask.sum(dim=-1)
+    seq_sums = masked_sum(loss_mat, mask, axis=-1)
+    if loss_agg_mode == "seq-mean-token-sum":
+        seq_losses = seq_sums
+    elif loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = seq_sums / token_counts.clamp_min(1e-8)
+    else:  # seq-mean-token-sum-norm
+        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        seq_losses = seq_sums / scale
+    denominator = (token_counts > 0).to(loss_mat.dtype).sum() if global_seq_count is None else global_seq_count
+    return seq_losses.sum() / _as_denominator(denominator, loss_mat)
+
+
+def _as_denominator(count: Union[float, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    count = torch.as_tensor(count, dtype=like.dtype, device=like.device)
+    return count.clamp_min(1e-8)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Policy loss
+# ----------------------------------------------------------------------------------------------------------
+
+POLICY_LOSSES: dict[str, Callable[..., Any]] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
+    """Decorator registering a policy loss under ``name`` (``actor.policy_loss.loss_mode``)."""
+
+    def decorator(fn: Callable) -> Callable:
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss_fn(name: str) -> Callable[..., Any]:
+    """Return the policy loss registered under ``name``; ``ValueError`` listing the valid names otherwise."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy_loss '{name}'; valid: {_valid_names(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: Optional[float] = None,
+    cliprange_low: Optional[float] = None,
+    cliprange_high: Optional[float] = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "token-mean",
+    *,
+    global_token_count: Optional[Union[float, torch.Tensor]] = None,
+    global_seq_count: Optional[Union[float, torch.Tensor]] = None,
+    weights: Optional[torch.Tensor] = None,
+    loss_scale_factor: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate with decoupled clip range and dual clip; returns
+    ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``.
+
+    Per token, ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``:
+
+    * ``l1 = -A * ratio``, ``l2 = -A * clamp(ratio, 1 - cliprange_low, 1 + cliprange_high)``,
+      ``clipped = max(l1, l2)`` (standard PPO; clip-higher when ``cliprange_high > cliprange_low``);
+    * dual clip for ``A < 0``: ``min(clipped, -A * clip_ratio_c)`` bounds the loss of a very large ratio;
+    * ``pg_loss = agg_loss(...)`` (the keyword-only arguments are passed to ``agg_loss``).
+
+    Metrics (masked means over ``response_mask``, detached): ``pg_clipfrac`` = fraction with ``l2 > l1``;
+    ``ppo_kl`` = mean of ``old_log_prob - log_prob``; ``pg_clipfrac_lower`` = fraction with ``A < 0`` and
+    ``clipped > -A * clip_ratio_c`` (dual clip active). ``cliprange_low``/``cliprange_high`` default to
+    ``cliprange``.
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0 (dual-clip bound -A * clip_ratio_c), got {clip_ratio_c}")
+    cliprange_low = cliprange if cliprange_low is None else cliprange_low
+    cliprange_high = cliprange if cliprange_high is None else cliprange_high
+    if cliprange_low is None or cliprange_high is None:
+        raise ValueError(
+            "compute_policy_loss needs cliprange, or both cliprange_low and cliprange_high; "
+            f"got cliprange={cliprange}, cliprange_low={cliprange_low}, cliprange_high={cliprange_high}"
+        )
+    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    ppo_kl = masked_mean(-negative_approx_kl, response_mask).detach()
+
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange_low, 1.0 + cliprange_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_clipfrac = masked_mean(torch.gt(pg_losses2, pg_losses1).to(ratio.dtype), response_mask).detach()
+
+    pg_losses3 = -advantages * clip_ratio_c
+    clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
+    negative_adv = advantages < 0
+    pg_clipfrac_lower = masked_mean(
+        (torch.gt(clip_pg_losses1, pg_losses3) & negative_adv).to(ratio.dtype), response_mask
+    ).detach()
+
+    pg_losses = torch.where(negative_adv, clip_pg_losses2, clip_pg_losses1)
+    pg_loss = agg_loss(
+        pg_losses,
+        response_mask,
+        loss_agg_mode,
+        global_token_count=global_token_count,
+        global_seq_count=global_seq_count,
+        weights=weights,
+        loss_scale_factor=loss_scale_factor,
+    )
+    return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KL, entropy and value losses
+# ----------------------------------------------------------------------------------------------------------
+
+KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimate from sampled-token log-probs.
+
+    * ``kl`` / ``k1``: ``logprob - ref_logprob``
+    * ``abs``: ``|logprob - ref_logprob|``
+    * ``mse`` / ``k2``: ``0.5 * (logprob - ref_logprob)^2``
+    * ``low_var_kl`` / ``k3``: ``x = clamp(ref_logprob - logprob, -20, 20)``,
+      ``clamp(exp(x) - x - 1, -10, 10)`` (unbiased, non-negative, low-variance; clamped for stability)
+    * ``full``: needs the full distributions -> ``NotImplementedError``.
+    """
+    if kl_penalty in ("kl", "k1"):
+        return logprob - ref_logprob
+    if kl_penalty == "abs":
+        return (logprob - ref_logprob).abs()
+    if kl_penalty in ("mse", "k2"):
+        return 0.5 * (logprob - ref_logprob).square()
+    if kl_penalty in ("low_var_kl", "k3"):
+        log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
+        kld = torch.exp(log_ratio) - log_ratio - 1
+        return torch.clamp(kld, min=-10.0, max=10.0)
+    if kl_penalty == "full":
+        raise NotImplementedError(
+            "kl_penalty 'full' needs the full vocabulary distributions, which are not available here; "
+            "use 'low_var_kl', 'kl', 'abs' or 'mse'"
+        )
+    raise ValueError(f"unknown kl_penalty '{kl_penalty}'; valid: {', '.join(KL_PENALTY_TYPES)}")
+
+
+def compute_entropy_loss(
+    logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", **agg_kwargs: Any
+) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` (``[B, L, V]``) per token, aggregated with ``agg_loss`` over the mask.
+
+    ``agg_kwargs`` (``global_token_count``, ``global_seq_count``, ``weights``, ...) are passed to ``agg_loss``.
+    """
+    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode, **agg_kwargs)
+
+
+def compute_value_loss(
+    vpreds: torch.Tensor,
+    returns: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    **agg_kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss; returns ``(vf_loss, vf_clipfrac)``.
+
+    ``v_clip = clamp(vpreds, values - c, values + c)``; per token ``max((vpreds - R)^2, (v_clip - R)^2)``;
+    ``vf_loss = 0.5 * agg_loss(...)``; ``vf_clipfrac`` = masked fraction where the clipped error is larger.
+    """
+    vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    vf_losses1 = (vpreds - returns).square()
+    vf_losses2 = (vpred_clipped - returns).square()
+    clipped_vf_losses = torch.maximum(vf_losses1, vf_losses2)
+    vf_loss = 0.5 * agg_loss(clipped_vf_losses, response_mask, loss_agg_mode, **agg_kwargs)
+    vf_clipfrac = masked_mean(torch.gt(vf_losses2, vf_losses1).to(vpreds.dtype), response_mask).detach()
+    return vf_loss, vf_clipfrac
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KL controllers (for KL-in-reward)
+# ----------------------------------------------------------------------------------------------------------
+
+
+class FixedKLController:
+    """Constant KL coefficient (``value``); ``update`` does nothing."""
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op (kept for interface compatibility with ``AdaptiveKLController``)."""
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019): steer the observed KL towards ``target_kl``.
+
+    ``update``: ``e = clip(current_kl / target_kl - 1, -0.2, 0.2)``; ``value *= 1 + e * n_steps / horizon``.
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
+        if target_kl <= 0:
+            raise ValueError(f"AdaptiveKLController target_kl must be > 0, got {target_kl}")
+        if horizon <= 0:
+            raise ValueError(f"AdaptiveKLController horizon must be > 0, got {horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Scale ``value`` after observing ``current_kl`` over ``n_steps`` samples."""
+        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def get_kl_controller(kl_ctrl_cfg: Any) -> Union[FixedKLController, AdaptiveKLController]:
+    """Build a KL controller from ``algorithm.kl_ctrl`` (mapping or attribute object).
+
+    Keys: ``type`` (``fixed`` default | ``adaptive``), ``kl_coef``; adaptive also ``target_kl``, ``horizon``.
+    """
+    ctrl_type = _cfg_get(kl_ctrl_cfg, "type", "fixed")
+    kl_coef = _cfg_get(kl_ctrl_cfg, "kl_coef")
+    if kl_coef is None:
+        raise ValueError("kl_ctrl.kl_coef is required")
+    if ctrl_type == "fixed":
+        return FixedKLController(kl_coef=kl_coef)
+    if ctrl_type == "adaptive":
+        target_kl, horizon = _cfg_get(kl_ctrl_cfg, "target_kl"), _cfg_get(kl_ctrl_cfg, "horizon")
+        if target_kl is None or horizon is None:
+            raise ValueError(
+                f"kl_ctrl.type 'adaptive' needs kl_ctrl.target_kl and kl_ctrl.horizon; got {target_kl}, {horizon}"
+            )
+        return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
+    raise ValueError(f"unknown kl_ctrl.type '{ctrl_type}'; valid: adaptive, fixed")

@@ -1,0 +1,131 @@
+"""Prompt datasets for RL: rows from parquet / json / jsonl files, tokenised with the chat template.
+
+Row schema (the HotpotQA/MemAgent one): ``prompt`` (list of chat messages), ``data_source``,
+``reward_model`` (``{"style": "rule", "ground_truth": ...}``), ``extra_info`` (dict), plus any
+other columns, which pass through to the batch as per-row objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+logger = logging.getLogger(__name__)
+
+TRUNCATIONS = ("error", "left", "right", "center", "middle")
+
+
+def read_rows(files: str | Sequence[str]) -> pd.DataFrame:
+    """Read and concatenate parquet/json/jsonl files into one DataFrame (clear error per file)."""
+    if isinstance(files, str):
+        files = [files]
+    frames = []
+    for f in files:
+        path = Path(f)
+        if not path.exists():
+            raise FileNotFoundError(f"data file not found: {f}")
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif suffix == ".jsonl":
+            df = pd.read_json(path, lines=True)
+        elif suffix == ".json":
+            with open(path) as fh:
+                data = json.load(fh)
+            df = pd.DataFrame(data if isinstance(data, list) else data.get("data", data))
+        else:
+            raise ValueError(f"unsupported data file type {suffix!r} for {f} (expected .parquet, .json, .jsonl)")
+        df["_source_file"] = str(path)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _to_python(v: Any) -> Any:
+    """numpy arrays inside parquet cells -> lists, recursively (so rows are plain Python)."""
+    if isinstance(v, np.ndarray):
+        return [_to_python(x) for x in v.tolist()]
+    if isinstance(v, dict):
+        return {k: _to_python(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_to_python(x) for x in v]
+    return v
+
+
+def truncate_ids(ids: list[int], max_length: int, truncation: str, what: str) -> list[int]:
+    """Apply ``data.truncation`` to a token-id list."""
+    if len(ids) <= max_length:
+        return ids
+    if truncation == "error":
+        raise ValueError(f"{what} has {len(ids)} tokens > max length {max_length} (data.truncation=error)")
+    if truncation == "left":
+        return ids[-max_length:]
+    if truncation == "right":
+        return ids[:max_length]
+    head = max_length // 2
+    return ids[:head] + ids[len(ids) - (max_length - head) :]
+
+
+class RLHFDataset(torch.utils.data.Dataset):
+    """Chat prompts for single-turn RL: ``raw_prompt_ids`` per row, plus pass-through columns."""
+
+    def __init__(self, data_files, tokenizer, config, processor=None):
+        self.tokenizer = tokenizer
+        self.config = config
+        self.prompt_key = config.get("prompt_key", "prompt")
+        self.max_prompt_length = int(config.get("max_prompt_length", 1024))
+        self.truncation = config.get("truncation", "error")
+        if self.truncation not in TRUNCATIONS:
+            raise ValueError(f"data.truncation={self.truncation!r}; expected one of {TRUNCATIONS}")
+        self.files = [data_files] if isinstance(data_files, str) else list(data_files)
+        self.dataframe = read_rows(self.files)
+        self.rows = [
+            {k: _to_python(v) for k, v in row.items()} for row in self.dataframe.to_dict(orient="records")
+        ]
+        self._validate_rows()
+
+    def _validate_rows(self) -> None:
+        for i, row in enumerate(self.rows):
+            where = f"{row.get('_source_file')} row {i}"
+            msgs = row.get(self.prompt_key)
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+                raise ValueError(f"{where}: field {self.prompt_key!r} must be a non-empty list of chat messages")
+            if not isinstance(msgs[-1].get("content"), str) or not msgs[-1]["content"].strip():
+                raise ValueError(f"{where}: field {self.prompt_key!r} has an empty question")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = dict(self.rows[i])
+        messages = row.pop(self.prompt_key)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict):
+            ids = ids["input_ids"]
+        row["raw_prompt_ids"] = truncate_ids(list(ids), self.max_prompt_length, self.truncation, f"row {i} prompt")
+        row["raw_prompt"] = messages
+        row["index"] = (row.get("extra_info") or {}).get("index", i)
+        # Stable per row (not per access), so validation repeats group and resumed runs agree.
+        row["sample_uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{row.get('_source_file')}#{i}"))
+        return row
+
+
+def collate_fn(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack tensors; everything else becomes a 1-D numpy object array (one entry per row)."""
+    out: dict[str, Any] = {}
+    for key in rows[0]:
+        values = [r[key] for r in rows]
+        if isinstance(values[0], torch.Tensor):
+            out[key] = torch.stack(values)
+        else:
+            arr = np.empty(len(values), dtype=object)
+            arr[:] = values
+            out[key] = arr
+    return out

