@@ -1,0 +1,265 @@
+"""Throughput of the actor's training side: ``compute_log_prob`` and ``update_policy`` under FSDP2.
+
+Measures tokens/s and MFU (model FLOPs utilisation) of ``DataParallelPPOActor`` on a synthetic MemAgent-like
+batch (left-padded prompts, right-padded responses of random lengths), and, in the same run, a plain
+single-GPU transformers forward+backward+AdamW step of the same model on the same rows (rank 0's rows) as a
+baseline.
+
+MFU = FLOPs per token x valid tokens / time / (peak FLOP/s x GPUs), with 6 x params FLOPs per token for a
+training step (forward + backward) and 2 x params for a forward-only log-prob pass. Attention FLOPs and the
+recomputation of gradient checkpointing are not counted (the usual convention), so MFU understates the work
+done for long sequences. ``--peak-flops`` defaults to 790e12 (dense bf16 measured on one H200 here).
+
+Examples:
+
+    # 2 GPUs, Qwen2.5-1.5B shape with random weights
+    torchrun --nproc_per_node 2 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b
+    # CPU smoke run with the tiny model (gloo)
+    torchrun --nproc_per_node 2 benchmarks/bench_update_policy.py --shape tiny --device cpu --rows 4 \\
+        --prompt-len 64 --response-len 32 --token-budget 256 --steps 1
+    # a real checkpoint by path, one process
+    python benchmarks/bench_update_policy.py --model-path /models/Qwen2.5-7B-Instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verl.protocol import DataProto  # noqa: E402
+from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
+from verl.utils.model_loading import build_causal_lm_from_config, count_parameters, load_causal_lm  # noqa: E402
+from verl.workers.actor import DataParallelPPOActor  # noqa: E402
+
+# Qwen2-architecture shapes (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings).
+SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-1.5b", help="random-init Qwen2 shape")
+    p.add_argument("--model-path", default=None, help="load this local checkpoint instead of --shape")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    p.add_argument("--rows", type=int, default=16, help="conversations per GPU")
+    p.add_argument("--prompt-len", type=int, default=4096, help="max prompt tokens (lengths uniform in [1/2, 1] x)")
+    p.add_argument("--response-len", type=int, default=1024, help="max response tokens (uniform in [1/4, 1] x)")
+    p.add_argument("--token-budget", type=int, default=16384, help="ppo_max_token_len_per_gpu (dynamic bsz)")
+    p.add_argument("--log-prob-token-budget", type=int, default=32768, help="log_prob_max_token_len_per_gpu")
+    p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per update_policy call")
+    p.add_argument("--no-remove-padding", action="store_true", help="padded forward instead of packed rows")
+    p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (actor and baseline)")
+    p.add_argument("--attn", default=None, help="attention implementation (default: flash_attention_2 if "
+                                                "installed on CUDA, else sdpa; also flex_attention, eager)")
+    p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
+    p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
+    p.add_argument("--check", action="store_true", help="also compare packed vs padded log-probs (max abs diff)")
+    p.add_argument("--param-dtype", default="auto", help="FSDP compute dtype: auto (bf16 on CUDA) or float32")
+    p.add_argument("--out", default=None, help="write the results as JSON here (rank 0)")
+    return p.parse_args(argv)
+
+
+def setup_distributed(device_type: str) -> tuple[int, int, torch.device]:
+    """torchrun env -> its process group; plain python -> a 1-rank group (FSDP2 needs one)."""
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        init_file = tempfile.mktemp(prefix="bench_pg_")
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=0, world_size=1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if device_type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        return rank, world, torch.device("cuda", local_rank)
+    return rank, world, torch.device("cpu")
+
+
+def build_model(args, device: torch.device):
+    if args.model_path:
+        return load_causal_lm(args.model_path, dtype="float32", attn_implementation=args.attn, device=device,
+                              gradient_checkpointing=args.grad_ckpt)
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6)
+    return build_causal_lm_from_config(config, dtype="float32", attn_implementation=args.attn, device=device,
+                                       gradient_checkpointing=args.grad_ckpt, seed=0)
+
+
+def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
+    """Left-padded prompts and right-padded responses with random lengths and tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, plen, rlen = args.rows, args.prompt_len, args.response_len
+    prompt_lens = torch.randint(max(1, plen // 2), plen + 1, (rows,), generator=gen)
+    response_lens = torch.randint(max(1, rlen // 4), rlen + 1, (rows,), generator=gen)
+    input_ids = torch.randint(10, vocab_size, (rows, plen + rlen), generator=gen)
+    columns = torch.arange(plen + rlen)
+    prompt_valid = (columns < plen) & (columns >= plen - prompt_lens.unsqueeze(1))
+    response_valid = (columns >= plen) & (columns < plen + response_lens.unsqueeze(1))
+    attention_mask = (prompt_valid | response_valid).long()
+    input_ids = input_ids * attention_mask  # pad id 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    responses = input_ids[:, plen:]
+    response_mask = attention_mask[:, plen:]
+    advantages = torch.where(torch.rand(rows, generator=gen) < 0.5, -1.0, 1.0).unsqueeze(1) * response_mask
+    return DataProto.from_dict(tensors=dict(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, responses=responses,
+        response_mask=response_mask, advantages=advantages.float()))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, steps: int, device: torch.device) -> float:
+    """Seconds per call of ``fn(i)`` (mean over calls ``i = 1..steps`` after the warm-up call ``fn(0)``)."""
+    fn(0)
+    sync(device)
+    start = time.perf_counter()
+    for i in range(1, steps + 1):
+        fn(i)
+    sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def global_sum(value: float, device: torch.device) -> float:
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return float(tensor.item())
+
+
+def run_baseline(args, batches: list[DataProto], device: torch.device, num_params: int) -> dict:
+    """Plain transformers: padded micro-batches, bf16 autocast, full logits, fwd+bwd, AdamW (one GPU)."""
+    model = build_model(args, device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    width = batches[0].batch["input_ids"].shape[1]
+    rows_per_micro = max(1, args.token_budget // width)
+    response_len = batches[0].batch["responses"].shape[1]
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(i: int):
+        b = batches[i].batch.to(device)
+        optimizer.zero_grad(set_to_none=True)
+        total = b["response_mask"].sum()
+        for start in range(0, len(b), rows_per_micro):
+            micro = b[start:start + rows_per_micro]
+            with autocast:
+                logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
+                               position_ids=micro["position_ids"], use_cache=False).logits
+            log_probs = torch.log_softmax(logits[:, -response_len - 1:-1].float(), dim=-1)
+            token_lp = log_probs.gather(-1, micro["responses"].unsqueeze(-1)).squeeze(-1)
+            loss = -(token_lp * micro["advantages"] * micro["response_mask"]).sum() / total
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    seconds = timed(step, args.steps, device)
+    tokens = sum(float(batches[i].batch["attention_mask"].sum()) for i in range(1, args.steps + 1)) / args.steps
+    result = {"tokens": tokens, "seconds": seconds, "tokens_per_s_per_gpu": tokens / seconds,
+              "mfu": 6 * num_params * tokens / seconds / args.peak_flops, "rows_per_micro": rows_per_micro}
+    if device.type == "cuda":
+        result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return result
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device_type = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world, device = setup_distributed(device_type)
+    torch.manual_seed(0)
+    model = build_model(args, device)
+    num_params = count_parameters(model)
+    vocab_size = model.config.vocab_size
+    attn = model.config._attn_implementation
+    apply_fsdp2(model, mesh=init_dp_mesh(device_type), param_dtype=None if args.param_dtype in ("float32", "fp32")
+                else args.param_dtype)
+    optimizer = build_optimizer(model, lr=1e-6)
+    config = dict(
+        ppo_mini_batch_size=1, train_batch_size=args.mini_batches, use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=args.token_budget, log_prob_max_token_len_per_gpu=args.log_prob_token_budget,
+        use_remove_padding=not args.no_remove_padding, use_kl_loss=True, kl_loss_coef=0.001,
+        kl_loss_type="low_var_kl", clip_ratio=0.2, grad_clip=1.0, loss_agg_mode="token-mean",
+    )
+    actor = DataParallelPPOActor(config, model, optimizer)
+    # a fresh batch (new lengths) for every call: shape changes are part of what is measured
+    batches = [synthetic_batch(args, vocab_size, seed=1000 * step + rank) for step in range(args.steps + 1)]
+    tokens = global_sum(sum(float(b.batch["attention_mask"].sum()) for b in batches[1:]) / args.steps, device)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def log_prob_call(i: int):
+        log_probs, _ = actor.compute_log_prob(batches[i])
+        batches[i].batch["old_log_probs"] = log_probs
+        batches[i].batch["ref_log_prob"] = log_probs.clone()
+
+    log_prob_seconds = timed(log_prob_call, args.steps, device)
+    check = {}
+    if args.check:  # same rows through the other layout (bf16 compute: expect ~1e-1 max, not 1e-6)
+        data = batches[0]
+        actor.settings.use_remove_padding = not actor.settings.use_remove_padding
+        other, _ = actor.compute_log_prob(data)
+        actor.settings.use_remove_padding = not actor.settings.use_remove_padding
+        mask = data.batch["response_mask"].bool()
+        diff = (other - data.batch["old_log_probs"])[mask].abs()
+        check = {"packed_vs_padded_max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+                 "mean_log_prob": float(data.batch["old_log_probs"][mask].mean())}
+    metrics = {}
+
+    def update_call(i: int):
+        metrics.update(actor.update_policy(batches[i]))
+
+    update_seconds = timed(update_call, args.steps, device)
+    result = {
+        "shape": args.model_path or args.shape, "params": num_params, "world_size": world, "device": str(device),
+        "attn_implementation": attn, "remove_padding": not args.no_remove_padding, "grad_ckpt": args.grad_ckpt,
+        "param_dtype": args.param_dtype, "rows_per_gpu": args.rows, "tokens_global_per_call": tokens, "token_budget": args.token_budget, **check,
+        "log_prob": {"seconds": log_prob_seconds, "tokens_per_s": tokens / log_prob_seconds,
+                     "tokens_per_s_per_gpu": tokens / log_prob_seconds / world,
+                     "mfu": 2 * num_params * tokens / log_prob_seconds / (args.peak_flops * world)},
+        "update_policy": {"seconds": update_seconds, "tokens_per_s": tokens / update_seconds,
+                          "tokens_per_s_per_gpu": tokens / update_seconds / world,
+                          "mfu": 6 * num_params * tokens / update_seconds / (args.peak_flops * world),
+                          "grad_norm": metrics.get("actor/grad_norm")},
+    }
+    if device.type == "cuda":
+        result["update_policy"]["peak_mem_gib_rank0"] = torch.cuda.max_memory_allocated(device) / 2**30
+
+    del actor, model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    if not args.no_baseline and rank == 0:
+        result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params)
+    dist.barrier()
+    if rank == 0:
+        print(json.dumps(result, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2))
+    dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

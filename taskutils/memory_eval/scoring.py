@@ -1,0 +1,53 @@
+"""Score one response with the lenient evaluation metrics and the strict training verifier, side by side.
+
+* lenient (what the paper reports, :mod:`verl.utils.reward_score.lenient`): the prediction is read
+  after the last "the answer is" (``recurrent``/``openai``) or from the last ``\\boxed{}``
+  (``recurrent-boxed``/``boxed``), then ``em``, ``sub_em`` (symmetric normalised containment) and
+  ``f1`` against the gold answers (best gold), plus RULER's ``string_match_all`` (fraction of gold
+  strings contained in the prediction, :mod:`verl.utils.reward_score.ruler`);
+* strict (the training reward, :mod:`verl.utils.reward_score.hotpotqa`): 1 iff the last ``\\boxed{}``
+  in the last 300 characters of the raw response equals a gold answer.
+
+The strict score of an ``answer_is`` method is usually 0 (the prompt does not ask for a box); that
+gap is exactly the train/eval verifier gap that the README's "Performance" note explains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.utils.reward_score import hotpotqa
+from verl.utils.reward_score.lenient import score_prediction
+from verl.utils.reward_score.ruler import string_match_all_single
+
+__all__ = ["LENIENT_METRICS", "STRICT_METRIC", "SCORE_KEYS", "primary_metric", "score_response"]
+
+LENIENT_METRICS = ("em", "sub_em", "f1", "string_match_all")
+STRICT_METRIC = "strict_boxed"
+SCORE_KEYS = LENIENT_METRICS + (STRICT_METRIC,)
+
+_QA_TASK_MARKERS = ("hotpot", "qa", "squad")
+
+
+def primary_metric(task: str) -> str:
+    """The metric reported for ``task``: ``sub_em`` for QA tasks, ``string_match_all`` for the rest."""
+    return "sub_em" if any(marker in task.lower() for marker in _QA_TASK_MARKERS) else "string_match_all"
+
+
+def score_response(response: str | None, answers: list[str], method: str) -> dict[str, Any]:
+    """All metrics of one raw final ``response`` against the gold ``answers`` for eval ``method``.
+
+    Returns ``{"pred", "em", "sub_em", "f1", "string_match_all", "strict_boxed"}`` (floats in [0, 1]).
+    Lenient QA metrics take the best over all gold answers (the original used only the first, spec
+    §11 item 19).
+    """
+    lenient = score_prediction(response, answers, method=method, all_golds=True)
+    pred = lenient["pred"]
+    return {
+        "pred": pred,
+        "em": float(lenient["em"]),
+        "sub_em": float(lenient["sub_em"]),
+        "f1": float(lenient["f1"]),
+        "string_match_all": float(string_match_all_single(pred, answers)) if pred else 0.0,
+        STRICT_METRIC: float(hotpotqa.compute_score(response, answers)),
+    }

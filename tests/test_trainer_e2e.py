@@ -1,0 +1,124 @@
+"""End to end: the memory agent trained with Multi-Conv GRPO through the real trainer (CPU, tiny model).
+
+One module-scoped run of 2 steps with a checkpoint at step 2, a resumed run to step 3, and an
+uninterrupted 3-step run to compare against.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+import torch
+from hydra import compose, initialize_config_dir
+
+import verl.trainer.main_ppo as main_ppo
+
+CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
+
+
+def _data(tmp: Path, tok_path: Path, n: int, name: str) -> str:
+    words = " ".join(f"w{i}" for i in range(400))
+    rows = [
+        {
+            "data_source": "hotpotqa",
+            "prompt": [{"role": "user", "content": f"What is the code number {i}?"}],
+            "context": f"The code is {i}. " + words[: 200 + 37 * i],
+            "reward_model": {"style": "rule", "ground_truth": [str(i)]},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
+    path = tmp / f"{name}.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+def _cfg(tmp: Path, model: Path, out: str, steps: int, extra=()):
+    train, val = _data(tmp, model, 4, "train"), _data(tmp, model, 2, "val")
+    overrides = [
+        f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=2", "data.shuffle=True",
+        "data.truncation=center", "+data.context_key=context",
+        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.seed=123",
+        "actor_rollout_ref.rollout.prompt_length=512", "actor_rollout_ref.rollout.response_length=16",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "algorithm.grpo_use_adv=False", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4", "reward_model.reward_manager=naive",
+        "recurrent.enable=memory", "recurrent.memory.config.chunk_size=24",
+        "recurrent.memory.config.max_memorization_length=8", "recurrent.memory.config.max_final_response_length=8",
+        "recurrent.memory.config.max_chunks=4", "recurrent.memory.config.max_prompt_length=32",
+        "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=2",
+        "trainer.val_before_train=True", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={out}",
+        "trainer.progress_bar=False", "trainer.project_name=t", "trainer.experiment_name=t",
+        f"custom_reward_function.path={Path(__file__).parent / 'fixtures' / 'parity_reward.py'}",
+        *extra,
+    ]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_path, tmp_path_factory):
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    tmp = tmp_path_factory.mktemp("e2e")
+    torch.manual_seed(0)
+    first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2))
+    resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3))
+    straight = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 3))
+    # the same first step on 2 Ray worker processes (FSDP2 over gloo), data split unevenly across ranks
+    two_ranks = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "c"), 1,
+                                  extra=["trainer.n_gpus_per_node=2", "trainer.val_before_train=False"]))
+    yield {"first": first, "resumed": resumed, "straight": straight, "two_ranks": two_ranks, "tmp": tmp}
+    ray.shutdown()
+
+
+def test_two_steps_with_multiple_chunks_and_finite_metrics(runs):
+    steps = [h for h in runs["first"] if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2]
+    for h in steps:
+        # contexts of 200+ words at chunk 24 tokens -> at least 3 memory turns + 1 final per trajectory
+        assert h["trajectory/num_conv/min"] >= 4
+        for k, v in h.items():
+            if isinstance(v, float):
+                assert v == v and abs(v) != float("inf"), k
+        assert "actor/pg_loss" in h and "actor/grad_norm" in h and "timing_s/gen" in h
+        assert h["critic/advantages/max"] > 0 > h["critic/advantages/min"]
+    assert "val-core/hotpotqa/reward/mean@1" in runs["first"][0]
+
+
+def test_resume_continues_at_step_3_like_an_uninterrupted_run(runs):
+    resumed = [h for h in runs["resumed"] if h["step"] > 0]
+    straight = {h["step"]: h for h in runs["straight"]}
+    assert [h["step"] for h in resumed] == [3]
+    r3, s3 = resumed[0], straight[3]
+    assert r3["trajectory/num_conv/mean"] == s3["trajectory/num_conv/mean"]
+    assert r3["response_length/mean"] == pytest.approx(s3["response_length/mean"])
+    assert r3["actor/pg_loss"] == pytest.approx(s3["actor/pg_loss"], rel=1e-4, abs=1e-6)
+
+
+def test_checkpoint_and_jsonl_logs_written(runs):
+    out = runs["tmp"] / "a"
+    assert (out / "global_step_2").is_dir()
+    lines = (out / "logs" / "metrics.jsonl").read_text().strip().splitlines()
+    assert any(json.loads(line).get("step", json.loads(line).get("_step")) is not None for line in lines)
+
+
+@pytest.mark.xfail(strict=True, reason="each rank splits its own rows into mini-batches, so mini-batch "
+                   "composition differs between 1 and 2 ranks (fix: driver-assigned global mini-batches)")
+def test_two_ray_ranks_match_one_process(runs):
+    one = {h["step"]: h for h in runs["straight"]}[1]
+    two = {h["step"]: h for h in runs["two_ranks"]}[1]
+    assert two["trajectory/num_conv/mean"] == one["trajectory/num_conv/mean"]
+    assert two["critic/score/mean"] == one["critic/score/mean"]
+    assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
+    assert one["actor/grad_norm"] > 1e-3  # non-zero advantages: the comparison means something
+    assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-3)

@@ -1,0 +1,90 @@
+"""The outer training loop: steps, validation, checkpoints, resume, logging, progress bar."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from verl.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> list[dict]:
+    """Run ``total_steps`` training steps (resuming from the latest checkpoint if configured)."""
+    tc = trainer.config.trainer
+    history: list[dict] = []
+    resume_dir = ckpt_manager.resolve_resume(tc.get("resume_mode", "auto"), tc.get("resume_from_path"))
+    if resume_dir is not None:
+        with open(os.path.join(resume_dir, "trainer_state.pkl"), "rb") as f:
+            state = pickle.load(f)
+        trainer.global_step = state["global_step"]
+        trainer.rollout.calls = state.get("rollout_calls", 0)
+        train_loader.load_state_dict(state["dataloader"])
+        _set_rng_state(state["rng"])
+        trainer.wg.load_checkpoint(os.path.join(resume_dir, "actor"))
+        trainer.wg.sync_rollout_weights()
+        logger.info("resumed from %s at step %d", resume_dir, trainer.global_step)
+        print(f"[trainer] resumed from {resume_dir} (step {trainer.global_step})")
+
+    test_freq, save_freq = int(tc.get("test_freq", -1) or -1), int(tc.get("save_freq", -1) or -1)
+    if val_loader is not None and tc.get("val_before_train", True) and trainer.global_step == 0:
+        val = trainer.validate(val_loader)
+        _log(trainer, val, 0)
+        history.append({"step": 0, **val})
+
+    bar = tqdm(total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.get("progress_bar", True))
+    epoch_iter = iter(train_loader)
+    while trainer.global_step < total_steps:
+        try:
+            batch_dict = next(epoch_iter)
+        except StopIteration:
+            epoch_iter = iter(train_loader)
+            batch_dict = next(epoch_iter)
+        trainer.global_step += 1
+        step = trainer.global_step
+        metrics = trainer.train_step(DataProto.from_single_dict(batch_dict))
+        metrics["training/global_step"] = step
+        last = step == total_steps
+        if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last):
+            metrics.update(trainer.validate(val_loader))
+        if save_freq > 0 and (step % save_freq == 0 or last):
+            _save(trainer, train_loader, ckpt_manager, step)
+        _log(trainer, metrics, step)
+        history.append({"step": step, **metrics})
+        bar.update(1)
+        bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+    bar.close()
+    return history
+
+
+def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
+    def write(tmp_dir: str) -> None:
+        trainer.wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
+        state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state(),
+                 "rollout_calls": trainer.rollout.calls}
+        with open(os.path.join(tmp_dir, "trainer_state.pkl"), "wb") as f:
+            pickle.dump(state, f)
+
+    ckpt_manager.save(step, write)
+
+
+def _log(trainer, metrics: dict, step: int) -> None:
+    if trainer.tracker is not None:
+        trainer.tracker.log(data=metrics, step=step)

@@ -1,0 +1,201 @@
+"""The Multi-Conv GRPO/DAPO trainer: one training step reads top to bottom in :meth:`train_step`.
+
+Distributed mechanics live below (worker groups, engines, FSDP); algorithms live beside
+(``core_algos``/``dapo``); this file is the driver program.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from recurrent.generation_manager import LLMGenerationManager
+from recurrent.utils import final_batch
+from verl.protocol import DataProto
+from verl.trainer.ppo.dapo import compute_multiconv_advantage, filter_zero_variance_groups, trajectory_token_weights
+
+logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def timer(name: str, timing: dict[str, float]):
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+class RolloutClient:
+    """Driver-side rollout: splits a turn's prompts across the worker group's engines (uneven OK).
+
+    With a ``seed`` in the sampling parameters every request gets its own seed
+    (``seed + request index``), so the n trajectories of a question differ and a rerun
+    reproduces them.
+    """
+
+    def __init__(self, worker_group):
+        self.wg = worker_group
+        self.calls = 0
+
+    def generate_batch(self, prompts: list[list[int]], params) -> list:
+        from dataclasses import asdict
+
+        n = self.wg.world_size
+        parts = np.array_split(np.arange(len(prompts)), n)
+        p = asdict(params)
+        seeds = None
+        if params.seed is not None:
+            base = params.seed + self.calls * 1_000_003
+            seeds = [[base + int(i) for i in part] for part in parts]
+        self.calls += 1
+        results = self.wg.generate(
+            [[prompts[i] for i in part] for part in parts], [p] * n, seeds if seeds else [None] * n
+        )
+        return [r for part in results for r in part]
+
+
+class MultiConvTrainer:
+    """Sync-mode recurrent trainer (Multi-Conv GRPO with DAPO options)."""
+
+    def __init__(self, config: DictConfig, tokenizer, worker_group, register, recurrent_config,
+                 train_dataset, val_dataset, reward_fn, val_reward_fn, tracker=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.wg = worker_group
+        self.register = register
+        self.recurrent_config = recurrent_config
+        self.train_dataset, self.val_dataset = train_dataset, val_dataset
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.tracker = tracker
+        self.rollout = RolloutClient(worker_group)
+        self.manager = LLMGenerationManager(tokenizer, self.rollout, register.agent_cls(tokenizer, recurrent_config))
+        self.global_step = 0
+        algo = config.algorithm
+        use_adv = algo.get("grpo_use_adv", None)
+        self.norm_by_std = bool(use_adv) if use_adv is not None else bool(algo.get("norm_adv_by_std_in_grpo", True))
+
+    # ---------------------------------------------------------------- sampling parameters
+    def _sampling(self, validate: bool) -> dict[str, Any]:
+        rc = self.config.actor_rollout_ref.rollout
+        seed = rc.get("seed", None)
+        if validate:
+            vk = rc.val_kwargs
+            s = {"temperature": float(vk.get("temperature", 0)), "top_p": float(vk.get("top_p", 1.0)),
+                 "top_k": int(vk.get("top_k", -1)), "greedy": not bool(vk.get("do_sample", False))}
+        else:
+            s = {"temperature": float(rc.get("temperature", 1.0)), "top_p": float(rc.get("top_p", 1.0)),
+                 "top_k": int(rc.get("top_k", -1))}
+        if seed is not None:
+            s["seed"] = int(seed) + 7919 * self.global_step + (1 << 20) * int(validate)
+        return s
+
+    # ---------------------------------------------------------------- one step
+    def rollout_and_score(self, batch: DataProto, n: int, validate: bool, timing: dict):
+        """uid per question, repeat n, run the workflow, score final answers (trajectory level)."""
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        batch = batch.repeat(n, interleave=True)
+        tensor_keys, non_tensor_keys = self.train_dataset.get_batch_keys()
+        gen_batch = batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
+        gen_batch.meta_info["sampling"] = self._sampling(validate)
+        with timer("gen", timing):
+            conv, final_mask, sample_index = self.manager.run_llm_loop(gen_batch, timing)
+        with timer("reward", timing):
+            finals = final_batch(conv, final_mask, sample_index)
+            finals.non_tensor_batch.update(batch.non_tensor_batch)
+            scores, _ = (self.val_reward_fn if validate else self.reward_fn)(finals)
+        return batch, conv, final_mask, sample_index, scores, finals
+
+    def train_step(self, batch: DataProto) -> dict[str, float]:
+        cfg, timing, metrics = self.config, {}, {}
+        n = int(cfg.actor_rollout_ref.rollout.n)
+        with timer("step", timing):
+            # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level)
+            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing)
+            # DAPO dynamic sampling: drop groups whose rewards are all equal
+            if cfg.algorithm.get("filter_groups", {}).get("enable", False):
+                traj, conv, sample_index, final_mask, scores, stats = self._filter_groups(
+                    traj, conv, sample_index, final_mask, scores)
+                metrics.update({f"train/{k}": v for k, v in stats.items()})
+            # 4. group-relative advantages on trajectory rewards, broadcast to every turn
+            adv, returns, traj_adv = compute_multiconv_advantage(
+                scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
+                norm_adv_by_std_in_grpo=self.norm_by_std)
+            conv.batch["advantages"], conv.batch["returns"] = adv, returns
+            conv.batch["token_level_scores"] = scores[sample_index][:, None] * conv.batch["response_mask"]
+            if cfg.actor_rollout_ref.actor.get("turn_weighting", "token") == "trajectory":
+                conv.batch["loss_weights"] = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
+            # 5. old and reference log-probs, actor update, weight sync
+            with timer("old_log_prob", timing):
+                conv = conv.union(self.wg.compute_log_prob(conv))
+            if cfg.actor_rollout_ref.actor.get("use_kl_loss", False):
+                with timer("ref", timing):
+                    conv = conv.union(self.wg.compute_ref_log_prob(conv))
+            with timer("update_actor", timing):
+                update_metrics = self.wg.update_actor(conv)
+                # a Ray group returns one dict per rank; the values are already global (all-reduced)
+                metrics.update(update_metrics[0] if isinstance(update_metrics, list) else update_metrics)
+            with timer("sync_weights", timing):
+                self.wg.sync_rollout_weights()
+        metrics.update(self._step_metrics(conv, final_mask, sample_index, scores, traj_adv, timing))
+        return metrics
+
+    # ---------------------------------------------------------------- DAPO filter
+    def _filter_groups(self, traj, conv, sample_index, final_mask, scores):
+        keep, stats = filter_zero_variance_groups(scores, traj.non_tensor_batch["uid"])
+        keep_t = torch.as_tensor(keep, dtype=torch.bool)
+        new_index = torch.cumsum(keep_t.long(), 0) - 1
+        conv_keep = keep_t[sample_index]
+        if not bool(conv_keep.any()):
+            return traj, conv, sample_index, final_mask, scores, stats  # keep all rather than train on nothing
+        conv = conv[conv_keep.numpy()]
+        return (traj[keep_t.numpy()], conv, new_index[sample_index[conv_keep]], final_mask[conv_keep],
+                scores[keep_t], stats)
+
+    # ---------------------------------------------------------------- metrics
+    def _step_metrics(self, conv, final_mask, sample_index, scores, traj_adv, timing) -> dict[str, float]:
+        resp_len = conv.batch["response_mask"].sum(-1).float()
+        n_conv = torch.bincount(sample_index, minlength=len(scores)).float()
+        tokens = int(conv.batch["attention_mask"].sum())
+        m = {
+            "critic/score/mean": float(scores.mean()),
+            "critic/score/max": float(scores.max()),
+            "critic/score/min": float(scores.min()),
+            "critic/pass@n": float((scores[sample_index] == 1.0).float().mean()),
+            "critic/advantages/mean": float(traj_adv.mean()),
+            "critic/advantages/max": float(traj_adv.max()),
+            "critic/advantages/min": float(traj_adv.min()),
+            "trajectory/num_conv/mean": float(n_conv.mean()),
+            "trajectory/num_conv/max": float(n_conv.max()),
+            "trajectory/num_conv/min": float(n_conv.min()),
+            "response_length/memory_turn/mean": float(resp_len[~final_mask].mean()) if (~final_mask).any() else 0.0,
+            "response_length/final_turn/mean": float(resp_len[final_mask].mean()),
+            "response_length/mean": float(resp_len.mean()),
+            "perf/total_num_tokens": tokens,
+            "perf/throughput": tokens / max(timing.get("step", 1e-9), 1e-9) / max(self.wg.world_size, 1),
+        }
+        m.update({f"timing_s/{k}": v for k, v in timing.items()})
+        return m
+
+    # ---------------------------------------------------------------- validation
+    def validate(self, val_loader) -> dict[str, float]:
+        n = int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1))
+        per_source: dict[str, list[float]] = {}
+        per_question: dict[str, list[float]] = {}
+        timing: dict[str, float] = {}
+        for batch_dict in val_loader:
+            batch = DataProto.from_single_dict(batch_dict)
+            traj, _, _, _, scores, _ = self.rollout_and_score(batch, n, True, timing)
+            for src, q, s in zip(traj.non_tensor_batch["data_source"], traj.non_tensor_batch["sample_uuid"], scores.tolist()):
+                per_source.setdefault(str(src), []).append(s)
+                per_question.setdefault(str(q), []).append(s)
+        out = {f"val-core/{src}/reward/mean@{n}": float(np.mean(v)) for src, v in per_source.items()}
+        if per_question:
+            out[f"val-aux/best@{n}/mean"] = float(np.mean([max(v) for v in per_question.values()]))
+            out["val/num_questions"] = len(per_question)
+        return out

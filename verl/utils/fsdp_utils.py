@@ -1,0 +1,287 @@
+"""FSDP2 helpers: sharding, CPU offload, full-weight iteration for weight sync, optimizer and LR schedule.
+
+Sharding (``apply_fsdp2``): ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes a
+transformers model lists in ``_no_split_modules``) and then on the root module, over a 1-D data-parallel mesh.
+On CUDA the default mixed precision is ``param_dtype=bf16, reduce_dtype=fp32`` (fp32 master weights, bf16
+compute, fp32 gradient reduction). The same code path runs on CPU with the gloo backend (verified with torch
+2.13: loss and grad norm equal the unsharded model's); there the default is full fp32 precision.
+
+FSDP2 averages gradients over the data-parallel ranks (reduce-scatter with a mean). The actor therefore scales
+each micro-batch loss by the DP world size after dividing by the *global* token count (see
+``verl.workers.actor.dp_actor``).
+
+Weight sync (``iter_full_params``): yields ``(name, full tensor)`` pairs in buckets of about ``bucket_bytes``,
+gathering each DTensor shard with ``full_tensor()``; every rank must iterate (the gathers are collectives).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Iterable, Iterator, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = [
+    "is_fsdp2_module",
+    "get_decoder_layer_classes",
+    "init_dp_mesh",
+    "apply_fsdp2",
+    "offload_fsdp_model_to_cpu",
+    "load_fsdp_model_to_gpu",
+    "offload_fsdp_optimizer",
+    "load_fsdp_optimizer",
+    "clean_param_name",
+    "iter_full_params",
+    "get_full_state_dict",
+    "clip_grad_norm",
+    "build_optimizer",
+    "warmup_lr_lambda",
+    "build_lr_scheduler",
+]
+
+logger = logging.getLogger(__name__)
+
+# Prefixes added by wrappers (activation checkpointing, torch.compile) that HF / vLLM weight names do not have.
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def is_fsdp2_module(module: nn.Module) -> bool:
+    """True when ``module`` was wrapped with ``fully_shard`` (FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def get_decoder_layer_classes(model: nn.Module) -> set[str]:
+    """Class names of the decoder layers of a transformers model (its ``_no_split_modules``), e.g.
+    ``{"Qwen2DecoderLayer"}``; works through peft wrappers. Empty when the model declares none."""
+    names: set[str] = set()
+    for module in model.modules():
+        no_split = getattr(module, "_no_split_modules", None)
+        if no_split:
+            names.update(no_split)
+    return names
+
+
+def init_dp_mesh(device_type: Optional[str] = None, world_size: Optional[int] = None):
+    """1-D device mesh over all ranks of the default process group (``"dp"``); needs ``torch.distributed``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("init_dp_mesh needs torch.distributed to be initialised (dist.init_process_group)")
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    return init_device_mesh(device_type, (world_size or dist.get_world_size(),), mesh_dim_names=("dp",))
+
+
+def apply_fsdp2(
+    model: nn.Module,
+    mesh: Any = None,
+    param_dtype: Union[torch.dtype, str, None] = "auto",
+    reduce_dtype: torch.dtype = torch.float32,
+    reshard_after_forward: bool = True,
+    offload_params: bool = False,
+    layer_classes: Optional[Iterable[str]] = None,
+) -> nn.Module:
+    """Shard ``model`` in place with FSDP2: each decoder layer, then the root (embeddings, final norm, lm_head).
+
+    Args:
+        model: the (maybe peft-wrapped) transformers model, with parameters on CPU or on the target device.
+        mesh: a 1-D ``DeviceMesh``; default ``init_dp_mesh()``.
+        param_dtype: compute dtype of the gathered parameters; ``"auto"`` = bf16 on CUDA, unchanged on CPU;
+            ``None`` = unchanged.
+        reduce_dtype: gradient reduction dtype (when ``param_dtype`` is set).
+        reshard_after_forward: free the gathered layer parameters after forward (ZeRO-3 style).
+        offload_params: keep sharded parameters and gradients on CPU (``CPUOffloadPolicy``; CUDA only).
+        layer_classes: class names to shard individually; default ``get_decoder_layer_classes(model)``.
+    Returns the same (now sharded) module.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = mesh if mesh is not None else init_dp_mesh()
+    on_cuda = mesh.device_type == "cuda"
+    if param_dtype == "auto":
+        param_dtype = torch.bfloat16 if on_cuda else None
+    if isinstance(param_dtype, str):
+        from verl.utils.model_loading import resolve_dtype
+
+        param_dtype = resolve_dtype(param_dtype)
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype if param_dtype else None)
+    if offload_params and not on_cuda:
+        logger.warning("offload_params ignored: parameters already live on CPU")
+    offload_policy = CPUOffloadPolicy() if offload_params and on_cuda else OffloadPolicy()
+    kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+    classes = set(layer_classes) if layer_classes is not None else get_decoder_layer_classes(model)
+    layers = [m for m in model.modules() if type(m).__name__ in classes]
+    if not layers:
+        logger.warning("apply_fsdp2: no decoder layers of classes %s found; sharding only the root", sorted(classes))
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+    return model
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def offload_fsdp_model_to_cpu(model: nn.Module, empty_cache: bool = True) -> None:
+    """Move the (sharded) parameters and gradients of ``model`` to CPU, e.g. while the rollout engine runs."""
+    model.cpu()
+    if empty_cache and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def load_fsdp_model_to_gpu(model: nn.Module, device: Union[str, torch.device, None] = None) -> None:
+    """Move the (sharded) parameters of ``model`` back to ``device`` (default: the current CUDA device)."""
+    model.to(device or _default_device())
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: Union[str, torch.device]) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+def offload_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer]) -> None:
+    """Move the optimizer state (Adam moments) to CPU."""
+    if optimizer is None or not optimizer.state:
+        return
+    _move_optimizer_state(optimizer, "cpu")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def load_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer], device: Union[str, torch.device, None] = None) -> None:
+    """Move the optimizer state back to ``device`` (default: the current CUDA device)."""
+    if optimizer is None or not optimizer.state:
+        return
+    _move_optimizer_state(optimizer, device or _default_device())
+
+
+def clean_param_name(name: str) -> str:
+    """Strip wrapper prefixes (activation checkpointing, torch.compile) from a parameter name."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def iter_full_params(
+    model: nn.Module,
+    bucket_bytes: int = 512 << 20,
+    dtype: Optional[torch.dtype] = None,
+    device: Union[str, torch.device] = "cpu",
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Yield buckets (lists) of ``(name, full tensor)`` covering ``model.state_dict()``.
+
+    Sharded tensors are all-gathered one at a time (every rank must run the loop), cast to ``dtype`` if given,
+    moved to ``device`` and grouped until a bucket reaches ``bucket_bytes``. Names are cleaned with
+    ``clean_param_name``; peft-wrapped models keep their peft names (merge adapters before syncing them into a
+    rollout engine).
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in model.state_dict().items():
+        full = _full_tensor(tensor).detach()
+        if dtype is not None and full.is_floating_point():
+            full = full.to(dtype)
+        full = full.to(device)
+        bucket.append((clean_param_name(name), full))
+        size += full.numel() * full.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+def get_full_state_dict(
+    model: nn.Module, dtype: Optional[torch.dtype] = None, device: Union[str, torch.device] = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on every rank, as plain tensors (a collective under FSDP)."""
+    state: dict[str, torch.Tensor] = {}
+    for bucket in iter_full_params(model, dtype=dtype, device=device):
+        state.update(bucket)
+    return state
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: Optional[float]) -> float:
+    """Total L2 norm of the gradients (over all shards and ranks under FSDP2), clipping to ``max_norm`` when
+    it is set and > 0. Returns the norm before clipping as a float (``inf``/``nan`` when not finite)."""
+    params = [p for p in parameters if p.grad is not None]
+    if not params:
+        return 0.0
+    clip_to = float(max_norm) if max_norm is not None and max_norm > 0 else float("inf")
+    total = torch.nn.utils.clip_grad_norm_(params, clip_to)
+    return float(_full_tensor(total).item())
+
+
+def build_optimizer(
+    params: Union[nn.Module, Iterable[nn.Parameter]],
+    lr: float,
+    weight_decay: float = 0.01,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters of a module (or over the given parameters)."""
+    if isinstance(params, nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
+    params = list(params)
+    if not params:
+        raise ValueError("build_optimizer: no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+
+
+def warmup_lr_lambda(num_warmup_steps: int, warmup_style: str = "constant", total_training_steps: int = 0,
+                     min_lr_ratio: float = 0.0):
+    """LR multiplier for scheduler step ``s`` (0-based; step ``s`` is the ``s``-th ``scheduler.step()``).
+
+    Warm-up: ``(s + 1) / W`` for ``s < W`` (the first update already uses ``lr / W``; verl's ``s / W`` spends the
+    first training step at lr 0), then 1.0 (``constant``) or a cosine decay to ``min_lr_ratio`` at
+    ``total_training_steps`` (``cosine``).
+
+    Example: ``W = 4`` -> multipliers ``0.25, 0.5, 0.75, 1.0, 1.0, ...``.
+    """
+    if warmup_style not in ("constant", "cosine"):
+        raise ValueError(f"unknown warmup_style '{warmup_style}'; valid: constant, cosine")
+    warmup = max(0, int(num_warmup_steps))
+
+    def lr_lambda(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if warmup_style == "constant":
+            return 1.0
+        decay_steps = max(1, total_training_steps - warmup)
+        progress = min(1.0, (step - warmup) / decay_steps)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return lr_lambda
+
+
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer,
+    total_training_steps: int = 0,
+    lr_warmup_steps: Optional[int] = -1,
+    lr_warmup_steps_ratio: float = 0.0,
+    warmup_style: str = "constant",
+    min_lr_ratio: Optional[float] = 0.0,
+) -> LambdaLR:
+    """LambdaLR with linear warm-up (verl keys): ``lr_warmup_steps > 0`` wins, else
+    ``int(lr_warmup_steps_ratio * total_training_steps)``. Call ``scheduler.step()`` once per training step."""
+    if lr_warmup_steps is not None and lr_warmup_steps > 0:
+        num_warmup = int(lr_warmup_steps)
+    else:
+        num_warmup = int(lr_warmup_steps_ratio * total_training_steps)
+    return LambdaLR(optimizer, warmup_lr_lambda(num_warmup, warmup_style, total_training_steps, min_lr_ratio or 0.0))

@@ -1,0 +1,207 @@
+"""Load a Hugging Face causal LM for training (actor / reference / critic backbones).
+
+Any ``AutoModelForCausalLM`` checkpoint loads by path (Qwen2/Qwen2.5, Llama, SmolLM, ...), exactly as a user
+passes ``actor_rollout_ref.model.path``. Options:
+
+* ``dtype``: parameter dtype (``"float32"`` for a trained actor whose FSDP mixed precision computes in bf16;
+  ``"bfloat16"`` for a frozen reference model);
+* ``attn_implementation``: ``None`` picks ``flash_attention_2`` when CUDA is available and the ``flash_attn``
+  package is installed, otherwise ``sdpa``. Both run packed (remove-padding) sequences exactly: transformers
+  derives variable-length boundaries (FA2) or a block-diagonal mask (sdpa/eager) from ``position_ids`` that
+  restart at 0 when no ``attention_mask`` is passed;
+* ``gradient_checkpointing`` (non-reentrant);
+* ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
+  ``r <= 0`` or ``None`` disables LoRA;
+* ``use_liger``: apply liger-kernel's fused RMSNorm/SwiGLU/RoPE kernels; only on CUDA and only when the
+  package imports (it has no CPU backend); otherwise a warning and nothing changes.
+
+Nothing here downloads anything: paths must be local folders (or already in the local HF cache).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any, Optional, Union
+
+import torch
+from torch import nn
+
+__all__ = [
+    "resolve_dtype",
+    "resolve_attn_implementation",
+    "load_causal_lm",
+    "build_causal_lm_from_config",
+    "prepare_for_training",
+    "apply_lora",
+    "apply_liger_kernel",
+    "count_parameters",
+]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
+    """``"bf16"``/``"bfloat16"``/``torch.bfloat16`` -> ``torch.bfloat16`` (and so on); ``None`` -> float32."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = str(dtype).replace("torch.", "").lower()
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype '{dtype}'; valid: {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[key]
+
+
+def resolve_attn_implementation(requested: Optional[str] = None, device: Union[str, torch.device, None] = None) -> str:
+    """Attention backend: ``requested`` if given, else ``flash_attention_2`` on CUDA with flash-attn installed,
+    else ``sdpa``.
+
+    ``device`` defaults to CUDA when available. Asking for ``flash_attention_2`` without the package or
+    without CUDA raises ``ValueError``.
+    """
+    on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if requested in (None, "", "auto"):
+        return "flash_attention_2" if on_cuda and has_flash else "sdpa"
+    if requested == "flash_attention_2" and not (on_cuda and has_flash):
+        raise ValueError(
+            "attn_implementation='flash_attention_2' needs CUDA and the flash_attn package "
+            f"(cuda={on_cuda}, flash_attn installed={has_flash}); use 'sdpa' or leave it unset"
+        )
+    return requested
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of (trainable) parameters; tied weights are counted once."""
+    seen, total = set(), 0
+    for param in model.parameters():
+        if id(param) in seen or (trainable_only and not param.requires_grad):
+            continue
+        seen.add(id(param))
+        total += param.numel()
+    return total
+
+
+def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
+    """Wrap ``model`` with peft LoRA adapters (``lora``: ``peft.LoraConfig`` arguments).
+
+    Defaults: ``task_type="CAUSAL_LM"``, ``target_modules="all-linear"``, ``lora_alpha = r``, dropout 0.
+    Only the adapter weights stay trainable.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    kwargs = dict(lora)
+    rank = int(kwargs.pop("r", kwargs.pop("lora_rank", 0)) or 0)
+    if rank <= 0:
+        raise ValueError(f"LoRA rank must be > 0, got r={rank}")
+    kwargs.setdefault("lora_alpha", rank)
+    kwargs.setdefault("target_modules", "all-linear")
+    kwargs.setdefault("lora_dropout", 0.0)
+    kwargs.setdefault("bias", "none")
+    kwargs.setdefault("task_type", "CAUSAL_LM")
+    return get_peft_model(model, LoraConfig(r=rank, **kwargs))
+
+
+def apply_liger_kernel(model: nn.Module) -> bool:
+    """Patch ``model`` in place with liger-kernel's fused kernels; returns True when applied.
+
+    Skipped (warning, returns False) without CUDA or without an importable ``liger_kernel``: its Triton
+    kernels have no CPU backend. Cross-entropy patches stay off because the actor needs plain logits.
+    """
+    if not torch.cuda.is_available():
+        logger.warning("use_liger=True ignored: liger-kernel needs CUDA (its Triton kernels have no CPU backend)")
+        return False
+    try:
+        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
+    except Exception as error:  # noqa: BLE001 - any import problem means "not available"
+        logger.warning("use_liger=True ignored: liger_kernel could not be imported (%s)", error)
+        return False
+    _apply_liger_kernel_to_instance(
+        model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
+    )
+    return True
+
+
+def prepare_for_training(
+    model: nn.Module,
+    gradient_checkpointing: bool = False,
+    lora: Optional[dict[str, Any]] = None,
+    use_liger: bool = False,
+) -> nn.Module:
+    """Apply liger kernels, gradient checkpointing and LoRA (in that order) and return the (maybe wrapped) model."""
+    if use_liger:
+        apply_liger_kernel(model)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+    if lora and int(lora.get("r", lora.get("lora_rank", 0)) or 0) > 0:
+        if gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()  # frozen embeddings + checkpointing need grads on the inputs
+        model = apply_lora(model, lora)
+    return model
+
+
+def load_causal_lm(
+    path: Union[str, os.PathLike],
+    dtype: Union[str, torch.dtype, None] = "float32",
+    attn_implementation: Optional[str] = None,
+    gradient_checkpointing: bool = False,
+    lora: Optional[dict[str, Any]] = None,
+    use_liger: bool = False,
+    trust_remote_code: bool = False,
+    device: Union[str, torch.device, None] = None,
+    override_config: Optional[dict[str, Any]] = None,
+) -> nn.Module:
+    """Load a causal LM from a local folder ``path`` and prepare it for training.
+
+    Args:
+        path: local HF model folder (``config.json`` + weights).
+        dtype: parameter dtype (see module docstring).
+        attn_implementation: ``None``/``"auto"`` for the automatic choice, or a transformers backend name.
+        gradient_checkpointing, lora, use_liger: see ``prepare_for_training``.
+        trust_remote_code: passed to transformers.
+        device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
+        override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model path '{path}' is not a local folder (nothing is downloaded at run time)")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    attn = resolve_attn_implementation(attn_implementation, device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code
+    )
+    if device is not None:
+        model.to(device)
+    return prepare_for_training(model, gradient_checkpointing, lora, use_liger)
+
+
+def build_causal_lm_from_config(
+    config: Any,
+    dtype: Union[str, torch.dtype, None] = "float32",
+    attn_implementation: Optional[str] = None,
+    gradient_checkpointing: bool = False,
+    device: Union[str, torch.device, None] = None,
+    seed: Optional[int] = 0,
+) -> nn.Module:
+    """Randomly initialise a causal LM from a transformers config object (benchmarks and tests)."""
+    from transformers import AutoModelForCausalLM
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    config._attn_implementation = resolve_attn_implementation(attn_implementation, device)
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
+    return prepare_for_training(model, gradient_checkpointing)

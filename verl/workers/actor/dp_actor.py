@@ -1,0 +1,332 @@
+"""Data-parallel PPO/GRPO actor: log-prob recomputation and the policy update (verl's ``DataParallelPPOActor``).
+
+Works with a plain module (one process), an FSDP2 module (``verl.utils.fsdp_utils.apply_fsdp2``; CUDA+NCCL or
+CPU+gloo) and, as a fallback, an unsharded module replicated over several ranks (gradients are then averaged
+with an explicit all-reduce).
+
+Loss normalisation (memagent-spec §3.6, lessons E.3). For every mini-batch the actor counts the loss
+normaliser of the whole mini-batch over *all* data-parallel ranks before micro-batching: response tokens for
+``token-mean`` (rows with at least one response token for the ``seq-mean-*`` modes). Each micro-batch loss is
+``sum(loss * mask) / global_count``; it is multiplied by the DP world size before ``backward`` because FSDP
+averages gradients over ranks. The accumulated gradient is therefore the gradient of the global mini-batch
+token-mean, and it does not change with the micro-batch size, dynamic batching or the number of ranks.
+
+Per-token loss (each term aggregated as above, optional per-token ``loss_weights`` multiplied into all terms):
+``pg_loss`` (PPO clip with ``clip_ratio_low/high`` and dual clip ``clip_ratio_c``)
+``+ kl_loss_coef * kl_penalty(log_prob, ref_log_prob, kl_loss_type)`` when ``use_kl_loss``
+``- entropy_coeff * entropy``.
+
+Every rank performs the same number of forward/backward passes (FSDP collectives must line up): the numbers
+of mini-batches and micro-batches are all-reduced (max) and a rank with fewer rows runs zero-weight dummy
+passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tensordict import TensorDict
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, grad_acc_mode, kl_penalty, local_loss_normalizer
+from verl.utils.fsdp_utils import clip_grad_norm, is_fsdp2_module
+from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
+from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
+from verl.workers.actor.settings import ActorSettings
+
+__all__ = ["DataParallelPPOActor"]
+
+logger = logging.getLogger(__name__)
+
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+# Row flags that mark padding rows added only to make a batch divisible (dropped before the update).
+_KEEP_ROW_KEY, _PADDING_ROW_KEY = "no_padding_mask", "is_padding"
+# Metric sums all-reduced once per mini-batch (order matters).
+_STAT_NAMES = ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "tokens")
+
+
+class DataParallelPPOActor:
+    """PPO actor over one data-parallel shard of the batch.
+
+    Args:
+        config: the actor config (``actor_rollout_ref.actor``; DictConfig, dict or object), see ``ActorSettings``.
+        actor_module: the causal LM (plain, FSDP2-sharded, or peft-wrapped).
+        optimizer: required for ``update_policy``; ``None`` for a log-prob-only (reference) actor.
+        dp_group: data-parallel process group (default: the default group when torch.distributed is initialised).
+    """
+
+    def __init__(self, config: Any, actor_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 dp_group: Optional[dist.ProcessGroup] = None):
+        self.config = config
+        self.settings = ActorSettings.from_config(config)
+        self.actor_module = actor_module
+        self.actor_optimizer = optimizer
+        self.dp_group = dp_group
+        distributed = dist.is_available() and dist.is_initialized()
+        self.dp_size = dist.get_world_size(dp_group) if distributed else 1
+        self.is_fsdp = is_fsdp2_module(actor_module)
+        self.use_logits_to_keep = supports_logits_to_keep(actor_module)
+        self._update_calls = 0
+        # Metrics of each optimizer step of the last update_policy call (for debugging and tests).
+        self.mini_batch_metrics: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self) -> torch.device:
+        """Device of the module's (local shards of) parameters; collectives and compute run there."""
+        for param in self.actor_module.parameters():
+            return param.device
+        return torch.device("cpu")
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return tensor
+
+    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
+                          max_token_len: int) -> list[list[int]]:
+        """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
+        if use_dynamic:
+            return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
+        num_rows = int(seqlens.numel())
+        count = sync_max_count(max(1, math.ceil(num_rows / micro_batch_size)), self.dp_group, self.device)
+        rows = [list(range(i * micro_batch_size, min(num_rows, (i + 1) * micro_batch_size))) for i in range(count)]
+        return rows
+
+    @staticmethod
+    def _dummy_row(batch: TensorDict) -> TensorDict:
+        """A one-row batch with a valid full-length sequence and every loss tensor zero (for collective parity)."""
+        row = batch[:1].clone()
+        seq_len = row["input_ids"].shape[1]
+        row["attention_mask"] = torch.ones_like(row["attention_mask"])
+        row["position_ids"] = torch.arange(seq_len, device=row["input_ids"].device).unsqueeze(0)
+        for key in row.keys():
+            if key not in ("input_ids", "attention_mask", "position_ids", "responses"):
+                row[key] = torch.zeros_like(row[key])
+        return row
+
+    def _forward(self, micro: TensorDict, temperature: float, calculate_entropy: bool,
+                 entropy_with_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        micro = micro.to(self.device)
+        return forward_response_log_probs(
+            self.actor_module,
+            input_ids=micro["input_ids"],
+            attention_mask=micro["attention_mask"],
+            position_ids=micro["position_ids"],
+            response_length=micro["responses"].shape[-1],
+            temperature=temperature,
+            use_remove_padding=self.settings.use_remove_padding,
+            calculate_entropy=calculate_entropy,
+            entropy_with_grad=entropy_with_grad,
+            use_logits_to_keep=self.use_logits_to_keep,
+            entropy_chunk_size=self.settings.entropy_chunk_size,
+        )
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Log-probs ``[B, R]`` of ``data.batch["responses"]`` (and entropies, or None), in row order.
+
+        ``data.meta_info`` may override ``micro_batch_size``, ``use_dynamic_bsz``, ``max_token_len`` and sets
+        ``temperature`` (default 1.0). Rows without any valid token get zeros. Outputs live on the device of
+        ``data.batch``.
+        """
+        s = self.settings
+        meta = data.meta_info
+        temperature = float(meta.get("temperature", 1.0))
+        use_dynamic = bool(meta.get("use_dynamic_bsz", s.log_prob_dynamic))
+        micro_batch_size = int(meta.get("micro_batch_size") or s.log_prob_micro_batch_size)
+        max_token_len = int(meta.get("max_token_len") or s.log_prob_token_budget)
+        batch = data.select(batch_keys=list(_FORWARD_KEYS)).batch
+        out_device = batch["input_ids"].device
+        num_rows, response_length = batch["responses"].shape
+        seqlens = batch["attention_mask"].sum(dim=-1)
+        active = torch.nonzero(seqlens > 0).flatten()  # rows with no valid token are not forwarded
+
+        was_training = self.actor_module.training
+        self.actor_module.eval()
+        micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
+        log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=out_device)
+        entropys = torch.zeros_like(log_probs) if calculate_entropy else None
+        dummy = self._dummy_row(batch) if num_rows else None
+        for rows in micro_rows:
+            if not rows:  # this rank has fewer micro-batches than another one: keep collectives in step
+                if dummy is None:
+                    raise ValueError("compute_log_prob got a DataProto with 0 rows while other ranks have data")
+                self._forward(dummy, temperature, calculate_entropy=False)
+                continue
+            index = active[torch.tensor(rows, dtype=torch.long)]
+            lp, ent = self._forward(batch[index], temperature, calculate_entropy)
+            log_probs[index] = lp.to(out_device)
+            if entropys is not None:
+                entropys[index] = ent.to(out_device)
+        self.actor_module.train(was_training)
+        return log_probs, entropys
+
+    # ------------------------------------------------------------------ update
+    def _num_mini_batches(self, num_rows: int) -> int:
+        s = self.settings
+        if s.train_batch_size is not None:
+            count = int(s.train_batch_size) // int(s.ppo_mini_batch_size)
+        else:
+            count = max(1, math.ceil(num_rows / int(s.ppo_mini_batch_size)))
+        return sync_max_count(count, self.dp_group, self.device)
+
+    def _select_update_batch(self, data: DataProto) -> tuple[TensorDict, TensorDict]:
+        """The tensors the update needs, without padding rows, plus a dummy row for empty passes."""
+        s = self.settings
+        keys = list(_FORWARD_KEYS) + ["response_mask", "old_log_probs", "advantages"]
+        if s.use_kl_loss:
+            keys.append("ref_log_prob")
+        available = data.batch.keys() if data.batch is not None else []
+        if "loss_weights" in available:
+            keys.append("loss_weights")
+        batch = data.select(batch_keys=keys).batch
+        if len(batch) == 0:
+            raise ValueError("update_policy got a DataProto with 0 rows")
+        dummy = self._dummy_row(batch)
+        keep = batch["attention_mask"].sum(dim=-1) > 0
+        if _KEEP_ROW_KEY in available:
+            keep &= data.batch[_KEEP_ROW_KEY].bool().reshape(-1)
+        if _PADDING_ROW_KEY in available:
+            keep &= ~data.batch[_PADDING_ROW_KEY].bool().reshape(-1)
+        return batch[torch.nonzero(keep).flatten()], dummy
+
+    def update_policy(self, data: DataProto) -> dict[str, float]:
+        """Run ``ppo_epochs`` passes of mini-batch updates on this rank's rows; return averaged metrics.
+
+        Needs ``input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs, advantages``
+        (+ ``ref_log_prob`` with ``use_kl_loss``; optional per-token ``loss_weights``). Rows flagged as padding
+        (``no_padding_mask == False`` or ``is_padding == True``) and rows without valid tokens are dropped first.
+        Metric values are global over all ranks (token-weighted means; losses are the mini-batch objective
+        terms), averaged over mini-batches and epochs.
+        """
+        if self.actor_optimizer is None:
+            raise RuntimeError("update_policy needs an optimizer; this actor was built with optimizer=None")
+        s = self.settings
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        batch, dummy = self._select_update_batch(data)
+        num_rows = len(batch)
+        num_mini_batches = self._num_mini_batches(num_rows)
+        self.actor_module.train()
+        history: dict[str, list[float]] = {}
+        skipped = 0
+        self.mini_batch_metrics = []
+        for epoch in range(s.ppo_epochs):
+            order = torch.arange(num_rows)
+            if s.shuffle:
+                generator = torch.Generator().manual_seed(s.seed + 1000003 * self._update_calls + epoch)
+                order = torch.randperm(num_rows, generator=generator)
+            for chunk in split_rows_evenly(num_rows, num_mini_batches):
+                mini_batch = batch[order[torch.tensor(chunk, dtype=torch.long)]]
+                metrics = self._update_mini_batch(mini_batch, dummy, temperature)
+                self.mini_batch_metrics.append(dict(metrics))
+                skipped += int(metrics.pop("skipped"))
+                for key, value in metrics.items():
+                    history.setdefault(key, []).append(value)
+        self._update_calls += 1
+        result = {key: sum(values) / len(values) for key, values in history.items()}
+        result["actor/lr"] = float(self.actor_optimizer.param_groups[0]["lr"])
+        result["actor/skipped_steps"] = float(skipped)
+        result["actor/num_mini_batches"] = float(num_mini_batches)
+        if s.use_kl_loss:
+            result["actor/kl_coef"] = float(s.kl_loss_coef)
+        return result
+
+    def _update_mini_batch(self, mini_batch: TensorDict, dummy: TensorDict, temperature: float) -> dict[str, float]:
+        """Accumulate the mini-batch gradient over its micro-batches and take one optimizer step."""
+        s = self.settings
+        mode = s.loss_agg_mode
+        local_norm = local_loss_normalizer(mini_batch["response_mask"], mode).to(self.device)
+        global_norm = self._all_reduce_sum(local_norm.clone().reshape(1))[0]
+        count_key = "global_token_count" if grad_acc_mode(mode) == "token" else "global_seq_count"
+        seqlens = mini_batch["attention_mask"].sum(dim=-1)
+        micro_batch_size = int(s.ppo_micro_batch_size_per_gpu or 1)
+        micro_rows = self._micro_batch_rows(seqlens, s.use_dynamic_bsz, micro_batch_size, int(s.ppo_max_token_len_per_gpu))
+
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
+        for rows in micro_rows:
+            is_dummy = not rows
+            micro = (dummy if is_dummy else mini_batch[torch.tensor(rows, dtype=torch.long)]).to(self.device)
+            stats += self._micro_batch_backward(micro, temperature, {count_key: global_norm}, zero_weight=is_dummy)
+
+        if self.dp_size > 1 and not self.is_fsdp:
+            self._all_reduce_mean_grads()
+        params = [p for p in self.actor_module.parameters() if p.requires_grad]
+        grad_norm = clip_grad_norm(params, s.grad_clip)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            logger.warning("actor: grad norm is %s; skipping this optimizer step", grad_norm)
+        else:
+            self.actor_optimizer.step()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+
+        stats = self._all_reduce_sum(stats).tolist()
+        values = dict(zip(_STAT_NAMES, stats))
+        tokens = max(values["tokens"], 1.0)
+        metrics = {
+            "actor/pg_loss": values["pg_loss"],
+            "actor/pg_clipfrac": values["pg_clipfrac"] / tokens,
+            "actor/ppo_kl": values["ppo_kl"] / tokens,
+            "actor/pg_clipfrac_lower": values["pg_clipfrac_lower"] / tokens,
+            "actor/entropy": values["entropy"],
+            "actor/grad_norm": grad_norm,
+            "skipped": float(skipped),
+        }
+        if s.use_kl_loss:
+            metrics["actor/kl_loss"] = values["kl_loss"]
+        return metrics
+
+    def _micro_batch_backward(self, micro: TensorDict, temperature: float, norm_kwargs: dict[str, torch.Tensor],
+                              zero_weight: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
+        s = self.settings
+        mask = micro["response_mask"]
+        agg_kwargs = dict(norm_kwargs, weights=micro.get("loss_weights", None))
+        log_prob, entropy = self._forward(micro, temperature, calculate_entropy=True,
+                                          entropy_with_grad=s.entropy_coeff != 0)
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
+            micro["old_log_probs"], log_prob, micro["advantages"], mask,
+            cliprange=s.clip_ratio, cliprange_low=s.clip_low, cliprange_high=s.clip_high,
+            clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode,
+            loss_scale_factor=s.loss_scale_factor, **agg_kwargs,
+        )
+        loss = pg_loss
+        if s.entropy_coeff != 0:
+            entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **agg_kwargs)
+            loss = loss - s.entropy_coeff * entropy_loss
+        # the entropy metric is not weighted by loss_weights
+        entropy_metric = agg_loss(entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
+                                  **norm_kwargs)
+        kl_loss = torch.zeros((), device=loss.device)
+        if s.use_kl_loss:
+            kld = kl_penalty(log_prob, micro["ref_log_prob"], s.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **agg_kwargs)
+            loss = loss + s.kl_loss_coef * kl_loss
+        if zero_weight:
+            loss = loss * 0.0
+        # FSDP (or the manual all-reduce) averages gradients over ranks; undo that average.
+        (loss * self.dp_size).backward()
+        if zero_weight:
+            return torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
+        tokens = mask.to(torch.float32).sum()
+        return torch.stack([
+            pg_loss.detach().float(), kl_loss.detach().float(), entropy_metric.float(),
+            pg_clipfrac.float() * tokens, ppo_kl.float() * tokens, pg_clipfrac_lower.float() * tokens, tokens,
+        ])
+
+    def _all_reduce_mean_grads(self) -> None:
+        """Average gradients over ranks for an unsharded, replicated module (no FSDP/DDP wrapper)."""
+        for param in self.actor_module.parameters():
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
+                param.grad.div_(self.dp_size)

@@ -1,0 +1,165 @@
+"""Forward passes that return per-token log-probs (and entropies) of the response tokens.
+
+Two layouts, same numbers (tested to 1e-5 in float32):
+
+* **padded**: the ``[b, S]`` batch (left-padded prompt + right-padded response) goes through the model with
+  its ``attention_mask`` and ``position_ids``; only the last ``R + 1`` positions go through ``lm_head``.
+* **packed** (``use_remove_padding``): the valid tokens of all rows are concatenated into one ``[1, T]``
+  sequence whose ``position_ids`` restart at 0 for every row, and no attention mask is passed. transformers
+  turns such position_ids into exact per-row attention: variable-length flash-attention (``flash_attention_2``,
+  CUDA) or a block-diagonal causal mask (``sdpa``/``eager``, CPU and GPU). Only the positions that predict a
+  valid response token go through ``lm_head`` (``logits_to_keep`` as an index tensor), which for MemAgent
+  (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary projection.
+  Rows whose valid ``position_ids`` are not ``0, 1, ..., n-1`` cannot be packed exactly; such micro-batches
+  fall back to the padded layout (logged once).
+
+Outputs are ``[b, R]``; positions that are not valid tokens (``attention_mask == 0`` in the response part)
+hold 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+__all__ = ["supports_logits_to_keep", "PackedRows", "pack_rows", "forward_response_log_probs"]
+
+logger = logging.getLogger(__name__)
+_warned_fallback = False
+
+
+def supports_logits_to_keep(model: nn.Module) -> bool:
+    """True when the (unwrapped) model's forward accepts ``logits_to_keep`` (transformers >= 4.50 LMs)."""
+    base = model
+    if hasattr(base, "get_base_model"):  # peft
+        base = base.get_base_model()
+    try:
+        return "logits_to_keep" in inspect.signature(type(base).forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class PackedRows:
+    """Valid tokens of ``b`` rows laid out as one sequence.
+
+    ``input_ids``/``position_ids``: ``[1, T]``; ``predictor_index``: ``[K]`` packed positions whose logits
+    predict a response token; ``label_index``: ``[K]`` packed positions of those tokens (``predictor + 1``);
+    ``target_mask``: ``[b, R]`` bool, True where a log-prob is produced (row-major order matches ``K``).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    predictor_index: torch.Tensor
+    label_index: torch.Tensor
+    target_mask: torch.Tensor
+
+
+def pack_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> Optional[PackedRows]:
+    """Pack the valid tokens of a ``[b, S]`` batch; ``None`` when exact packing is impossible (positions that
+    do not restart at 0 and count up by 1 within each row, multi-dimensional rope positions, no tokens)."""
+    if position_ids.dim() != 2:
+        return None
+    valid = attention_mask.bool()
+    lengths = valid.sum(dim=1)
+    total = int(lengths.sum())
+    if total == 0:
+        return None
+    packed_positions = position_ids[valid]
+    row_starts = torch.cumsum(lengths, dim=0) - lengths
+    expected = torch.arange(total, device=input_ids.device) - torch.repeat_interleave(row_starts, lengths)
+    if not torch.equal(packed_positions, expected.to(packed_positions.dtype)):
+        return None
+    flat_index = torch.full_like(input_ids, -1)
+    flat_index[valid] = torch.arange(total, device=input_ids.device)
+    response_flat = flat_index[:, -response_length:]
+    # a response token is predicted by the previous valid token of the same row
+    target_mask = valid[:, -response_length:] & (response_flat > row_starts.unsqueeze(1))
+    label_index = response_flat[target_mask]
+    return PackedRows(
+        input_ids=input_ids[valid].unsqueeze(0),
+        position_ids=packed_positions.unsqueeze(0),
+        predictor_index=label_index - 1,
+        label_index=label_index,
+        target_mask=target_mask,
+    )
+
+
+def _entropy(logits: torch.Tensor, with_grad: bool, chunk_size: int) -> torch.Tensor:
+    """Entropy per row of ``[K, V]`` logits; without grad it is computed in chunks to bound memory."""
+    if with_grad:
+        return entropy_from_logits(logits)
+    with torch.no_grad():
+        return torch.cat([entropy_from_logits(c) for c in logits.split(max(1, chunk_size), dim=0)]) if logits.numel() \
+            else logits.new_zeros(logits.shape[0])
+
+
+def _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep):
+    kwargs = {"logits_to_keep": response_length + 1} if use_logits_to_keep else {}
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs)
+    return output.logits[:, -response_length - 1 : -1, :]
+
+
+def forward_response_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    use_remove_padding: bool = False,
+    calculate_entropy: bool = False,
+    entropy_with_grad: bool = False,
+    use_logits_to_keep: bool = True,
+    entropy_chunk_size: int = 2048,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Log-probs ``[b, R]`` of the last ``R = response_length`` tokens (and their entropies when asked).
+
+    Logits are divided by ``temperature`` (the sampling temperature) before the softmax. Entropy is computed
+    with gradient only when ``entropy_with_grad`` (an entropy bonus in the loss); otherwise it is a detached
+    metric computed in chunks.
+    """
+    global _warned_fallback
+    packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
+    if use_remove_padding and packed is None and not _warned_fallback:
+        logger.warning("remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "
+                       "using the padded forward for such micro-batches")
+        _warned_fallback = True
+
+    if packed is not None:
+        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
+        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs)
+        logits = output.logits[0] if use_logits_to_keep else output.logits[0, packed.predictor_index]
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        labels = packed.input_ids[0, packed.label_index]
+        token_log_probs = logprobs_from_logits(logits, labels)
+        log_probs = token_log_probs.new_zeros(packed.target_mask.shape)
+        log_probs = log_probs.masked_scatter(packed.target_mask, token_log_probs)
+        entropy = None
+        if calculate_entropy:
+            token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size)
+            entropy = token_entropy.new_zeros(packed.target_mask.shape).masked_scatter(packed.target_mask, token_entropy)
+        return log_probs, entropy
+
+    logits = _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep)
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    valid = attention_mask[:, -response_length:].to(logits.dtype)
+    log_probs = logprobs_from_logits(logits, input_ids[:, -response_length:]) * valid
+    entropy = None
+    if calculate_entropy:
+        flat = logits.reshape(-1, logits.shape[-1])
+        entropy = _entropy(flat, entropy_with_grad, entropy_chunk_size).reshape(valid.shape) * valid
+    return log_probs, entropy

@@ -1,0 +1,137 @@
+"""Typed view of the actor section of the config (``actor_rollout_ref.actor``), with verl's key names.
+
+``ActorSettings.from_config`` accepts an OmegaConf ``DictConfig``, a plain ``dict`` or any attribute object,
+reads the keys below (unknown keys such as ``optim`` or ``fsdp_config`` are ignored: they belong to the
+worker) and validates them with errors that name the key and the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+__all__ = ["ActorSettings"]
+
+_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+_MISSING = object()
+
+
+def _lookup(config: Any, key: str) -> Any:
+    """``config[key]`` / ``config.key``, or ``_MISSING`` when absent."""
+    if config is None:
+        return _MISSING
+    if isinstance(config, Mapping) or hasattr(config, "get"):
+        try:
+            return config.get(key, _MISSING)
+        except Exception:  # noqa: BLE001 - e.g. OmegaConf missing-value errors
+            return _MISSING
+    return getattr(config, key, _MISSING)
+
+
+@dataclass
+class ActorSettings:
+    """Actor options (verl names). See ``verl/workers/actor/dp_actor.py`` for how each is used.
+
+    Mini-batches: with ``train_batch_size`` set, each ``update_policy`` call takes exactly
+    ``train_batch_size // ppo_mini_batch_size`` optimizer steps per epoch (MemAgent, spec §3.6: the number of
+    conversations per step varies, so rows are split into that many contiguous, possibly uneven mini-batches).
+    Without it, mini-batches hold ``ppo_mini_batch_size`` rows (the last may be smaller).
+    """
+
+    ppo_mini_batch_size: int = 1
+    train_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    use_remove_padding: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    grad_clip: Optional[float] = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    entropy_chunk_size: int = 2048
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ActorSettings":
+        """Build from a DictConfig / dict / attribute object (missing keys take the defaults above)."""
+        values = {}
+        for f in fields(cls):
+            value = _lookup(config, f.name)
+            # absent -> default; an explicit None keeps its meaning only for Optional fields (e.g. grad_clip=None:
+            # no clipping) and falls back to the default for the others
+            if value is _MISSING or (value is None and "Optional" not in str(f.type)):
+                value = f.default
+            values[f.name] = value
+        for new_key, old_key in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+                                 ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")):
+            legacy = _lookup(config, old_key)
+            if values[new_key] is None and legacy is not _MISSING:
+                values[new_key] = legacy
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+    @property
+    def log_prob_dynamic(self) -> bool:
+        return self.use_dynamic_bsz if self.log_prob_use_dynamic_bsz is None else bool(self.log_prob_use_dynamic_bsz)
+
+    @property
+    def log_prob_token_budget(self) -> int:
+        return int(self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu)
+
+    @property
+    def log_prob_micro_batch_size(self) -> int:
+        return int(self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu or 1)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending key and value."""
+        if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
+            raise ValueError(f"actor.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
+        if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):
+            raise ValueError(
+                f"actor.train_batch_size ({self.train_batch_size}) must be >= actor.ppo_mini_batch_size "
+                f"({self.ppo_mini_batch_size}): their ratio is the number of optimizer steps per batch"
+            )
+        if not self.use_dynamic_bsz and (self.ppo_micro_batch_size_per_gpu is None or self.ppo_micro_batch_size_per_gpu < 1):
+            raise ValueError(
+                "actor.ppo_micro_batch_size_per_gpu must be >= 1 when use_dynamic_bsz is False, "
+                f"got {self.ppo_micro_batch_size_per_gpu}"
+            )
+        if self.use_dynamic_bsz and int(self.ppo_max_token_len_per_gpu) < 1:
+            raise ValueError(f"actor.ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
+        if self.loss_agg_mode not in _LOSS_AGG_MODES:
+            raise ValueError(f"actor.loss_agg_mode '{self.loss_agg_mode}' unknown; valid: {', '.join(_LOSS_AGG_MODES)}")
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"actor.clip_ratio_c must be > 1.0, got {self.clip_ratio_c}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"actor.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if int(self.ulysses_sequence_parallel_size) != 1:
+            raise ValueError(
+                f"actor.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not supported "
+                "(sequence parallelism is not implemented); use 1"
+            )

