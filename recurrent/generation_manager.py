@@ -80,6 +80,7 @@ class LLMGenerationManager:
         logger.info("ACTIVE_TRAJ_NUM: %s", active_counts)
         conversations = concat_conversations(outputs, self.pad_id)
         conversations.meta_info["active_traj_num"] = active_counts
+        conversations.meta_info["pad_token_id"] = self.pad_id
         if timing_raw is not None:
             for k, v in timing.items():
                 timing_raw[k] = timing_raw.get(k, 0.0) + v

@@ -122,3 +122,18 @@ def test_two_ray_ranks_match_one_process(runs):
     assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert one["actor/grad_norm"] > 1e-3  # non-zero advantages: the comparison means something
     assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-3)
+
+
+def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, runs):
+    """Filter on: every kept group has reward variance; the batch is refilled from more questions."""
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "d"), 1, extra=[
+        "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=4",
+        "algorithm.overlong_buffer.enable=True", "algorithm.overlong_buffer.len=4",
+        "algorithm.overlong_buffer.penalty_factor=0.5"]))
+    h = {x["step"]: x for x in hist}[1]
+    assert h["train/total_groups"] >= h["train/kept_groups"]
+    assert 1 <= h["train/num_gen_batches"] <= 4
+    assert h["train/overlong_penalty_mean"] <= 0
+    # after filtering, no kept group has all-equal rewards, so advantages are never all zero
+    assert h["critic/advantages/max"] > 0 > h["critic/advantages/min"]

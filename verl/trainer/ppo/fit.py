@@ -51,15 +51,21 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
 
     bar = tqdm(total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.get("progress_bar", True))
     epoch_iter = iter(train_loader)
-    while trainer.global_step < total_steps:
+
+    def next_batch() -> DataProto:
+        nonlocal epoch_iter
         try:
             batch_dict = next(epoch_iter)
-        except StopIteration:
+        except StopIteration:  # next epoch
             epoch_iter = iter(train_loader)
             batch_dict = next(epoch_iter)
+        return DataProto.from_single_dict(batch_dict)
+
+    while trainer.global_step < total_steps:
+        batch = next_batch()
         trainer.global_step += 1
         step = trainer.global_step
-        metrics = trainer.train_step(DataProto.from_single_dict(batch_dict))
+        metrics = trainer.train_step(batch, next_batch=next_batch)
         metrics["training/global_step"] = step
         last = step == total_steps
         if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last):

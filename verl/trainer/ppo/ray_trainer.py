@@ -19,7 +19,12 @@ from omegaconf import DictConfig
 from recurrent.generation_manager import LLMGenerationManager
 from recurrent.utils import final_batch
 from verl.protocol import DataProto
-from verl.trainer.ppo.dapo import compute_multiconv_advantage, filter_zero_variance_groups, trajectory_token_weights
+from verl.trainer.ppo.dapo import (
+    compute_multiconv_advantage,
+    filter_zero_variance_groups,
+    overlong_reward_penalty,
+    trajectory_token_weights,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -111,17 +116,14 @@ class MultiConvTrainer:
             scores, _ = (self.val_reward_fn if validate else self.reward_fn)(finals)
         return batch, conv, final_mask, sample_index, scores, finals
 
-    def train_step(self, batch: DataProto) -> dict[str, float]:
+    def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]:
+        """One training step. ``next_batch()`` supplies more questions for DAPO dynamic sampling."""
         cfg, timing, metrics = self.config, {}, {}
         n = int(cfg.actor_rollout_ref.rollout.n)
         with timer("step", timing):
-            # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level)
-            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing)
-            # DAPO dynamic sampling: drop groups whose rewards are all equal
-            if cfg.algorithm.get("filter_groups", {}).get("enable", False):
-                traj, conv, sample_index, final_mask, scores, stats = self._filter_groups(
-                    traj, conv, sample_index, final_mask, scores)
-                metrics.update({f"train/{k}": v for k, v in stats.items()})
+            # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level),
+            #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
+            traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
             # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, traj_adv = compute_multiconv_advantage(
                 scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
@@ -145,17 +147,53 @@ class MultiConvTrainer:
         metrics.update(self._step_metrics(conv, final_mask, sample_index, scores, traj_adv, timing))
         return metrics
 
-    # ---------------------------------------------------------------- DAPO filter
-    def _filter_groups(self, traj, conv, sample_index, final_mask, scores):
+    # ---------------------------------------------------------------- rollouts, shaping, DAPO filter
+    def collect_rollouts(self, batch, n, next_batch, timing, metrics):
+        algo = self.config.algorithm
+        dapo_filter = bool(algo.get("filter_groups", {}).get("enable", False))
+        want_groups = len(batch)
+        max_gen = int(algo.get("filter_groups", {}).get("max_num_gen_batches", 0) or 0)
+        parts, num_gen = [], 0
+        while True:
+            num_gen += 1
+            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing)
+            scores = self._shape_rewards(scores, finals, metrics)
+            part = (traj, conv, final_mask, sample_index, scores)
+            if dapo_filter:
+                part, stats = self._filter_groups(*part)
+                for k, v in stats.items():
+                    metrics[f"train/{k}"] = metrics.get(f"train/{k}", 0) + v
+            parts.append(part)
+            kept = sum(len(p[0]) for p in parts) // n
+            if not dapo_filter or kept >= want_groups or next_batch is None or (max_gen > 0 and num_gen >= max_gen):
+                break
+            batch = next_batch()
+        metrics["train/num_gen_batches"] = num_gen
+        traj, conv, final_mask, sample_index, scores = _concat_parts(parts)
+        if dapo_filter and len(traj) > want_groups * n:  # trim to exactly the train batch (whole groups)
+            keep_traj = torch.arange(len(traj)) < want_groups * n
+            traj, conv, final_mask, sample_index, scores = _select_trajectories(
+                traj, conv, final_mask, sample_index, scores, keep_traj)
+        if len(traj) == 0:
+            raise RuntimeError("dynamic sampling kept no group with reward variance; raise "
+                               "algorithm.filter_groups.max_num_gen_batches or disable the filter")
+        return traj, conv, final_mask, sample_index, scores
+
+    def _shape_rewards(self, scores, finals, metrics):
+        """DAPO overlong shaping on the final answer's length (limit: max_final_response_length)."""
+        ob = self.config.algorithm.get("overlong_buffer", {})
+        if not ob.get("enable", False):
+            return scores
+        limit = int(getattr(self.recurrent_config, "max_final_response_length", 0)
+                    or self.config.actor_rollout_ref.rollout.response_length)
+        lengths = finals.batch["response_mask"].sum(-1)
+        penalty = overlong_reward_penalty(lengths, limit, int(ob.get("len", 1)), float(ob.get("penalty_factor", 1.0)))
+        metrics["train/overlong_penalty_mean"] = float(penalty.mean())
+        return scores + penalty.to(scores.dtype)
+
+    def _filter_groups(self, traj, conv, final_mask, sample_index, scores):
         keep, stats = filter_zero_variance_groups(scores, traj.non_tensor_batch["uid"])
-        keep_t = torch.as_tensor(keep, dtype=torch.bool)
-        new_index = torch.cumsum(keep_t.long(), 0) - 1
-        conv_keep = keep_t[sample_index]
-        if not bool(conv_keep.any()):
-            return traj, conv, sample_index, final_mask, scores, stats  # keep all rather than train on nothing
-        conv = conv[conv_keep.numpy()]
-        return (traj[keep_t.numpy()], conv, new_index[sample_index[conv_keep]], final_mask[conv_keep],
-                scores[keep_t], stats)
+        return _select_trajectories(traj, conv, final_mask, sample_index, scores, keep), stats
 
     # ---------------------------------------------------------------- metrics
     def _step_metrics(self, conv, final_mask, sample_index, scores, traj_adv, timing) -> dict[str, float]:
@@ -199,3 +237,28 @@ class MultiConvTrainer:
             out[f"val-aux/best@{n}/mean"] = float(np.mean([max(v) for v in per_question.values()]))
             out["val/num_questions"] = len(per_question)
         return out
+
+
+def _select_trajectories(traj, conv, final_mask, sample_index, scores, keep):
+    """Keep the trajectories in ``keep`` [T] and their conversations; renumber ``sample_index``."""
+    keep = torch.as_tensor(keep, dtype=torch.bool)
+    new_index = torch.cumsum(keep.long(), 0) - 1
+    conv_keep = keep[sample_index]
+    rows = conv_keep.numpy()
+    return (traj[keep.numpy()], conv[rows], final_mask[conv_keep], new_index[sample_index[conv_keep]], scores[keep])
+
+
+def _concat_parts(parts):
+    """Concatenate rollout parts (each with its own trajectory numbering) into one."""
+    if len(parts) == 1:
+        return parts[0]
+    from recurrent.utils import concat_conversations
+
+    offsets = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
+    traj = DataProto.concat([p[0] for p in parts])
+    pad_id = int(parts[0][1].meta_info.get("pad_token_id", 0))
+    conv = concat_conversations([p[1] for p in parts], pad_id)
+    final_mask = torch.cat([p[2] for p in parts])
+    sample_index = torch.cat([p[3] + int(o) for p, o in zip(parts, offsets)])
+    scores = torch.cat([p[4] for p in parts])
+    return traj, conv, final_mask, sample_index, scores
