@@ -103,15 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--sample", action="store_true", help="temperature-1 sampling instead of greedy")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="torch threads for both methods (default: 1 on cpu, where a second OpenMP team "
+                             "in the engine thread thrashes small/busy boxes; unchanged on cuda)")
     parser.add_argument("--static-cache", action="store_true", help="also time generate(cache_implementation='static')")
     args = parser.parse_args(argv)
 
     from verl.workers.rollout import SamplingParams
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 
+    num_threads = args.num_threads or (1 if args.device == "cpu" else None)
+    if num_threads:
+        torch.set_num_threads(num_threads)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     model = build_model(args, dtype).to(args.device).eval()
-    engine = HFRolloutEngine(model, device=args.device, max_batch_size=args.batch,
+    engine = HFRolloutEngine(model, device=args.device, max_batch_size=args.batch, num_threads=num_threads,
                              max_model_len=args.prompt_len + args.new_tokens + 1)
     vocab = engine.vocab_size
     avoid = set(engine.eos_token_ids) | {engine.pad_token_id}
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     print(f"model={args.model or args.shape} device={device_name} dtype={dtype} batch={args.batch} "
           f"prompt_len={args.prompt_len} new_tokens={args.new_tokens} sample={args.sample} "
-          f"torch={torch.__version__} (median of {args.repeats})")
+          f"torch={torch.__version__} threads={torch.get_num_threads()} (median of {args.repeats})")
     base = results["model.generate"][0] / results["model.generate"][1]
     print(f"{'method':<18}{'tokens':>8}{'seconds':>10}{'tokens/s':>12}{'vs generate':>13}")
     for name, (tokens, seconds) in results.items():

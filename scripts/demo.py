@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 model instead of SmolLM2-135M")
     p.add_argument("--steps", type=int, default=3, help="training steps")
     p.add_argument("--out", default="outputs/demo", help="output folder")
-    p.add_argument("--chunk-size", type=int, default=128, help="tokens per chunk")
-    p.add_argument("--batch", type=int, default=2, help="questions per step")
+    p.add_argument("--chunk-size", type=int, default=96, help="tokens per chunk")
+    p.add_argument("--batch", type=int, default=1, help="questions per step")
     p.add_argument("--n", type=int, default=4, help="trajectories per question (GRPO group)")
     args = p.parse_args(argv)
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[demo] preparing SmolLM2-135M-Instruct (converted from GGUF once, then cached)")
         model = smollm2_path()
     print(f"[demo] model: {model}")
-    train, val = build_data(model, out / "data", n_train=args.batch * args.steps, n_val=4,
+    train, val = build_data(model, out / "data", n_train=args.batch * args.steps, n_val=2,
                             chunk=args.chunk_size, chunks=(2, 3))
     print(f"[demo] data: {train} / {val}")
 
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4", "reward_model.reward_manager=thread",
         "recurrent.enable=memory", f"recurrent.memory.config.chunk_size={args.chunk_size}",
-        "recurrent.memory.config.max_memorization_length=48", "recurrent.memory.config.max_final_response_length=24",
+        "recurrent.memory.config.max_memorization_length=32", "recurrent.memory.config.max_final_response_length=16",
         "recurrent.memory.config.max_chunks=4", "recurrent.memory.config.max_prompt_length=64",
         "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={args.steps}", f"trainer.save_freq={args.steps}",

@@ -237,7 +237,7 @@ class VLLMServerGroup:
         """Wait until every server's ``/health`` answers 200; on failure stop them all and raise."""
         start = time.monotonic()
         try:
-            for url, proc, log_path in zip(self.base_urls, self.processes, self.log_paths):
+            for url, proc, log_path in zip(self.base_urls, self.processes, self.log_paths, strict=True):
                 remaining = max(1.0, timeout - (time.monotonic() - start))
                 wait_for_health(url[: -len("/v1")] + "/health", remaining, proc, log_path)
         except BaseException:

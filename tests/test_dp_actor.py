@@ -6,8 +6,10 @@ What is checked (all on CPU, float32, the tiny Qwen2 model):
 * one ``update_policy`` equals the nano Multi-Conv GRPO reference step (loss, grad norm per mini-batch, params);
 * loss and gradients do not change with micro-batch size 1 / 3 / dynamic token budgets / packing (1e-6);
 * ``loss_weights`` scale the loss; a non-finite grad norm skips the step; every trainable parameter moves;
+* padding rows (``is_padding`` / MemAgent's ``no_padding_mask``) are dropped and change nothing;
 * 2 ranks (gloo, FSDP2 ``fully_shard`` on CPU) give the same loss, grad norm, log-probs and updated
-  parameters as 1 rank, with uneven rows per rank (one rank runs a zero-weight dummy mini-batch).
+  parameters as 1 rank, with uneven rows per rank (one rank runs a zero-weight dummy mini-batch); so do
+  2 unsharded replicas whose gradients are averaged by the actor's explicit all-reduce fallback.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -308,6 +309,24 @@ def test_loss_and_grads_invariant_to_micro_batching(base_model):
             torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=0, msg=str(variant))
 
 
+def test_padding_rows_are_dropped(base_model):
+    """Rows flagged by protocol padding (is_padding) or MemAgent's no_padding_mask change nothing."""
+    from verl.protocol import pad_dataproto_to_divisor
+
+    data = make_update_data(base_model, num_conv=5, seed=14)
+    loss_ref, grads_ref, _ = _loss_and_grads(base_model, data)
+    padded, pad_size = pad_dataproto_to_divisor(data, 4)
+    assert pad_size == 3
+    memagent = copy.deepcopy(padded)
+    memagent.batch["no_padding_mask"] = ~memagent.batch.pop("is_padding")
+    memagent.batch["response_mask"][5:] = 1  # MemAgent-style padding is dropped by the flag alone
+    for variant in (padded, memagent):
+        loss, grads, _ = _loss_and_grads(base_model, variant, ppo_micro_batch_size_per_gpu=3)
+        assert loss == pytest.approx(loss_ref, abs=1e-6)
+        for g, g_ref in zip(grads, grads_ref):
+            torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=0)
+
+
 def test_loss_weights_and_seq_mean_mode(base_model):
     data = make_update_data(base_model, num_conv=4, seed=6)
     loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, use_kl_loss=False)
@@ -399,8 +418,13 @@ def _two_rank_worker(rank: int, world_size: int, init_file: str, model_path: str
         offload_fsdp_optimizer(optimizer)
         load_fsdp_optimizer(optimizer, "cpu")
         state = get_full_state_dict(model)  # a collective: every rank gathers
+        # fallback without FSDP: an unsharded replica per rank, gradients averaged by an explicit all-reduce
+        replica = load_causal_lm(model_path, dtype="float32", attn_implementation="sdpa")
+        replica_actor = DataParallelPPOActor(actor_config(**DIST_CONFIG), replica, build_optimizer(replica, lr=1e-3))
+        replica_actor.update_policy(data)
         torch.save({"log_probs": log_probs, "steps": actor.mini_batch_metrics, "metrics": metrics,
-                    "state": state if rank == 0 else None}, os.path.join(out_dir, f"rank{rank}.pt"))
+                    "state": state if rank == 0 else None, "replica_state": replica.state_dict(),
+                    "replica_steps": replica_actor.mini_batch_metrics}, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -433,5 +457,9 @@ def test_two_ranks_fsdp2_match_one_rank(base_model, tiny_model_path, tmp_path):
     assert set(state) == set(single_state)
     for name, value in single_state.items():
         torch.testing.assert_close(state[name], value, atol=1e-5, rtol=0, msg=name)
+        for rank in range(2):  # the unsharded replicas agree with one process too
+            torch.testing.assert_close(results[rank]["replica_state"][name], value, atol=1e-5, rtol=0, msg=name)
+    for got, want in zip(results[1]["replica_steps"], actor.mini_batch_metrics):
+        assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], abs=1e-6)
     changed = [name for name in state if not torch.equal(state[name], base_model.state_dict()[name])]
     assert len(changed) == len(state)

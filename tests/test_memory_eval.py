@@ -235,10 +235,10 @@ FAST = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05)
 
 
 def test_chat_retries_500_429_and_stall_then_succeeds():
-    with ScriptedOpenAIServer(models=["m"], faults=["500", "429", "stall"], stall_seconds=5) as srv:
+    with ScriptedOpenAIServer(models=["m"], faults=["500", "429", "stall"], stall_seconds=8) as srv:
 
         async def go():
-            client = make_client(endpoint_from_env(srv.base_url), timeout=0.5)
+            client = make_client(endpoint_from_env(srv.base_url), timeout=1.0)
             stats = RequestStats()
             t0 = time.perf_counter()
             out = await chat_completion(client, "m", [{"role": "user", "content": "x"}], FAST, stats, max_tokens=5)
@@ -249,7 +249,7 @@ def test_chat_retries_500_429_and_stall_then_succeeds():
     assert content == "Therefore, the answer is unknown." and finish == "stop"
     assert (stats.requests, stats.retries) == (4, 3)
     assert srv.outcomes() == ["500", "429", "stall", "ok"]
-    assert elapsed < 4  # the stall was cut by the 0.5 s timeout, not waited out
+    assert elapsed < 6  # the 8 s stall was cut by the 1 s timeout, not waited out
     assert any("HTTP 500" in e for e in stats.errors) and any("HTTP 429" in e for e in stats.errors)
 
 
@@ -315,8 +315,8 @@ def test_harness_retries_records_failures_and_resumes(tmp_path, capsys):
 
     argv = ["--model", "m", "--methods", "recurrent", "openai", "--tasks", "hotpotqa", "--lengths", "2", "4",
             "--data-root", str(data), "--out", str(out), "--concurrency", "3", "--chunk-size", "16",
-            "--max-attempts", "8", "--backoff", "0.01", "--max-backoff", "0.02", "--timeout", "0.5"]  # fmt: skip
-    with ScriptedOpenAIServer(models=["m"], reply=_reply, faults=faults, fault_for=fault_for, stall_seconds=3) as srv:
+            "--max-attempts", "8", "--backoff", "0.01", "--max-backoff", "0.02", "--timeout", "1.5"]  # fmt: skip
+    with ScriptedOpenAIServer(models=["m"], reply=_reply, faults=faults, fault_for=fault_for, stall_seconds=8) as srv:
         argv += ["--base-url", srv.base_url]
         assert _run(argv) == 1  # the always-500 item failed for both methods
         first = srv.outcomes()
@@ -462,3 +462,51 @@ def test_wait_for_health(tmp_path):
         wait_for_health("http://127.0.0.1:1/health", timeout=5, process=proc, log_path=log, interval=0.05)
     with pytest.raises(TimeoutError, match="not ready after"):
         wait_for_health("http://127.0.0.1:1/health", timeout=0.2, interval=0.05)
+
+
+def test_harness_starts_and_stops_a_server_per_model(tmp_path, monkeypatch, tiny_model_path, capsys):
+    """--serve-path: the server group is started, waited for, used round-robin (2 replicas) and stopped;
+    the served model's path doubles as the chunking tokenizer."""
+    events: list[str] = []
+
+    class FakeGroup:  # stands in for serve.vllm_server.VLLMServerGroup (the real one is tested with vLLM)
+        def __init__(self, spec, log_dir):
+            self.spec = spec
+            self.servers = [ScriptedOpenAIServer(models=[spec.name], reply=_reply) for _ in range(spec.replicas)]
+
+        def start(self):
+            events.append(f"start {self.spec.model_path} tp={self.spec.tensor_parallel_size} replicas={self.spec.replicas}")
+            for server in self.servers:
+                server.start()
+            return self
+
+        def wait_ready(self, timeout):
+            events.append("ready")
+            return 0.0
+
+        @property
+        def base_urls(self):
+            return [server.base_url for server in self.servers]
+
+        def stop(self):
+            events.append("stop " + ",".join(str(len(server.outcomes())) for server in self.servers))
+            for server in self.servers:
+                server.stop()
+
+    monkeypatch.setattr(eval_run, "VLLMServerGroup", FakeGroup)
+    data = tmp_path / "data"
+    data.mkdir()
+    _dataset(data, 2)
+    rc = _run(["--model", "served", "--serve-path", str(tiny_model_path), "--tp", "2", "--replicas", "2",
+               "--replica-mode", "processes", "--tasks", "hotpotqa", "--lengths", "2", "--data-root", str(data),
+               "--out", str(tmp_path / "out"), "--chunk-size", "40"])  # fmt: skip
+    capsys.readouterr()
+    assert rc == 0
+    assert events[:2] == [f"start {tiny_model_path} tp=2 replicas=2", "ready"] and events[2].startswith("stop ")
+    per_server = [int(n) for n in events[2][len("stop ") :].split(",")]
+    assert all(n > 0 for n in per_server)  # items went round-robin to both replicas
+    records = read_records(tmp_path / "out" / "hotpotqa_2" / "served-recurrent.jsonl")
+    text = _dataset(tmp_path, 2).read_text()
+    n_tokens = len(load_tokenizer(tiny_model_path).token_starts(json.loads(text)[0]["context"].strip()))
+    assert records[0]["num_chunks"] == -(-n_tokens // 40)  # token chunks of the served model's tokenizer
+    assert sum(per_server) == sum(r["requests"] for r in records.values())

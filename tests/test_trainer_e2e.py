@@ -43,7 +43,7 @@ def _cfg(tmp: Path, model: Path, out: str, steps: int, extra=()):
         f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=2", "data.shuffle=True",
         "data.truncation=center", "+data.context_key=context",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.seed=123",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.seed=123",
         "actor_rollout_ref.rollout.prompt_length=512", "actor_rollout_ref.rollout.response_length=16",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
@@ -91,7 +91,8 @@ def test_two_steps_with_multiple_chunks_and_finite_metrics(runs):
             if isinstance(v, float):
                 assert v == v and abs(v) != float("inf"), k
         assert "actor/pg_loss" in h and "actor/grad_norm" in h and "timing_s/gen" in h
-        assert h["critic/advantages/max"] > 0 > h["critic/advantages/min"]
+    # the parity reward gives groups with different rewards, so some advantages are non-zero
+    assert any(h["critic/advantages/max"] > 0 > h["critic/advantages/min"] for h in steps)
     assert "val-core/hotpotqa/reward/mean@1" in runs["first"][0]
 
 
@@ -112,8 +113,6 @@ def test_checkpoint_and_jsonl_logs_written(runs):
     assert any(json.loads(line).get("step", json.loads(line).get("_step")) is not None for line in lines)
 
 
-@pytest.mark.xfail(strict=True, reason="each rank splits its own rows into mini-batches, so mini-batch "
-                   "composition differs between 1 and 2 ranks (fix: driver-assigned global mini-batches)")
 def test_two_ray_ranks_match_one_process(runs):
     one = {h["step"]: h for h in runs["straight"]}[1]
     two = {h["step"]: h for h in runs["two_ranks"]}[1]
@@ -137,3 +136,22 @@ def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, r
     assert h["train/overlong_penalty_mean"] <= 0
     # after filtering, no kept group has all-equal rewards, so advantages are never all zero
     assert h["critic/advantages/max"] > 0 > h["critic/advantages/min"]
+
+
+@pytest.mark.gpu
+def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
+    """The same launch path on GPUs: Ray workers, FSDP2 over NCCL (bf16 compute), HF engine on CUDA."""
+    ngpu = min(2, torch.cuda.device_count())
+    started_here = not ray.is_initialized()
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "g"), 2, extra=[
+        "trainer.device=cuda", f"trainer.n_gpus_per_node={ngpu}", "trainer.val_before_train=False",
+        "trainer.test_freq=-1", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True"]))
+    steps = {h["step"]: h for h in hist}
+    assert set(steps) >= {1, 2}
+    for h in steps.values():
+        assert h["actor/grad_norm"] > 0 and h["actor/grad_norm"] == h["actor/grad_norm"]
+        assert h["perf/throughput"] > 0
+    assert (tmp_path / "g" / "global_step_2" / "COMPLETE").exists()
+    if started_here:
+        ray.shutdown()  # leave no cluster behind for other modules' fixtures

@@ -33,7 +33,6 @@ from serve.vllm_server import ServerSpec, VLLMServerGroup
 from taskutils.memory_eval.agents import METHODS, AgentConfig, make_agent
 from taskutils.memory_eval.chunking import load_tokenizer
 from taskutils.memory_eval.client import (
-    EndpointConfig,
     EndpointError,
     RetryPolicy,
     check_endpoint,
@@ -163,6 +162,7 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
         urls = [model.base_url or os.environ.get("URL") or "http://127.0.0.1:8000/v1"]
         tokenizer_path = model.tokenizer
     failed = 0
+    clients: list[Any] = []
     try:
         endpoints = [endpoint_from_env(url, model.api_key) for url in urls]
         clients = [make_client(ep, plan.request_timeout) for ep in endpoints]
@@ -181,7 +181,7 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
                     ResultStore(results_path),
                     meta_path,
                     info,
-                    lambda pos: agents[pos % len(agents)],
+                    lambda pos, agents=agents: agents[pos % len(agents)],
                     model.concurrency,
                     plan.force,
                     plan.redo_failed,
@@ -195,9 +195,9 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
                 )  # fmt: skip
                 for error in result.errors[:5]:
                     logger.warning("%s %s_%s failed: %s", label, task.name, length, error)
+    finally:
         for client in clients:
             await client.close()
-    finally:
         if group is not None:
             await asyncio.to_thread(group.stop)
     return failed

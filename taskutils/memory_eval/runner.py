@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -17,8 +16,6 @@ from taskutils.memory_eval.results import ResultStore, write_meta
 from taskutils.memory_eval.scoring import score_response
 
 __all__ = ["CellInfo", "CellResult", "run_cell"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

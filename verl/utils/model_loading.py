@@ -6,9 +6,13 @@ passes ``actor_rollout_ref.model.path``. Options:
 * ``dtype``: parameter dtype (``"float32"`` for a trained actor whose FSDP mixed precision computes in bf16;
   ``"bfloat16"`` for a frozen reference model);
 * ``attn_implementation``: ``None`` picks ``flash_attention_2`` when CUDA is available and the ``flash_attn``
-  package is installed, otherwise ``sdpa``. Both run packed (remove-padding) sequences exactly: transformers
-  derives variable-length boundaries (FA2) or a block-diagonal mask (sdpa/eager) from ``position_ids`` that
-  restart at 0 when no ``attention_mask`` is passed;
+  package is installed, otherwise ``sdpa``. All of them run packed (remove-padding) sequences exactly:
+  transformers derives variable-length boundaries (FA2), a block-diagonal ``BlockMask`` (``flex_attention``) or
+  a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
+  ``attention_mask`` is passed (fp32 on H200: packed vs padded log-probs within 6e-6 for sdpa and flex).
+  On a GPU without flash-attn prefer ``flex_attention`` for packed rows: measured on 2x H200, Qwen2.5-1.5B,
+  update_policy 32.9k tokens/s/GPU (flex, packed) vs 22.7k (sdpa, padded) vs 11.0k (sdpa, packed; the dense
+  mask costs O(T^2)). On CPU use ``sdpa`` (flex needs a compiler backend);
 * ``gradient_checkpointing`` (non-reentrant);
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;

@@ -33,6 +33,17 @@ def _cfg_dict(cfg: Any) -> dict:
     return dict(cfg or {})
 
 
+def memory_metrics(device: str) -> dict[str, float]:
+    """Peak accelerator memory (GiB) and this process's resident host memory (GiB)."""
+    import resource
+
+    out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if device == "cuda":
+        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    return out
+
+
 class ActorRolloutRefWorker(Worker):
     """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``.
 
@@ -72,6 +83,8 @@ class ActorRolloutRefWorker(Worker):
         self.model_path = str(model_cfg.path)
         actor_module = load_causal_lm(
             self.model_path, dtype=train_dtype,
+            attn_implementation=model_cfg.get("attn_implementation"),
+            override_config=_cfg_dict(model_cfg.get("override_config")) or None,
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             lora=lora, use_liger=bool(model_cfg.get("use_liger", False)),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
@@ -96,6 +109,7 @@ class ActorRolloutRefWorker(Worker):
         self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
         if bool(actor_cfg.get("use_kl_loss", False)):
             ref_module = load_causal_lm(self.model_path, dtype=train_dtype,
+                                        attn_implementation=model_cfg.get("attn_implementation"),
                                         trust_remote_code=bool(model_cfg.get("trust_remote_code", False))).to(device)
             ref_module.requires_grad_(False)
             if self.sharded:
@@ -111,17 +125,26 @@ class ActorRolloutRefWorker(Worker):
         name = str(rc.get("name", "hf"))
         max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(rc.get("response_length", 1024))
         if name == "hf":
+            # The HF engine preallocates its KV cache for max_batch_size rows (vLLM's max_num_seqs is
+            # a scheduler limit, far too large to preallocate): cap it. bf16 is slow on CPUs without
+            # AVX512-BF16, so CPU runs use float32.
+            cap = 64 if self.device_name == "cpu" else 256
+            batch = int(rc.get("hf_max_batch_size") or min(int(rc.get("max_num_seqs") or cap), cap))
+            dtype = "float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16"))
             self.rollout = get_rollout_engine(
-                "hf", model=self.model_path, device=self.device_name, dtype=str(rc.get("dtype", "float32")),
-                max_batch_size=int(rc.get("max_num_seqs", 64) or 64), max_model_len=max_len,
+                "hf", model=self.model_path, device="cuda:0" if self.device_name == "cuda" else "cpu", dtype=dtype,
+                max_batch_size=batch, max_model_len=max_len,
             )
         else:
             self.rollout = get_rollout_engine(
-                "vllm", model=self.model_path, dtype=str(rc.get("dtype", "bfloat16")),
+                "vllm", model_path=self.model_path,
+                dtype="float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16")),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
                 enforce_eager=bool(rc.get("enforce_eager", True)), max_model_len=max_len,
                 tensor_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
-                max_num_batched_tokens=int(rc.get("max_num_batched_tokens", 8192)),
+                max_num_batched_tokens=int(rc.get("max_num_batched_tokens") or 8192),
+                max_num_seqs=int(rc.get("max_num_seqs") or 256),
+                enable_sleep_mode=bool(rc.get("free_cache_engine", True)) if self.device_name == "cuda" else None,
                 seed=int(rc.get("seed", 0) or 0),
             )
 
@@ -152,10 +175,17 @@ class ActorRolloutRefWorker(Worker):
         from verl.utils.fsdp_utils import iter_full_params
 
         t0 = time.perf_counter()
+        self.rollout.wake_up()  # vLLM on GPU: re-allocate weights/KV cache freed by sleep_rollout
         for bucket in iter_full_params(self.actor_module):
             if self.rank == 0 or self.rollout is not None:
                 self.rollout.update_weights(bucket)
         return time.perf_counter() - t0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep_rollout(self) -> None:
+        """Free the engine's KV cache while training (vLLM on GPU; a no-op elsewhere)."""
+        if bool(self.config.rollout.get("free_cache_engine", True)):
+            self.rollout.sleep()
 
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -177,6 +207,7 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> dict[str, float]:
         metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics.update(memory_metrics(self.device_name))
         self.lr_scheduler.step()
         return metrics
 

