@@ -123,6 +123,10 @@ class RRegister:
 # Built-in workflows selectable by name with ``recurrent.enable=<name>``.
 BUILTIN_WORKFLOWS = {
     "memory": "recurrent.impls.memory",
+    "async_memory": "recurrent.impls.async_memory",
+    "tool_gsm8k": "recurrent.impls.async_tool_gsm8k",
+    "trival": "recurrent.impls.async_trival",
+    "trivial": "recurrent.impls.async_trival",
 }
 
 

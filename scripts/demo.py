@@ -48,7 +48,7 @@ def plot(history: list[dict], path: Path) -> None:
     reward = [h["critic/score/mean"] for h in history if "critic/score/mean" in h]
     val = [(h["step"], v) for h in history for k, v in h.items() if k.startswith("val-core/")]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, reward, "o-", label="train reward (strict verifier)")
+    ax.plot(steps, reward, "o-", label="train reward (mean over trajectories)")
     if val:
         ax.plot([s for s, _ in val], [v for _, v in val], "s--", label="validation reward")
     ax.set_xlabel("training step")
@@ -64,7 +64,7 @@ def plot(history: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 model instead of SmolLM2-135M")
-    p.add_argument("--steps", type=int, default=3, help="training steps")
+    p.add_argument("--steps", type=int, default=5, help="training steps")
     p.add_argument("--out", default="outputs/demo", help="output folder")
     p.add_argument("--chunk-size", type=int, default=96, help="tokens per chunk")
     p.add_argument("--batch", type=int, default=1, help="questions per step")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.optim.lr=2e-6", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
         "algorithm.grpo_use_adv=False", "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         f"trainer.total_training_steps={args.steps}", f"trainer.save_freq={args.steps}",
         f"trainer.test_freq={args.steps}", "trainer.val_before_train=True", "trainer.resume_mode=disable",
         "trainer.logger=[console,jsonl,tensorboard]", f"trainer.default_local_dir={out / 'checkpoints'}",
-        "trainer.project_name=memagent-demo", "trainer.experiment_name=cpu-demo",
+        f"custom_reward_function.path={Path(__file__).with_name('demo_reward.py')}",
+        "trainer.project_name=memagent-demo", "trainer.experiment_name=cpu-demo", "trainer.log_val_generations=2",
     ]
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
@@ -126,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[demo] metrics:       {out / 'checkpoints' / 'logs' / 'metrics.jsonl'}")
     print(f"[demo] checkpoint:    {out / 'checkpoints' / f'global_step_{args.steps}'}")
     print(f"[demo] history:       {out / 'history.json'}")
+    for row in history:
+        if "critic/score/mean" in row:
+            print(f"[demo] step {row['step']}: train reward {row['critic/score/mean']:.3f}")
+        for k, v in row.items():
+            if k.startswith("val-core/"):
+                print(f"[demo] step {row['step']}: validation reward {v:.3f}")
     return 0
 
 

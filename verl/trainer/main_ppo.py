@@ -66,7 +66,14 @@ def run(cfg: DictConfig) -> list[dict]:
     wf_cfg = cfg.recurrent.get(name)
     if wf_cfg is None:
         raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
-    register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
+    if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+        if not wf_cfg.get("async_path"):
+            raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
+        register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
+    else:
+        if not wf_cfg.get("path"):
+            raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
+        register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
     recurrent_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)

@@ -182,6 +182,10 @@ class ActorRolloutRefWorker(Worker):
         return time.perf_counter() - t0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up_rollout(self) -> None:
+        self.rollout.wake_up()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:
         """Free the engine's KV cache while training (vLLM on GPU; a no-op elsewhere)."""
         if bool(self.config.rollout.get("free_cache_engine", True)):

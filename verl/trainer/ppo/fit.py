@@ -90,5 +90,11 @@ def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
 
 
 def _log(trainer, metrics: dict, step: int) -> None:
-    if trainer.tracker is not None:
-        trainer.tracker.log(data=metrics, step=step)
+    if trainer.tracker is None:
+        return
+    trainer.tracker.log(data=metrics, step=step)
+    samples = getattr(trainer, "last_val_samples", None)
+    if samples and any(k.startswith("val-core/") for k in metrics):
+        n = int(trainer.config.trainer.get("log_val_generations", 0) or 0)
+        if n > 0:
+            trainer.tracker.log_generations(samples[:n], step=step)

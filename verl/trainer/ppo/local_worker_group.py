@@ -30,6 +30,9 @@ class LocalWorkerGroup:
     def update_actor(self, data):
         return self.worker.update_actor(data)
 
+    def wake_up_rollout(self):
+        self.worker.wake_up_rollout()
+
     def sleep_rollout(self):
         self.worker.sleep_rollout()
 

@@ -79,7 +79,12 @@ class MultiConvTrainer:
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.tracker = tracker
         self.rollout = RolloutClient(worker_group)
-        self.manager = LLMGenerationManager(tokenizer, self.rollout, register.agent_cls(tokenizer, recurrent_config))
+        if config.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+            from recurrent.async_generation_manager import build_async_manager
+
+            self.manager = build_async_manager(config, tokenizer, self.rollout, register, recurrent_config)
+        else:
+            self.manager = LLMGenerationManager(tokenizer, self.rollout, register.agent_cls(tokenizer, recurrent_config))
         self.global_step = 0
         algo = config.algorithm
         use_adv = algo.get("grpo_use_adv", None)
@@ -110,6 +115,9 @@ class MultiConvTrainer:
         gen_batch.meta_info["sampling"] = self._sampling(validate)
         with timer("gen", timing):
             conv, final_mask, sample_index = self.manager.run_llm_loop(gen_batch, timing)
+        kept = conv.meta_info.get("kept_sample_index")  # async mode may drop failed samples (flagged)
+        if kept is not None:
+            batch = batch[np.asarray(kept)]
         with timer("reward", timing):
             finals = final_batch(conv, final_mask, sample_index)
             finals.non_tensor_batch.update(batch.non_tensor_batch)
@@ -126,7 +134,7 @@ class MultiConvTrainer:
             #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
             traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
             self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
-            # 4. group-relative advantages on trajectory rewards, broadcast to every turn
+            metrics.update(conv.meta_info.get("metrics", {}))            # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, traj_adv = compute_multiconv_advantage(
                 scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
                 norm_adv_by_std_in_grpo=self.norm_by_std)
@@ -234,15 +242,29 @@ class MultiConvTrainer:
         return m
 
     # ---------------------------------------------------------------- validation
+    def _keep_val_samples(self, traj, finals, scores, limit: int = 8) -> None:
+        """Keep a few decoded final answers for logging (``trainer.log_val_generations``)."""
+        k = min(limit - len(self.last_val_samples), len(traj))
+        if k <= 0:
+            return
+        resp, mask = finals.batch["responses"][:k], finals.batch["response_mask"][:k].bool()
+        texts = self.tokenizer.batch_decode([r[m].tolist() for r, m in zip(resp, mask)], skip_special_tokens=True)
+        nt = traj.non_tensor_batch
+        for i, text in enumerate(texts):
+            gold = (nt["reward_model"][i] or {}).get("ground_truth") if "reward_model" in nt else None
+            self.last_val_samples.append({"answer": text, "ground_truth": gold, "score": float(scores[i])})
+
     def validate(self, val_loader) -> dict[str, float]:
         n = int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1))
         per_source: dict[str, list[float]] = {}
         per_question: dict[str, list[float]] = {}
         timing: dict[str, float] = {}
         self.rollout.calls = 0
+        self.last_val_samples = []
         for batch_dict in val_loader:
             batch = DataProto.from_single_dict(batch_dict)
-            traj, _, _, _, scores, _ = self.rollout_and_score(batch, n, True, timing)
+            traj, _, _, _, scores, finals = self.rollout_and_score(batch, n, True, timing)
+            self._keep_val_samples(traj, finals, scores)
             for src, q, s in zip(traj.non_tensor_batch["data_source"], traj.non_tensor_batch["sample_uuid"], scores.tolist()):
                 per_source.setdefault(str(src), []).append(s)
                 per_question.setdefault(str(q), []).append(s)

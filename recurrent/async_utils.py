@@ -1,0 +1,613 @@
+"""Async mode's chat client: OpenAI-style ``chat`` over the rollout engines, plus the agent interface.
+
+:class:`ChatCompletionProxy` is what an async agent talks to::
+
+    completion = await proxy.chat(messages, request_id="sample-7", max_completion_tokens=256)
+    messages.append(msg(completion.choices[0]))
+
+For each call it renders the messages with the generation-marked chat template (so the prompt is
+token-for-token the prefix the trainer will use), picks a replica (least in-flight requests;
+requests sharing a ``request_id`` stick to one replica so multi-turn prompts hit its prefix
+cache), calls ``engine.generate`` and decodes. The sampled token ids and log-probs are kept in a
+side table keyed by the choice's ``record_id`` (also returned on the choice, as are ``token_ids``
+and vLLM's ``stop_reason``), so the generation manager trains on the engine's own tokens.
+
+All proxy work runs on the proxy's own event loop thread; ``chat`` may be awaited from any loop.
+The loopback HTTP endpoint (:mod:`recurrent.chat_server`) serves the same proxy.
+
+Agents subclass :class:`AsyncRAgent` and return one :class:`AsyncOutput` per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import threading
+import time
+import uuid
+import zlib
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from recurrent.chat_template import ChatTemplate, EngineTurn, load_chat_template, tokenize_conversation
+from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncOutput", "AsyncRAgent", "BatchingReplica", "ChatCompletionProxy", "EngineReplica", "Replica",
+           "msg", "replicas_from", "run_coroutine_in_chat_scheduler_loop", "sampling_from_openai"]
+
+# OpenAI request fields that are accepted and ignored (they do not change sampling here).
+_IGNORED_KEYS = {"user", "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier",
+                 "top_logprobs", "skip_special_tokens", "include_stop_str_in_output", "extra_headers"}
+
+
+def sampling_from_openai(kwargs: dict[str, Any], default_max_tokens: int) -> tuple[SamplingParams, bool]:
+    """Map OpenAI chat-completion sampling fields to :class:`SamplingParams`; also return whether the
+    caller asked for ``logprobs``. Unsupported values raise ``ValueError`` naming the field."""
+    kw = {k: v for k, v in kwargs.items() if v is not None and k not in _IGNORED_KEYS}
+    if kw.pop("stream", False):
+        raise ValueError("stream=True is not supported; request a complete response")
+    for key, neutral in (("presence_penalty", 0), ("frequency_penalty", 0), ("min_p", 0), ("repetition_penalty", 1)):
+        if key in kw and float(kw.pop(key)) != neutral:
+            raise ValueError(f"{key} is not supported by the rollout engines (only {neutral})")
+    n = int(kw.pop("n", 1))
+    best_of = kw.pop("best_of", None)
+    if best_of is not None and int(best_of) != n:
+        raise ValueError(f"best_of={best_of} is not supported (only best_of == n)")
+    fmt = kw.pop("response_format", None)
+    if fmt is not None and (fmt.get("type") if isinstance(fmt, dict) else fmt) != "text":
+        raise ValueError(f"response_format={fmt!r} is not supported (only text)")
+    max_tokens = kw.pop("max_completion_tokens", None)
+    legacy = kw.pop("max_tokens", None)
+    max_tokens = int(max_tokens if max_tokens is not None else legacy if legacy is not None else default_max_tokens)
+    want_logprobs = bool(kw.pop("logprobs", False))
+    stop = kw.pop("stop", None)
+    params = {
+        "n": n,
+        "temperature": float(kw.pop("temperature", 1.0)),
+        "top_p": float(kw.pop("top_p", 1.0)),
+        "top_k": int(kw.pop("top_k", -1)),
+        "max_tokens": max_tokens,
+        "stop": [stop] if isinstance(stop, str) else (list(stop) if stop else None),
+        "stop_token_ids": kw.pop("stop_token_ids", None),
+        "seed": kw.pop("seed", None),
+        "logprobs": True,
+    }
+    if kw:
+        raise ValueError(f"unsupported chat completion field(s): {sorted(kw)}")
+    return SamplingParams(**params), want_logprobs
+
+
+def msg(choice: Any) -> dict[str, Any]:
+    """An OpenAI ``Choice`` as the assistant message to append to a conversation.
+
+    ``content`` gets the matched stop string re-appended (vLLM's ``stop_reason`` when it is a str;
+    e.g. ``</tool_call>``, which the API strips); ``finished`` is False when the turn was cut by
+    the token limit (the chat template then gives it no end-of-turn token); ``record_id`` links the
+    message to the engine tokens kept by the proxy.
+    """
+    content = choice.message.content or ""
+    stop_reason = getattr(choice, "stop_reason", None)
+    if isinstance(stop_reason, str):
+        content += stop_reason
+    out = {"role": "assistant", "content": content, "finished": choice.finish_reason == "stop"}
+    record_id = getattr(choice, "record_id", None)
+    if record_id:
+        out["record_id"] = record_id
+    return out
+
+
+# ==================================================================================== replicas
+class Replica:
+    """One rollout engine instance as the proxy sees it: async ``generate`` plus wake/sleep."""
+
+    name = "replica"
+    eos_token_ids: list[int] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> list[GenerationOutput]:
+        raise NotImplementedError
+
+    async def wake_up(self) -> None:
+        """Load weights / KV cache (default: nothing to do)."""
+
+    async def sleep(self) -> None:
+        """Free accelerator memory (default: nothing to do)."""
+
+
+class EngineReplica(Replica):
+    """An in-process :class:`RolloutEngine` (HF or vLLM); its ``generate`` batches concurrent requests."""
+
+    def __init__(self, engine: RolloutEngine, name: str | None = None):
+        self.engine = engine
+        self.name = name or type(engine).__name__
+        self.eos_token_ids = list(getattr(engine, "eos_token_ids", None) or [])
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        return await self.engine.generate(prompt_ids, params, request_id)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.engine.wake_up)
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.engine.sleep)
+
+
+class BatchingReplica(Replica):
+    """A backend that takes whole batches (a worker-group rank): concurrent requests are queued and
+    sent together, one call per distinct sampling setting, as soon as the previous call returned.
+
+    ``submit(prompts, params_dict, seeds_or_None)`` returns an awaitable of one output list per prompt.
+    """
+
+    def __init__(self, submit: Any, name: str = "batching", wake: Any = None, sleep: Any = None):
+        self._submit = submit
+        self.name = name
+        self._wake, self._sleep = wake, sleep
+        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
+        self._draining = False
+        self.calls = 0  # batched calls sent (for tests and stats)
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((list(prompt_ids), params, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        from dataclasses import asdict
+
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                groups: dict[str, list[tuple[list[int], SamplingParams, asyncio.Future]]] = {}
+                for item in batch:
+                    key = repr(sorted((k, v) for k, v in asdict(item[1]).items() if k != "seed"))
+                    groups.setdefault(key, []).append(item)
+                await asyncio.gather(*[self._send(items) for items in groups.values()])
+        finally:
+            self._draining = False
+
+    async def _send(self, items) -> None:
+        from dataclasses import asdict
+
+        params = asdict(items[0][1])
+        params.pop("seed", None)
+        seeds = [it[1].seed for it in items]
+        self.calls += 1
+        try:
+            results = await self._submit([it[0] for it in items], params, None if all(s is None for s in seeds) else seeds)
+            if len(results) != len(items):
+                raise RuntimeError(f"replica {self.name} returned {len(results)} results for {len(items)} prompts")
+            for (_, _, fut), res in zip(items, results):
+                if not fut.done():
+                    fut.set_result(res)
+        except BaseException as exc:  # noqa: BLE001 - delivered to every waiting request
+            for _, _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    async def wake_up(self) -> None:
+        if self._wake is not None:
+            await self._wake()
+
+    async def sleep(self) -> None:
+        if self._sleep is not None:
+            await self._sleep()
+
+
+def ray_rank_replicas(wg: Any) -> list[Replica]:
+    """One :class:`BatchingReplica` per rank of a Ray worker group whose role has
+    ``generate(prompts, params_dict, seeds)`` (and optionally ``wake_up_rollout``/``sleep_rollout``)."""
+    role, method = wg._route("generate") if hasattr(wg, "_route") else ("default", "generate")
+    has_wake, has_sleep = hasattr(wg, "wake_up_rollout"), hasattr(wg, "sleep_rollout")
+    replicas: list[Replica] = []
+    for rank, host in enumerate(wg.workers):
+        def submit(prompts, params, seeds, host=host):
+            return host.call.remote(role, method, prompts, params, seeds)
+
+        async def wake(host=host):
+            await host.call.remote(role, "wake_up_rollout")
+
+        async def sleep(host=host):
+            await host.call.remote(role, "sleep_rollout")
+
+        replicas.append(BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None))
+    return replicas
+
+
+def replicas_from(rollout: Any) -> list[Replica]:
+    """Replicas for an engine, a list of them, replicas, the trainer's ``RolloutClient`` (``.wg``),
+    an in-process worker group (``.worker.rollout``) or a Ray worker group (``.workers``)."""
+    if isinstance(rollout, Replica):
+        return [rollout]
+    if isinstance(rollout, RolloutEngine):
+        return [EngineReplica(rollout)]
+    if isinstance(rollout, (list, tuple)):
+        return [r for item in rollout for r in replicas_from(item)]
+    if hasattr(rollout, "wg"):
+        return replicas_from(rollout.wg)
+    worker = getattr(rollout, "worker", None)
+    if worker is not None and getattr(worker, "rollout", None) is not None:
+        return [EngineReplica(worker.rollout)]
+    if hasattr(rollout, "workers"):
+        return ray_rank_replicas(rollout)
+    raise TypeError(
+        f"cannot use {type(rollout).__name__} as a rollout for async mode: expected a RolloutEngine, a Replica, "
+        "a list of them, a RolloutClient or a worker group"
+    )
+
+
+class _Router:
+    """Least-loaded replica choice with sticky sessions (LRU map request id -> replica)."""
+
+    def __init__(self, num_replicas: int, max_sessions: int):
+        self.in_flight = [0] * num_replicas
+        self.assigned = [0] * num_replicas
+        self.sessions: OrderedDict[str, list[int]] = OrderedDict()  # id -> [replica, calls so far]
+        self.max_sessions = max_sessions
+
+    def acquire(self, request_id: str | None) -> tuple[int, int]:
+        """Return ``(replica, index of this call within the session)``."""
+        session = self.sessions.get(request_id) if request_id is not None else None
+        if session is None:
+            replica = min(range(len(self.in_flight)), key=lambda i: (self.in_flight[i], self.assigned[i], i))
+            session = [replica, 0]
+            if request_id is not None:
+                self.sessions[request_id] = session
+                while len(self.sessions) > self.max_sessions:
+                    self.sessions.popitem(last=False)
+        elif request_id is not None:
+            self.sessions.move_to_end(request_id)
+        replica, turn = session
+        session[1] += 1
+        self.in_flight[replica] += 1
+        self.assigned[replica] += 1
+        return replica, turn
+
+    def release(self, replica: int) -> None:
+        self.in_flight[replica] -= 1
+
+
+class ChatCompletionProxy:
+    """OpenAI-style chat over one or more rollout replicas (see the module docstring).
+
+    Args:
+        rollout: engine(s), replicas, a worker group or the trainer's ``RolloutClient``
+            (:func:`replicas_from`).
+        tokenizer: the model's tokenizer (not modified).
+        chat_template: template name/path; None picks one for the tokenizer.
+        model_name: the id served as ``model``.
+        default_max_tokens: used when a request gives neither ``max_completion_tokens`` nor ``max_tokens``.
+        eos_token_ids: ids that end a turn (stripped from ``content``); default: the replicas' and
+            the tokenizer's EOS ids.
+    """
+
+    def __init__(self, rollout: Any, tokenizer: Any, chat_template: str | ChatTemplate | None = None,
+                 model_name: str = "model", *, default_max_tokens: int = 1024, max_sticky_sessions: int = 10_000,
+                 max_records: int = 200_000, tokenize_threads: int = 4, eos_token_ids: Sequence[int] | None = None):
+        self.replicas: list[Replica] = replicas_from(rollout)
+        if not self.replicas:
+            raise ValueError("ChatCompletionProxy needs at least one rollout replica")
+        self.tokenizer = tokenizer
+        self.template = chat_template if isinstance(chat_template, ChatTemplate) else \
+            load_chat_template(tokenizer, chat_template)
+        self.model_name = model_name
+        self.default_max_tokens = int(default_max_tokens)
+        eos = set(eos_token_ids or [])
+        if not eos_token_ids:
+            for rep in self.replicas:
+                eos.update(getattr(rep, "eos_token_ids", None) or [])
+            if tokenizer.eos_token_id is not None:
+                eos.add(int(tokenizer.eos_token_id))
+        self.eos_token_ids = sorted(eos)
+        self._router = _Router(len(self.replicas), max_sticky_sessions)
+        self._records: OrderedDict[str, EngineTurn] = OrderedDict()
+        self._records_lock = threading.Lock()
+        self.max_records = max_records
+        self._loop_thread = _LoopThread("ChatCompletionProxy-loop")
+        self.loop = self._loop_thread.loop
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, tokenize_threads), thread_name_prefix="chat-tok")
+        self._awake = True
+        self._wake_lock: asyncio.Lock | None = None
+        self.requests_per_replica = [0] * len(self.replicas)
+        self._anonymous_calls = 0
+        self.server = None  # a ChatServer when one is started for this proxy
+
+    # ---------------------------------------------------------------- event loop helpers
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the proxy loop and block until it finishes (call from outside that loop)."""
+        return self._loop_thread.run(coro)
+
+    async def _on_loop(self, coro: Any) -> Any:
+        if asyncio.get_running_loop() is self.loop:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    async def in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run CPU work (tokenisation) in the proxy's thread pool without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    # ---------------------------------------------------------------- engines
+    async def wake_up(self) -> None:
+        """Wake every replica (load weights / KV cache) unless already awake."""
+        await self._on_loop(self._set_awake(True))
+
+    async def sleep(self) -> None:
+        """Put every replica to sleep (free accelerator memory); the next ``chat`` wakes them."""
+        await self._on_loop(self._set_awake(False))
+
+    async def _set_awake(self, awake: bool) -> None:
+        if self._wake_lock is None:
+            self._wake_lock = asyncio.Lock()
+        async with self._wake_lock:
+            if self._awake == awake:
+                return
+            t0 = time.perf_counter()
+            await asyncio.gather(*[(r.wake_up() if awake else r.sleep()) for r in self.replicas])
+            self._awake = awake
+            logger.debug("ChatCompletionProxy: replicas %s in %.2fs", "woke" if awake else "slept", time.perf_counter() - t0)
+
+    async def reset_sessions(self) -> None:
+        """Forget sticky sessions and their turn counters (the manager calls this per batch: after a
+        weight update no prefix cache survives, and session ids may repeat from batch to batch)."""
+        async def _clear() -> None:
+            self._router.sessions.clear()
+
+        await self._on_loop(_clear())
+
+    # ---------------------------------------------------------------- records (engine tokens)
+    def _store(self, record_id: str, turn: EngineTurn) -> None:
+        with self._records_lock:
+            self._records[record_id] = turn
+            while len(self._records) > self.max_records:
+                self._records.popitem(last=False)
+
+    def record(self, message: dict[str, Any]) -> EngineTurn | None:
+        """The engine turn behind an assistant message (by its ``record_id``), if still kept."""
+        rid = message.get("record_id") if isinstance(message, dict) else None
+        if not rid:
+            return None
+        with self._records_lock:
+            return self._records.get(rid)
+
+    def forget(self, conversations: Sequence[Sequence[dict[str, Any]]]) -> None:
+        """Drop the records of these conversations' messages (after they were tokenised)."""
+        with self._records_lock:
+            for conv in conversations:
+                for m in conv:
+                    if isinstance(m, dict) and m.get("record_id"):
+                        self._records.pop(m["record_id"], None)
+
+    @property
+    def num_records(self) -> int:
+        return len(self._records)
+
+    def tokenize(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
+                 tools: list[dict] | None = None):
+        """:func:`recurrent.chat_template.tokenize_conversation` with this proxy's template and records."""
+        return tokenize_conversation(self.tokenizer, self.template, messages, add_generation_prompt, tools,
+                                     lookup=self.record)
+
+    # ---------------------------------------------------------------- chat
+    async def chat(self, messages: list[dict[str, Any]], *, request_id: str | None = None, model: str | None = None,
+                   tools: list[dict] | None = None, **sampling: Any):
+        """One chat completion (an ``openai.types.chat.ChatCompletion``); see the module docstring.
+
+        ``request_id`` keys sticky routing (and per-turn seeds when ``seed`` is given). Raises
+        ``ValueError`` for bad requests and whatever the engine raises.
+        """
+        return await self._on_loop(self._chat(messages, request_id, model, tools, sampling))
+
+    async def get_chat_completions(self, model: str | None = None, **openai_kwargs: Any):
+        """The original MemAgent API: ``(ChatCompletion, None)`` or ``(None, exception)``.
+
+        ``extra_headers={"x-request-id": ...}`` (optionally prefixed ``chatcmpl-``) selects the session.
+        """
+        try:
+            headers = openai_kwargs.pop("extra_headers", None) or {}
+            rid = headers.get("x-request-id")
+            if rid and rid.startswith("chatcmpl-"):
+                rid = rid[len("chatcmpl-"):]
+            messages = openai_kwargs.pop("messages")
+            return await self.chat(messages, request_id=rid, model=model, **openai_kwargs), None
+        except Exception as exc:  # noqa: BLE001 - returned, as in the original API
+            return None, exc
+
+    async def _chat(self, messages, request_id, model, tools, sampling):
+        from openai.types.chat import ChatCompletion
+
+        if model is not None and model != self.model_name:
+            raise LookupError(f"model {model!r} is not served here (available: {self.model_name!r})")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+        params, want_logprobs = sampling_from_openai(sampling, self.default_max_tokens)
+        if not self._awake:
+            await self._set_awake(True)
+        prompt = await self.in_thread(self.tokenize, messages, True, tools)
+        replica, turn = self._router.acquire(request_id)
+        if params.seed is not None:  # distinct, reproducible seeds per session turn (per call without an id)
+            if request_id is not None:
+                seed = int(params.seed) + zlib.crc32(request_id.encode()) + 7919 * turn
+            else:
+                self._anonymous_calls += 1
+                seed = int(params.seed) + 104729 * self._anonymous_calls
+            params.seed = seed % (2**31 - 1)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.requests_per_replica[replica] += 1
+        try:
+            outputs = await self.replicas[replica].generate(prompt.ids, params, completion_id)
+        finally:
+            self._router.release(replica)
+        choices = [self._choice(i, o, prompt.ids, params, completion_id, want_logprobs) for i, o in enumerate(outputs)]
+        usage = {"prompt_tokens": len(prompt.ids), "completion_tokens": sum(len(o.token_ids) for o in outputs),
+                 "total_tokens": len(prompt.ids) + sum(len(o.token_ids) for o in outputs)}
+        return ChatCompletion(id=completion_id, object="chat.completion", created=int(time.time()),
+                              model=self.model_name, choices=choices, usage=usage, prompt_token_ids=prompt.ids)
+
+    def _choice(self, index: int, out: Any, prompt_ids: list[int], params: SamplingParams, completion_id: str,
+                want_logprobs: bool):
+        from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+        from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+
+        tokens = list(out.token_ids)
+        content_len = len(tokens)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        visible, stop_text = text, None
+        hits = [(text.find(s), s) for s in (params.stop or []) if s and s in text] if out.finish_reason == "stop" else []
+        if hits:  # stopped on a stop string: content is everything up to it (vLLM's stop_reason)
+            pos, stop_text = min(hits)
+            visible = text[:pos]
+        elif out.finish_reason == "stop" and tokens:
+            ends = set(self.eos_token_ids) | set(params.stop_token_ids or [])
+            special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+            if tokens[-1] in ends or tokens[-1] in special:  # the end token is not part of the content
+                content_len -= 1
+                text = visible = self.tokenizer.decode(tokens[:content_len], skip_special_tokens=False)
+        record_id = f"{completion_id}-{index}"
+        self._store(record_id, EngineTurn(prompt_ids=prompt_ids, token_ids=tokens, log_probs=out.log_probs,
+                                          finish_reason=out.finish_reason, text=text, content_len=content_len,
+                                          stop_text=stop_text, visible=visible))
+        logprobs = None
+        if want_logprobs and out.log_probs is not None:
+            logprobs = ChoiceLogprobs(content=[
+                ChatCompletionTokenLogprob(token=self.tokenizer.decode([t]), logprob=float(lp), bytes=None, top_logprobs=[])
+                for t, lp in zip(tokens, out.log_probs)])
+        return Choice(index=index, finish_reason=out.finish_reason, logprobs=logprobs,
+                      message=ChatCompletionMessage(role="assistant", content=visible),
+                      stop_reason=stop_text, token_ids=tokens, record_id=record_id)
+
+    # ---------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Stop the HTTP server (if any), the thread pool and the proxy loop (engines stay up)."""
+        if self.server is not None:
+            self.server.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._loop_thread.stop()
+
+    @classmethod
+    def from_rollout(cls, rollout: Any, tokenizer: Any, **kwargs: Any) -> ChatCompletionProxy:
+        """Same as the constructor (kept for readability at call sites)."""
+        return cls(rollout, tokenizer, **kwargs)
+
+
+def run_coroutine_in_chat_scheduler_loop(proxy: ChatCompletionProxy, coro: Any) -> Any:
+    """The original helper's name: run ``coro`` on the proxy's loop and wait for its result."""
+    return proxy.run(coro)
+
+
+# ==================================================================================== agent interface
+class AsyncOutput:
+    """What an async agent returns for one sample.
+
+    ``conversations``: lists of ``{"role", "content", ...}`` messages, each trained as one sequence;
+    ``sample_index`` (long, one per conversation, the trajectory row); ``final_mask`` (bool, True for
+    the trajectory's answer conversation; exactly one); ``timing_raw`` and ``metrics`` (per-sample
+    numbers, reduced over the batch by the manager; ``workflow/num_conv`` is added if missing).
+    """
+
+    def __init__(self, conversations: list[list[dict[str, Any]]], sample_index: Any, final_mask: Any,
+                 timing_raw: dict[str, float] | None = None, metrics: dict[str, float] | None = None):
+        self.conversations = conversations
+        self.sample_index = torch.as_tensor(sample_index, dtype=torch.long).reshape(-1)
+        self.final_mask = torch.as_tensor(final_mask, dtype=torch.bool).reshape(-1)
+        self.timing_raw = dict(timing_raw or {})
+        self.metrics = dict(metrics or {})
+        self.metrics.setdefault("workflow/num_conv", len(conversations))
+        self.batch: dict[str, Any] | None = None  # filled by the manager
+
+    def __repr__(self) -> str:
+        return (f"AsyncOutput({len(self.conversations)} conversations, sample_index={self.sample_index.tolist()}, "
+                f"final_mask={self.final_mask.tolist()})")
+
+
+class AsyncRAgent(ABC):
+    """An agent written as an async function of one sample (MemAgent's async mode).
+
+    Lifecycle per batch: ``start(gen_batch, timing_raw)``; ``rollout(item)`` for every sample
+    concurrently (``item.non_tensor_batch["sample_index"]`` is its row); ``end()``.
+    """
+
+    def __init__(self, proxy: ChatCompletionProxy, tokenizer: Any, config: Any, rollout_config: Any = None):
+        self.proxy = proxy
+        self.tokenizer = tokenizer
+        self.config = config
+        self.rollout_config = rollout_config if rollout_config is not None else {}
+
+    def start(self, gen_batch: Any, timing_raw: dict) -> None:
+        """Called once per batch before any rollout (optional)."""
+
+    def end(self) -> None:
+        """Called once per batch after every rollout, also after a failure (optional)."""
+
+    @abstractmethod
+    async def rollout(self, gen_item: Any) -> AsyncOutput:
+        """Run the workflow for one sample (a ``DataProtoItem``) and return its conversations."""
+
+    @staticmethod
+    def sample_index(gen_item: Any) -> int:
+        """The trajectory row of ``gen_item``."""
+        return int(gen_item.non_tensor_batch["sample_index"])
+
+    def _rollout_get(self, key: str, default: Any) -> Any:
+        cfg = self.rollout_config
+        return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+    def sampling_params(self, meta_info: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI-style sampling kwargs for this batch (``max_completion_tokens`` is the agent's job).
+
+        The trainer's ``meta_info["sampling"]`` (temperature, top_p, top_k, greedy, seed) wins; else
+        the original rules: rollout temperature/top_p, greedy when ``do_sample`` is False, and
+        ``val_kwargs`` when ``validate`` is True.
+        """
+        sampling = meta_info.get("sampling")
+        if sampling:
+            greedy = bool(sampling.get("greedy", False)) or float(sampling.get("temperature", 1.0)) == 0.0
+            out = {"n": 1, "temperature": 0.0 if greedy else float(sampling.get("temperature", 1.0)),
+                   "top_p": 1.0 if greedy else float(sampling.get("top_p", 1.0))}
+            if int(sampling.get("top_k", -1)) > 0 and not greedy:
+                out["top_k"] = int(sampling["top_k"])
+            if sampling.get("seed") is not None:
+                out["seed"] = int(sampling["seed"])
+            return out
+        out = {"n": 1, "temperature": float(self._rollout_get("temperature", 1.0)),
+               "top_p": float(self._rollout_get("top_p", 1.0))}
+        if meta_info.get("do_sample", True) is False:
+            out.update(top_p=1.0, temperature=0.0, n=1)
+        elif meta_info.get("validate", False):
+            val = self._rollout_get("val_kwargs", {}) or {}
+            out.update(top_p=float(val.get("top_p", 1.0)), temperature=float(val.get("temperature", 0.0)), n=1)
+        return out
+
+    @staticmethod
+    def reduce_timings(timings: list[dict[str, float]]) -> dict[str, float]:
+        """Per-sample timings -> batch timings: keys containing "async" (concurrent awaits) are
+        averaged, the others (sequential code) summed."""
+        if not timings:
+            return {}
+        keys = dict.fromkeys(k for t in timings for k in t)
+        out = {}
+        for k in keys:
+            values = [float(t.get(k, 0.0)) for t in timings]
+            out[k] = float(np.mean(values)) if "async" in k else float(np.sum(values))
+        return out
+
+    @staticmethod
+    def reduce_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
+        """Per-sample metrics -> ``{k}_mean``, ``{k}_min``, ``{k}_max`` over samples."""
+        keys = dict.fromkeys(k for m in metrics for k in m)
+        out = {}
+        for k in keys:
+            values = np.asarray([float(m[k]) for m in metrics if k in m], dtype=np.float64)
+            out[f"{k}_mean"], out[f"{k}_min"], out[f"{k}_max"] = float(values.mean()), float(values.min()), float(values.max())
+        return out
