@@ -10,6 +10,8 @@ if [ -f "$STAMP" ]; then exit 0; fi
 [ -d .venv ] || "$PY" -m venv .venv
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# Quiet the local mirror's "Location ... is ignored" warnings; real errors still reach stderr.
+pip() { command pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 # 1. torch first and pinned: the CPU build (2.13.0+cpu); a bare `torch` would pull a CUDA build.
 pip install -q torch==2.13.0
 # 2. the pinned working set (torch pinned again so nothing upgrades it).

@@ -197,3 +197,25 @@ def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):
     h = {x["step"]: x for x in main_ppo.run(cfg)}[1]
     assert h["trajectory/num_conv/min"] >= 1
     assert "actor/pg_loss" in h and h["actor/grad_norm"] == h["actor/grad_norm"]
+
+
+def test_rollout_engine_follows_the_actor(runs):
+    """Engine log-probs of its own samples equal the actor's after every weight sync (HF engine)."""
+    for h in runs["straight"]:
+        if h["step"] > 0:
+            assert h["rollout/logprob_abs_diff_max"] < 1e-3, h["step"]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_rollout_training_with_weight_sync(tiny_model_path, tmp_path, runs):
+    """rollout.name=vllm (in-process vLLM, CPU build): 2 steps; after the first update the engine's
+    sampling log-probs must still match the actor's, which only holds if the weights were synced."""
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "v"), 2, extra=[
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
+        "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.test_freq=-1"]))
+    steps = {h["step"]: h for h in hist}
+    assert steps[1]["actor/grad_norm"] > 0
+    assert steps[2]["rollout/logprob_abs_diff_max"] < 1e-3

@@ -61,26 +61,34 @@ def run(cfg: DictConfig) -> list[dict]:
         pass
     device = pick_device(cfg)
     name = cfg.recurrent.get("enable")
-    if not name:
-        raise ValueError("recurrent.enable must name a workflow (e.g. memory); single-turn PPO is not wired here")
-    wf_cfg = cfg.recurrent.get(name)
-    if wf_cfg is None:
-        raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
-    if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
-        if not wf_cfg.get("async_path"):
-            raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
-        register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
-    else:
-        if not wf_cfg.get("path"):
-            raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
-        register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
-    recurrent_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
+    if name:  # recurrent (multi-conversation) workflow
+        wf_cfg = cfg.recurrent.get(name)
+        if wf_cfg is None:
+            raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
+        if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+            if not wf_cfg.get("async_path"):
+                raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
+            register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
+        else:
+            if not wf_cfg.get("path"):
+                raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
+            register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
+        recurrent_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
+    elif cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+        raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
+    use_critic = not name and cfg.algorithm.adv_estimator == "gae"
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    train_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.train_files)), tokenizer, data_cfg)
-    val_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.val_files)), tokenizer, data_cfg) \
-        if cfg.data.get("val_files") else None
+    if name:
+        train_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.train_files)), tokenizer, data_cfg)
+        val_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.val_files)), tokenizer, data_cfg) \
+            if cfg.data.get("val_files") else None
+    else:  # single-turn PPO/GRPO on chat prompts
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
+        train_ds = RLHFDataset(list(_files(cfg.data.train_files)), tokenizer, data_cfg)
+        val_ds = RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
     seed = int(cfg.data.get("seed", 1) or 1)
     train_loader = ResumableDataLoader(train_ds, batch_size=int(cfg.data.train_batch_size),
                                        shuffle=bool(cfg.data.get("shuffle", True)), seed=seed, collate_fn=collate_fn)
@@ -92,12 +100,21 @@ def run(cfg: DictConfig) -> list[dict]:
     total_steps = cfg.trainer.get("total_training_steps") or len(train_loader) * int(cfg.trainer.total_epochs)
     with open_dict(cfg):
         cfg.actor_rollout_ref.actor.optim.total_training_steps = int(total_steps)
+        if use_critic:
+            cfg.critic.optim.total_training_steps = int(total_steps)
 
     if not ray.is_initialized():
         ray.init(address=cfg.trainer.get("ray_address"), num_cpus=cfg.trainer.get("ray_num_cpus"),
                  include_dashboard=False, ignore_reinit_error=True,
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    wg = build_worker_group(cfg, device)
+    critic_wg = None
+    if use_critic:
+        from verl.trainer.ppo.critic_worker_group import build_actor_and_critic_groups
+
+        wg, critic_wg = build_actor_and_critic_groups(cfg, device)
+        critic_wg.init_model()
+    else:
+        wg = build_worker_group(cfg, device)
     wg.init_model()
     rm_name = cfg.reward_model.get("reward_manager", "naive")
     compute_score = load_custom_reward_fn(cfg)
@@ -107,8 +124,14 @@ def run(cfg: DictConfig) -> list[dict]:
     tracker = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
                        default_backend=list(cfg.trainer.logger), config=OmegaConf.to_container(cfg, resolve=True),
                        log_dir=str(log_dir))
-    trainer = MultiConvTrainer(cfg, tokenizer, wg, register, recurrent_config, train_ds, val_ds,
-                               reward_fn, val_reward_fn, tracker)
+    if name:
+        trainer = MultiConvTrainer(cfg, tokenizer, wg, register, recurrent_config, train_ds, val_ds,
+                                   reward_fn, val_reward_fn, tracker)
+    else:
+        from verl.trainer.ppo.single_turn import SingleTurnPPOTrainer
+
+        trainer = SingleTurnPPOTrainer(cfg, tokenizer, wg, train_ds, val_ds, reward_fn, val_reward_fn, tracker,
+                                       critic_group=critic_wg)
     ckpt = CheckpointManager(cfg.trainer.default_local_dir, max_ckpt_to_keep=cfg.trainer.get("max_actor_ckpt_to_keep"))
     try:
         history = fit(trainer, train_loader, val_loader, ckpt, int(total_steps))
@@ -116,6 +139,8 @@ def run(cfg: DictConfig) -> list[dict]:
         tracker.finish()
         wg.shutdown_engines()
         wg.shutdown()
+        if critic_wg is not None:
+            critic_wg.shutdown()
     return history
 
 

@@ -37,7 +37,8 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         trainer.global_step = state["global_step"]
         train_loader.load_state_dict(state["dataloader"])
         _set_rng_state(state["rng"])
-        trainer.wg.load_checkpoint(os.path.join(resume_dir, "actor"))
+        for name, group in _checkpoint_groups(trainer).items():
+            group.load_checkpoint(os.path.join(resume_dir, name))
         trainer.wg.sync_rollout_weights()
         logger.info("resumed from %s at step %d", resume_dir, trainer.global_step)
         print(f"[trainer] resumed from {resume_dir} (step {trainer.global_step})")
@@ -79,9 +80,17 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
     return history
 
 
+def _checkpoint_groups(trainer) -> dict:
+    """Worker groups to checkpoint, by sub-folder: ``trainer.checkpoint_groups()`` when the trainer has it
+    (single-turn PPO adds ``critic``), else ``{"actor": trainer.wg}``."""
+    groups = getattr(trainer, "checkpoint_groups", None)
+    return groups() if callable(groups) else {"actor": trainer.wg}
+
+
 def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
     def write(tmp_dir: str) -> None:
-        trainer.wg.save_checkpoint(os.path.join(tmp_dir, "actor"))
+        for name, group in _checkpoint_groups(trainer).items():
+            group.save_checkpoint(os.path.join(tmp_dir, name))
         state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state()}
         with open(os.path.join(tmp_dir, "trainer_state.pkl"), "wb") as f:
             pickle.dump(state, f)

@@ -99,8 +99,9 @@ class MultiConvTrainer:
             s = {"temperature": float(vk.get("temperature", 0)), "top_p": float(vk.get("top_p", 1.0)),
                  "top_k": int(vk.get("top_k", -1)), "greedy": not bool(vk.get("do_sample", False))}
         else:
+            # the engine's own log-probs of its samples: compared with the actor's to check weight sync
             s = {"temperature": float(rc.get("temperature", 1.0)), "top_p": float(rc.get("top_p", 1.0)),
-                 "top_k": int(rc.get("top_k", -1))}
+                 "top_k": int(rc.get("top_k", -1)), "logprobs": True}
         if seed is not None:
             s["seed"] = int(seed) + 7919 * self.global_step + (1 << 20) * int(validate)
         return s
@@ -146,6 +147,7 @@ class MultiConvTrainer:
             # 5. old and reference log-probs, actor update, weight sync
             with timer("old_log_prob", timing):
                 conv = conv.union(self.wg.compute_log_prob(conv))
+            metrics.update(rollout_actor_mismatch(conv))
             if cfg.actor_rollout_ref.actor.get("use_kl_loss", False):
                 with timer("ref", timing):
                     conv = conv.union(self.wg.compute_ref_log_prob(conv))
@@ -298,3 +300,18 @@ def _concat_parts(parts):
     sample_index = torch.cat([p[3] + int(o) for p, o in zip(parts, offsets)])
     scores = torch.cat([p[4] for p in parts])
     return traj, conv, final_mask, sample_index, scores
+
+
+def rollout_actor_mismatch(conv: DataProto) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the actor's recomputed ones (response tokens).
+
+    Near 0 when the rollout engine holds the actor's current weights; a stale engine (broken
+    weight sync) shows up here at once. Differences also come from bf16 vs fp32 and kernels.
+    """
+    if "rollout_log_probs" not in conv.batch.keys():
+        return {}
+    mask = conv.batch["response_mask"].bool()
+    diff = (conv.batch["rollout_log_probs"] - conv.batch["old_log_probs"]).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/logprob_abs_diff_mean": float(diff.mean()), "rollout/logprob_abs_diff_max": float(diff.max())}

@@ -1,0 +1,168 @@
+"""The critic (value model) worker: one process per GPU (or per CPU slot), driven through a worker group.
+
+The value model is the causal LM backbone of ``critic.model.path`` plus a scalar head:
+``AutoModelForTokenClassification`` with ``num_labels=1`` (transformers has ``Qwen2ForTokenClassification``,
+``LlamaForTokenClassification``, ... : the backbone weights load from a causal-LM checkpoint and only the head
+``score`` is new). The head's dropout is switched off (``classifier_dropout=0``) so values are deterministic
+in training mode. The critic must share the policy's tokenizer (it reads the actor's token ids).
+
+Sharding, optimizer and LR schedule follow the actor worker (``verl.workers.fsdp_workers``): FSDP2 when there is
+more than one rank or a GPU, fp32 master weights (bf16 compute on GPU), AdamW.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Union
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from verl.protocol import DataProto
+from verl.single_controller import Dispatch, Worker, register
+from verl.workers.critic.dp_critic import DataParallelPPOCritic
+
+__all__ = ["CriticWorker", "load_value_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def _cfg_dict(cfg: Any) -> dict:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg or {})
+
+
+def load_value_model(
+    path: Union[str, os.PathLike],
+    dtype: Union[str, torch.dtype, None] = "float32",
+    attn_implementation: Optional[str] = None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    override_config: Optional[dict[str, Any]] = None,
+    device: Union[str, torch.device, None] = None,
+) -> nn.Module:
+    """Load a causal-LM checkpoint folder as a value model (backbone + scalar head, ``num_labels=1``).
+
+    ``override_config`` sets config attributes (e.g. ``{"classifier_dropout": 0.1}`` to re-enable head dropout).
+    Raises ``FileNotFoundError`` for a path that is not a local folder and ``ValueError`` for an architecture
+    without a transformers ``...ForTokenClassification`` class.
+    """
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from verl.utils.model_loading import prepare_for_training, resolve_attn_implementation, resolve_dtype
+
+    path = os.path.expanduser(str(path))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"critic.model.path '{path}' is not a local folder (nothing is downloaded at run time)")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    attn = resolve_attn_implementation(attn_implementation, device)
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn,
+            trust_remote_code=trust_remote_code)
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err):
+            raise ValueError(f"critic.model.path '{path}': architecture {getattr(config, 'model_type', '?')!r} has no "
+                             "transformers ...ForTokenClassification class to build a value model from") from err
+        raise
+    if device is not None:
+        model.to(device)
+    return prepare_for_training(model, gradient_checkpointing)
+
+
+class CriticWorker(Worker):
+    """The value model of one rank. ``config`` is the ``critic`` section; ``device`` is ``cpu`` or ``cuda``.
+
+    Extra keys read from ``config`` besides verl's: ``seed`` (head initialisation, default 0),
+    ``train_batch_size`` (see ``CriticSettings``), ``model.attn_implementation``, ``model.trust_remote_code``,
+    ``optim.betas`` / ``optim.lr_warmup_steps``.
+    """
+
+    def __init__(self, config: Any, device: str = "cpu"):
+        super().__init__()
+        self.config = OmegaConf.create(_cfg_dict(config))
+        self.device_name = device
+
+    def _init_distributed(self) -> None:
+        if self.device_name == "cuda":
+            torch.cuda.set_device(torch.device(self.device))
+        if self.world_size > 1 and not dist.is_initialized():
+            self.init_process_group()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the value model, shard it, build AdamW, the LR schedule and the ``DataParallelPPOCritic``."""
+        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
+
+        self._init_distributed()
+        cfg = self.config
+        model_cfg = cfg.get("model", {}) or {}
+        if not model_cfg.get("path"):
+            raise ValueError("critic.model.path must name the value model's base checkpoint folder")
+        # the same seed on every rank: the new value head starts identical everywhere
+        torch.manual_seed(int(cfg.get("seed", 0) or 0))
+        device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
+        self.model_path = os.path.expanduser(str(model_cfg.path))
+        module = load_value_model(
+            self.model_path, dtype="float32", attn_implementation=model_cfg.get("attn_implementation"),
+            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            override_config=_cfg_dict(model_cfg.get("override_config")) or None,
+        ).to(device)
+        if self.world_size > 1 or self.device_name == "cuda":
+            module = apply_fsdp2(module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+        optim = cfg.get("optim", {}) or {}
+        self.optimizer = build_optimizer(
+            module, lr=float(optim.get("lr", 1e-5)), weight_decay=float(optim.get("weight_decay", 0.01)),
+            betas=tuple(optim.get("betas", (0.9, 0.999))),
+        )
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer, total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+            lr_warmup_steps=optim.get("lr_warmup_steps", -1),
+            lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
+            warmup_style=str(optim.get("warmup_style", "constant")),
+            min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+        )
+        settings = {**_cfg_dict(cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        self.critic_module = module
+        self.critic = DataParallelPPOCritic(settings, module, self.optimizer)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values`` ``[B, R]`` of this rank's rows (see ``DataParallelPPOCritic.compute_values``)."""
+        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """One value update over this rank's rows; metrics are global (identical on every rank)."""
+        from verl.workers.fsdp_workers import memory_metrics
+
+        metrics = self.critic.update_critic(data)
+        metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
+        metrics.update({k.replace("perf/", "perf/critic_"): v for k, v in memory_metrics(self.device_name).items()})
+        self.lr_scheduler.step()
+        return metrics
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Sharded model, optimizer, LR schedule and RNG state into ``path`` (every rank)."""
+        from verl.utils.checkpoint import save_model_shards
+
+        save_model_shards(path, self.critic_module, self.optimizer, self.lr_scheduler,
+                          rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Load what ``save_checkpoint`` wrote (any number of ranks: DCP reshards)."""
+        from verl.utils.checkpoint import load_model_shards
+
+        load_model_shards(path, self.critic_module, self.optimizer, self.lr_scheduler,
+                          rank=self.rank, world_size=self.world_size)

@@ -1,0 +1,391 @@
+"""Data-parallel PPO critic: value predictions and the clipped value-function update (verl's ``DataParallelPPOCritic``).
+
+The value model is a causal LM backbone with a scalar head (``AutoModelForTokenClassification`` with
+``num_labels=1``, see ``critic_worker.load_value_model``): one value per sequence position.
+
+Which position holds the value of a response token. ``values[:, t]`` is the head's output at the sequence
+position *before* response token ``t`` (the state from which token ``t`` is generated), i.e. the last
+``R + 1`` positions of the padded row without the final one, exactly like the actor's log-probs
+(``verl.workers.actor.forward``). Positions that are not valid response tokens hold 0.
+
+Loss normalisation is the actor's (``verl.workers.actor.dp_actor``): for every mini-batch the loss normaliser
+(response tokens for ``token-mean``, rows for the ``seq-mean-*`` modes) is all-reduced over the data-parallel
+ranks before micro-batching; each micro-batch loss is ``0.5 * sum(clipped squared error * mask) / global_count``,
+multiplied by the DP world size before ``backward`` because FSDP averages gradients over ranks. The mini-batch
+gradient therefore does not depend on the micro-batch size, dynamic batching or the number of ranks. Every rank
+runs the same number of forward/backward passes (zero-weight dummy passes fill the gaps).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch import nn
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
+from verl.utils.fsdp_utils import clip_grad_norm, is_fsdp2_module
+from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
+from verl.workers.actor.forward import pack_rows
+from verl.workers.actor.settings import _MISSING, _lookup
+
+__all__ = ["CriticSettings", "DataParallelPPOCritic", "forward_response_values"]
+
+logger = logging.getLogger(__name__)
+
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+_KEEP_ROW_KEY, _PADDING_ROW_KEY = "no_padding_mask", "is_padding"
+MINI_BATCH_ID_KEY = "mini_batch_id"
+# Metric sums all-reduced once per mini-batch (order matters).
+_STAT_NAMES = ("vf_loss", "vf_clipfrac", "vpred_sum", "tokens")
+
+
+@dataclass
+class CriticSettings:
+    """Critic options (the ``critic`` section, verl names).
+
+    Mini-batches: rows carrying ``mini_batch_id`` (assigned by the trainer) are grouped by it; otherwise
+    ``train_batch_size // ppo_mini_batch_size`` contiguous mini-batches when ``train_batch_size`` is set, else
+    mini-batches of ``ppo_mini_batch_size`` rows (as the actor does).
+    """
+
+    ppo_mini_batch_size: int = 1
+    train_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: Optional[int] = None
+    use_remove_padding: bool = False
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    grad_clip: Optional[float] = 1.0
+    ulysses_sequence_parallel_size: int = 1
+
+    @classmethod
+    def from_config(cls, config: Any) -> "CriticSettings":
+        """Build from a DictConfig / dict / attribute object; missing keys take the defaults above."""
+        values = {}
+        for f in fields(cls):
+            value = _lookup(config, f.name)
+            if value is _MISSING or (value is None and "Optional" not in str(f.type)):
+                value = f.default
+            values[f.name] = value
+        for new_key, old_key in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
+                                 ("forward_micro_batch_size_per_gpu", "forward_micro_batch_size")):
+            legacy = _lookup(config, old_key)
+            if values[new_key] is None and legacy is not _MISSING:
+                values[new_key] = legacy
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    @property
+    def forward_micro_batch_size(self) -> int:
+        return int(self.forward_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu or 1)
+
+    @property
+    def forward_token_budget(self) -> int:
+        return int(self.forward_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending ``critic.<key>`` and value."""
+        if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
+            raise ValueError(f"critic.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
+        if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):
+            raise ValueError(f"critic.train_batch_size ({self.train_batch_size}) must be >= critic.ppo_mini_batch_size "
+                             f"({self.ppo_mini_batch_size})")
+        if not self.use_dynamic_bsz and (self.ppo_micro_batch_size_per_gpu is None
+                                         or int(self.ppo_micro_batch_size_per_gpu) < 1):
+            raise ValueError("critic.ppo_micro_batch_size_per_gpu must be >= 1 when critic.use_dynamic_bsz is False, "
+                             f"got {self.ppo_micro_batch_size_per_gpu}")
+        if self.use_dynamic_bsz and int(self.ppo_max_token_len_per_gpu) < 1:
+            raise ValueError(f"critic.ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
+        if self.loss_agg_mode not in AGG_MODES:
+            raise ValueError(f"critic.loss_agg_mode '{self.loss_agg_mode}' unknown; valid: {', '.join(AGG_MODES)}")
+        if float(self.cliprange_value) <= 0:
+            raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}")
+        if int(self.ppo_epochs) < 1:
+            raise ValueError(f"critic.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if int(self.ulysses_sequence_parallel_size) != 1:
+            raise ValueError(f"critic.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not "
+                             "supported (sequence parallelism is not implemented); use 1")
+
+
+def _head_output(output: Any) -> torch.Tensor:
+    """``[b, S]`` scalar head output from a model output (``.logits`` of shape ``[b, S, 1]``) or a tensor."""
+    values = output.logits if hasattr(output, "logits") else output
+    if values.dim() == 3:
+        if values.shape[-1] != 1:
+            raise ValueError(f"value model must output one value per position, got logits of shape {tuple(values.shape)} "
+                             "(load it with num_labels=1)")
+        values = values.squeeze(-1)
+    return values.float()
+
+
+def forward_response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            position_ids: torch.Tensor, response_length: int,
+                            use_remove_padding: bool = False) -> torch.Tensor:
+    """Values ``[b, R]`` of the last ``R = response_length`` token positions (see the module docstring).
+
+    ``use_remove_padding`` packs the valid tokens of all rows into one sequence whose ``position_ids`` restart at
+    0 per row (same numbers; falls back to the padded layout when rows cannot be packed exactly).
+    """
+    packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
+    if packed is not None:
+        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        token_values = _head_output(output)[0, packed.predictor_index]
+        return token_values.new_zeros(packed.target_mask.shape).masked_scatter(packed.target_mask, token_values)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    values = _head_output(output)[:, -response_length - 1 : -1]
+    return values * attention_mask[:, -response_length:].to(values.dtype)
+
+
+class DataParallelPPOCritic:
+    """PPO critic over one data-parallel shard of the batch.
+
+    Args:
+        config: the ``critic`` config (DictConfig, dict or object), see ``CriticSettings``; ``use_remove_padding``
+            may be given at the top level (the worker copies it from ``critic.model``).
+        critic_module: the value model (plain or FSDP2-sharded).
+        optimizer: required for ``update_critic``.
+        dp_group: data-parallel process group (default: the default group when torch.distributed is initialised).
+    """
+
+    def __init__(self, config: Any, critic_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 dp_group: Optional[dist.ProcessGroup] = None):
+        self.config = config
+        self.settings = CriticSettings.from_config(config)
+        self.critic_module = critic_module
+        self.critic_optimizer = optimizer
+        self.dp_group = dp_group
+        distributed = dist.is_available() and dist.is_initialized()
+        self.dp_size = dist.get_world_size(dp_group) if distributed else 1
+        self.is_fsdp = is_fsdp2_module(critic_module)
+        self._update_calls = 0
+        # Metrics of each optimizer step of the last update_critic call (for debugging and tests).
+        self.mini_batch_metrics: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self) -> torch.device:
+        for param in self.critic_module.parameters():
+            return param.device
+        return torch.device("cpu")
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return tensor
+
+    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
+                          max_token_len: int) -> list[list[int]]:
+        """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
+        if use_dynamic:
+            return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
+        num_rows = int(seqlens.numel())
+        count = sync_max_count(max(1, math.ceil(num_rows / micro_batch_size)), self.dp_group, self.device)
+        return [list(range(i * micro_batch_size, min(num_rows, (i + 1) * micro_batch_size))) for i in range(count)]
+
+    @staticmethod
+    def _dummy_row(batch: TensorDict) -> TensorDict:
+        """A one-row batch with a valid full-length sequence and every loss tensor zero (collective parity)."""
+        row = batch[:1].clone()
+        seq_len = row["input_ids"].shape[1]
+        row["attention_mask"] = torch.ones_like(row["attention_mask"])
+        row["position_ids"] = torch.arange(seq_len, device=row["input_ids"].device).unsqueeze(0)
+        for key in row.keys():
+            if key not in _FORWARD_KEYS:
+                row[key] = torch.zeros_like(row[key])
+        return row
+
+    def _forward(self, micro: TensorDict) -> torch.Tensor:
+        micro = micro.to(self.device)
+        return forward_response_values(
+            self.critic_module, input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
+            position_ids=micro["position_ids"], response_length=micro["responses"].shape[-1],
+            use_remove_padding=bool(self.settings.use_remove_padding),
+        )
+
+    # ------------------------------------------------------------------ values
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values ``[B, R]`` at the response positions, in row order (0 where a position is not a valid token).
+
+        ``data.meta_info`` may override ``micro_batch_size``, ``use_dynamic_bsz`` and ``max_token_len``.
+        Needs ``input_ids, attention_mask, position_ids, responses``. Output lives on the device of ``data.batch``.
+        """
+        s = self.settings
+        meta = data.meta_info
+        use_dynamic = bool(meta.get("use_dynamic_bsz", s.use_dynamic_bsz))
+        micro_batch_size = int(meta.get("micro_batch_size") or s.forward_micro_batch_size)
+        max_token_len = int(meta.get("max_token_len") or s.forward_token_budget)
+        batch = data.select(batch_keys=list(_FORWARD_KEYS)).batch
+        out_device = batch["input_ids"].device
+        num_rows, response_length = batch["responses"].shape
+        seqlens = batch["attention_mask"].sum(dim=-1)
+        active = torch.nonzero(seqlens > 0).flatten()
+
+        was_training = self.critic_module.training
+        self.critic_module.eval()
+        micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
+        values = torch.zeros(num_rows, response_length, dtype=torch.float32, device=out_device)
+        dummy = self._dummy_row(batch) if num_rows else None
+        for rows in micro_rows:
+            if not rows:
+                if dummy is None:
+                    raise ValueError("compute_values got a DataProto with 0 rows while other ranks have data")
+                self._forward(dummy)
+                continue
+            index = active[torch.tensor(rows, dtype=torch.long)]
+            values[index] = self._forward(batch[index]).to(out_device)
+        self.critic_module.train(was_training)
+        return values
+
+    # ------------------------------------------------------------------ update
+    def _select_update_batch(self, data: DataProto) -> tuple[TensorDict, TensorDict]:
+        keys = list(_FORWARD_KEYS) + ["response_mask", "values", "returns"]
+        available = data.batch.keys() if data.batch is not None else []
+        missing = [k for k in keys if k not in available]
+        if missing:
+            raise KeyError(f"update_critic needs batch keys {missing}; the batch has {sorted(available)}")
+        if MINI_BATCH_ID_KEY in available:
+            keys.append(MINI_BATCH_ID_KEY)
+        batch = data.select(batch_keys=keys).batch
+        if len(batch) == 0:
+            raise ValueError("update_critic got a DataProto with 0 rows")
+        dummy = self._dummy_row(batch)
+        keep = batch["attention_mask"].sum(dim=-1) > 0
+        if _KEEP_ROW_KEY in available:
+            keep &= data.batch[_KEEP_ROW_KEY].bool().reshape(-1)
+        if _PADDING_ROW_KEY in available:
+            keep &= ~data.batch[_PADDING_ROW_KEY].bool().reshape(-1)
+        return batch[torch.nonzero(keep).flatten()], dummy
+
+    def _num_mini_batches(self, num_rows: int) -> int:
+        s = self.settings
+        if s.train_batch_size is not None:
+            count = int(s.train_batch_size) // int(s.ppo_mini_batch_size)
+        else:
+            count = max(1, math.ceil(num_rows / int(s.ppo_mini_batch_size)))
+        return sync_max_count(count, self.dp_group, self.device)
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Run ``ppo_epochs`` passes of mini-batch value updates on this rank's rows; return averaged metrics.
+
+        Needs ``input_ids, attention_mask, position_ids, responses, response_mask, values`` (the values at
+        rollout time, for clipping) and ``returns``; optional ``mini_batch_id``. Metric values are global over all
+        ranks (``critic/vf_loss`` is the mini-batch objective), averaged over mini-batches and epochs.
+        """
+        if self.critic_optimizer is None:
+            raise RuntimeError("update_critic needs an optimizer; this critic was built with optimizer=None")
+        s = self.settings
+        batch, dummy = self._select_update_batch(data)
+        num_rows = len(batch)
+        assigned = MINI_BATCH_ID_KEY in batch.keys()
+        if assigned:
+            ids = batch[MINI_BATCH_ID_KEY].reshape(-1).long()
+            num_mini_batches = sync_max_count(int(ids.max()) + 1 if num_rows else 1, self.dp_group, self.device)
+        else:
+            num_mini_batches = self._num_mini_batches(num_rows)
+        self.critic_module.train()
+        history: dict[str, list[float]] = {}
+        skipped = 0
+        self.mini_batch_metrics = []
+        for epoch in range(int(s.ppo_epochs)):
+            order = torch.arange(num_rows)
+            if s.shuffle and not assigned:
+                generator = torch.Generator().manual_seed(int(s.seed) + 1000003 * self._update_calls + epoch)
+                order = torch.randperm(num_rows, generator=generator)
+            if assigned:
+                chunks = [torch.nonzero(ids == m).flatten().tolist() for m in range(num_mini_batches)]
+            else:
+                chunks = split_rows_evenly(num_rows, num_mini_batches)
+            for chunk in chunks:
+                mini_batch = batch[order[torch.tensor(chunk, dtype=torch.long)]]
+                metrics = self._update_mini_batch(mini_batch, dummy)
+                self.mini_batch_metrics.append(dict(metrics))
+                skipped += int(metrics.pop("skipped"))
+                for key, value in metrics.items():
+                    history.setdefault(key, []).append(value)
+        self._update_calls += 1
+        result = {key: sum(values) / len(values) for key, values in history.items()}
+        result["critic/lr"] = float(self.critic_optimizer.param_groups[0]["lr"])
+        result["critic/skipped_steps"] = float(skipped)
+        result["critic/num_mini_batches"] = float(num_mini_batches)
+        return result
+
+    def _update_mini_batch(self, mini_batch: TensorDict, dummy: TensorDict) -> dict[str, float]:
+        """Accumulate the mini-batch gradient over its micro-batches and take one optimizer step."""
+        s = self.settings
+        mode = s.loss_agg_mode
+        local_norm = local_loss_normalizer(mini_batch["response_mask"], mode).to(self.device)
+        global_norm = self._all_reduce_sum(local_norm.clone().reshape(1))[0]
+        count_key = "global_token_count" if grad_acc_mode(mode) == "token" else "global_seq_count"
+        seqlens = mini_batch["attention_mask"].sum(dim=-1)
+        micro_rows = self._micro_batch_rows(seqlens, bool(s.use_dynamic_bsz), int(s.ppo_micro_batch_size_per_gpu or 1),
+                                            int(s.ppo_max_token_len_per_gpu))
+
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
+        for rows in micro_rows:
+            is_dummy = not rows
+            micro = (dummy if is_dummy else mini_batch[torch.tensor(rows, dtype=torch.long)]).to(self.device)
+            stats += self._micro_batch_backward(micro, {count_key: global_norm}, zero_weight=is_dummy)
+
+        if self.dp_size > 1 and not self.is_fsdp:
+            self._all_reduce_mean_grads()
+        params = [p for p in self.critic_module.parameters() if p.requires_grad]
+        grad_norm = clip_grad_norm(params, s.grad_clip)
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            logger.warning("critic: grad norm is %s; skipping this optimizer step", grad_norm)
+        else:
+            self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+
+        values = dict(zip(_STAT_NAMES, self._all_reduce_sum(stats).tolist()))
+        tokens = max(values["tokens"], 1.0)
+        return {
+            "critic/vf_loss": values["vf_loss"],
+            "critic/vf_clipfrac": values["vf_clipfrac"] / tokens,
+            "critic/vpred_mean": values["vpred_sum"] / tokens,
+            "critic/grad_norm": grad_norm,
+            "skipped": float(skipped),
+        }
+
+    def _micro_batch_backward(self, micro: TensorDict, norm_kwargs: dict[str, torch.Tensor],
+                              zero_weight: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
+        s = self.settings
+        mask = micro["response_mask"]
+        vpreds = self._forward(micro)
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds, micro["returns"].float(), micro["values"].float(), mask, float(s.cliprange_value),
+            loss_agg_mode=s.loss_agg_mode, **norm_kwargs,
+        )
+        loss = vf_loss * 0.0 if zero_weight else vf_loss
+        (loss * self.dp_size).backward()  # FSDP (or the manual all-reduce) averages gradients over ranks
+        if zero_weight:
+            return torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
+        tokens = mask.to(torch.float32).sum()
+        vpred_sum = (vpreds.detach() * mask.to(vpreds.dtype)).sum()
+        return torch.stack([vf_loss.detach().float(), vf_clipfrac.float() * tokens, vpred_sum.float(), tokens])
+
+    def _all_reduce_mean_grads(self) -> None:
+        """Average gradients over ranks for an unsharded, replicated module (no FSDP wrapper)."""
+        for param in self.critic_module.parameters():
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
+                param.grad.div_(self.dp_size)
