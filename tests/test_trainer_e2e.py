@@ -219,3 +219,16 @@ def test_vllm_rollout_training_with_weight_sync(tiny_model_path, tmp_path, runs)
     steps = {h["step"]: h for h in hist}
     assert steps[1]["actor/grad_norm"] > 0
     assert steps[2]["rollout/logprob_abs_diff_max"] < 1e-3
+
+
+def test_every_parameter_changed_and_checkpoint_merges_to_hf(runs, tiny_model_path):
+    """The step-2 checkpoint, merged to a HF folder, loads with transformers; every parameter moved."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils.checkpoint import merge_checkpoint_to_hf
+
+    out = merge_checkpoint_to_hf(runs["tmp"] / "a" / "global_step_2", runs["tmp"] / "merged")
+    trained = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    unchanged = [k for k, v in initial.items() if torch.equal(v, trained[k])]
+    assert not unchanged
