@@ -158,9 +158,11 @@ def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
 
 
 def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):
-    """actor_rollout_ref.rollout.mode=async: the memory agent as one coroutine per sample."""
+    """actor_rollout_ref.rollout.mode=async: the memory agent as one coroutine per sample, served by
+    the engines of 2 Ray worker processes (least-loaded routing, sticky sessions)."""
     hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "am"), 1, extra=[
-        "actor_rollout_ref.rollout.mode=async", "trainer.val_before_train=False", "trainer.save_freq=-1",
+        "actor_rollout_ref.rollout.mode=async", "trainer.n_gpus_per_node=2",
+        "trainer.val_before_train=False", "trainer.save_freq=-1",
         "trainer.test_freq=-1"]))
     h = {x["step"]: x for x in hist}[1]
     assert h["trajectory/num_conv/min"] >= 4  # >= 3 memory turns + the final answer, as in sync mode

@@ -157,7 +157,11 @@ class SingleTurnPPOTrainer:
             raise KeyError(f"single-turn batches need 'raw_prompt_ids' (RLHFDataset); got {sorted(batch.non_tensor_batch)}")
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(n, interleave=True)
-        prompts = [[int(t) for t in ids] for ids in batch.non_tensor_batch["raw_prompt_ids"]]
+        try:
+            prompts = [[int(t) for t in ids] for ids in batch.non_tensor_batch["raw_prompt_ids"]]
+        except (TypeError, ValueError) as err:
+            first = batch.non_tensor_batch["raw_prompt_ids"][0]
+            raise TypeError(f"raw_prompt_ids must hold lists of token ids; row 0 holds {first!r}") from err
         from verl.workers.rollout.base import SamplingParams
 
         params = SamplingParams.from_dict(single_turn_sampling(self.config, self.global_step, validate))

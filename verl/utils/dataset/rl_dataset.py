@@ -107,7 +107,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         row = dict(self.rows[i])
         messages = row.pop(self.prompt_key)
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):
+        if hasattr(ids, "keys"):  # transformers >= 5 returns a BatchEncoding (a Mapping, not a dict)
             ids = ids["input_ids"]
         row["raw_prompt_ids"] = truncate_ids(list(ids), self.max_prompt_length, self.truncation, f"row {i} prompt")
         row["raw_prompt"] = messages
