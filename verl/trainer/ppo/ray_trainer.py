@@ -135,7 +135,8 @@ class MultiConvTrainer:
             #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
             traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
             self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
-            metrics.update(conv.meta_info.get("metrics", {}))            # 4. group-relative advantages on trajectory rewards, broadcast to every turn
+            metrics.update(conv.meta_info.get("metrics", {}))  # workflow metrics (async mode)
+            # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, traj_adv = compute_multiconv_advantage(
                 scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
                 norm_adv_by_std_in_grpo=self.norm_by_std)
