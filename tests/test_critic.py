@@ -10,7 +10,10 @@ What is checked:
   token budgets, packed rows);
 * ``main_ppo.run`` single-turn PPO with ``adv_estimator=gae`` for 2 steps (finite metrics, ``critic/vf_loss``
   logged, the critic checkpoint's parameters differ from the initial value model), resumed to step 3 (the
-  critic checkpoint loads); the same with ``grpo`` for 1 step without a critic; a clear error for ``remax``.
+  critic checkpoint loads), and step 1 on 2 Ray ranks (actor + critic groups sharing one pool) equal to one
+  process; ``critic_warmup`` skips the actor; ``grpo`` for 1 step without a critic; ``rloo`` with KL-in-reward;
+  clear errors for ``remax``, KL-in-reward without a reference model, and ``gae`` without a critic group;
+* (GPU only) the gae path on CUDA with FSDP2/NCCL, bf16 compute and packed rows.
 """
 
 from __future__ import annotations
@@ -218,11 +221,22 @@ def _finite_floats(h: dict) -> None:
             assert math.isfinite(value), key
 
 
-def test_single_turn_ppo_with_gae_trains_the_critic(tiny_model_path, tmp_path, ray_cluster):
+@pytest.fixture(scope="module")
+def gae_runs(tiny_model_path, tmp_path_factory, ray_cluster):
+    """2 steps (checkpoint at step 2), resumed to step 3, and step 1 again on 2 Ray ranks."""
+    tmp = tmp_path_factory.mktemp("gae")
+    first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2, "gae", extra=["trainer.val_before_train=True"]))
+    resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3, "gae"))
+    # actor and critic groups share one Ray pool (max_colocate_count=2); FSDP2 over gloo in each group
+    two_ranks = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 1, "gae",
+                                  extra=["trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]))
+    return {"first": first, "resumed": resumed, "two_ranks": two_ranks, "tmp": tmp}
+
+
+def test_single_turn_ppo_with_gae_trains_the_critic(gae_runs, tiny_model_path):
     from verl.utils.checkpoint import load_model_shards
 
-    out = tmp_path / "gae"
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 2, "gae", extra=["trainer.val_before_train=True"]))
+    hist = gae_runs["first"]
     assert "val-core/toy/reward/mean@1" in hist[0]
     steps = {h["step"]: h for h in hist if h["step"] > 0}
     assert sorted(steps) == [1, 2]
@@ -232,20 +246,43 @@ def test_single_turn_ppo_with_gae_trains_the_critic(tiny_model_path, tmp_path, r
                     "actor/pg_loss", "actor/grad_norm", "critic/advantages/mean", "timing_s/update_critic"):
             assert key in h, key
         assert h["critic/vf_loss"] > 0 and h["critic/grad_norm"] > 0
+        # train_batch_size 2 / ppo_mini_batch_size 1: two optimizer steps each
         assert h["critic/num_mini_batches"] == 2 and h["actor/num_mini_batches"] == 2
+        # GAE with gamma = lam = 1 and the score on the last token: returns are the scores (0 or 1)
+        assert -1e-6 <= h["critic/returns/min"] <= h["critic/returns/max"] <= 1.0 + 1e-6
+    # the values move between steps: the critic was updated
+    assert steps[1]["critic/values/mean"] != steps[2]["critic/values/mean"]
 
     # the critic checkpoint holds trained parameters: every tensor differs from the freshly loaded value model
     torch.manual_seed(0)
     initial = load_value_model(tiny_model_path, dtype="float32")
     trained = copy.deepcopy(initial)
-    load_model_shards(out / "global_step_2" / "critic", trained, load_rng=False)
+    load_model_shards(gae_runs["tmp"] / "a" / "global_step_2" / "critic", trained, load_rng=False)
     changed = [k for k, v in trained.state_dict().items() if not torch.equal(v, initial.state_dict()[k])]
     assert len(changed) == len(initial.state_dict())
 
-    # resume to step 3: actor and critic checkpoints load, one more step runs
-    resumed = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, "gae"))
+
+def test_resume_loads_the_critic_checkpoint(gae_runs):
+    resumed = gae_runs["resumed"]
     assert [h["step"] for h in resumed] == [3]
-    assert math.isfinite(resumed[0]["critic/vf_loss"])
+    assert math.isfinite(resumed[0]["critic/vf_loss"]) and resumed[0]["critic/grad_norm"] > 0
+
+
+def test_two_ray_ranks_match_one_process(gae_runs):
+    one = {h["step"]: h for h in gae_runs["first"]}[1]
+    two = {h["step"]: h for h in gae_runs["two_ranks"]}[1]
+    assert two["critic/score/mean"] == one["critic/score/mean"]
+    for key in ("critic/values/mean", "critic/vf_loss", "actor/pg_loss"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+    for key in ("critic/grad_norm", "actor/grad_norm"):
+        assert two[key] == pytest.approx(one[key], rel=1e-3), key
+
+
+def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path, ray_cluster):
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "w"), 1, "gae",
+                             extra=["trainer.critic_warmup=1", "trainer.save_freq=-1"]))
+    h = {x["step"]: x for x in hist}[1]
+    assert "critic/vf_loss" in h and "actor/pg_loss" not in h and "timing_s/update_actor" not in h
 
 
 def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster):
@@ -257,7 +294,21 @@ def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster)
     assert h["critic/score/mean"] == h["critic/score/mean"]
 
 
-def test_remax_is_refused_with_a_clear_message(tiny_model_path, tmp_path):
+def test_rloo_with_kl_in_reward(tiny_model_path, tmp_path, ray_cluster):
+    """Rewards = score - beta * KL(actor || ref) per token: 0 at step 1 (same weights), > 0 once the actor moved."""
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "kl"), 2, "rloo", extra=[
+        "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl", "algorithm.kl_ctrl.kl_coef=0.1",
+        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
+        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "trainer.save_freq=-1"]))
+    steps = {h["step"]: h for h in hist}
+    assert steps[1]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[1]["critic/rewards/mean"] == pytest.approx(steps[1]["critic/score/mean"], abs=1e-6)
+    assert steps[2]["actor/reward_kl_penalty"] > 0 and steps[2]["actor/reward_kl_penalty_coeff"] == 0.1
+    assert steps[2]["critic/rewards/mean"] < steps[2]["critic/score/mean"]
+
+
+def test_unsupported_settings_are_refused_with_clear_messages(tiny_model_path, tmp_path):
     from verl.trainer.ppo.single_turn import SingleTurnPPOTrainer
 
     cfg = _cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "remax")
@@ -265,3 +316,27 @@ def test_remax_is_refused_with_a_clear_message(tiny_model_path, tmp_path):
     with pytest.raises(NotImplementedError, match="remax"):
         SingleTurnPPOTrainer(cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None,
                              val_reward_fn=None)
+    cfg = _cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "grpo", extra=["algorithm.use_kl_in_reward=True"])
+    with pytest.raises(ValueError, match="use_kl_loss"):
+        SingleTurnPPOTrainer(cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None,
+                             val_reward_fn=None)
+    with pytest.raises(ValueError, match="critic"):
+        SingleTurnPPOTrainer(_cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "gae"), tok, worker_group=None,
+                             train_dataset=None, val_dataset=None, reward_fn=None, val_reward_fn=None)
+
+
+@pytest.mark.gpu
+def test_single_turn_gae_on_gpus(tiny_model_path, tmp_path, ray_cluster):
+    """The same path on GPUs: actor and critic groups on one Ray pool (half a GPU each), FSDP2 over NCCL with
+    bf16 compute, the HF engine on CUDA, packed rows; checkpoint of both groups at step 2."""
+    ngpu = min(2, torch.cuda.device_count())
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "g"), 2, "gae", extra=[
+        "trainer.device=cuda", f"trainer.n_gpus_per_node={ngpu}", "actor_rollout_ref.model.use_remove_padding=True",
+        "critic.model.use_remove_padding=True", "critic.model.enable_gradient_checkpointing=True"]))
+    steps = {h["step"]: h for h in hist}
+    assert set(steps) >= {1, 2}
+    for h in steps.values():
+        _finite_floats(h)
+        assert h["critic/grad_norm"] > 0 and h["actor/grad_norm"] > 0 and h["critic/vf_loss"] > 0
+    assert (tmp_path / "g" / "global_step_2" / "critic" / "model").is_dir()
+    assert (tmp_path / "g" / "global_step_2" / "COMPLETE").exists()

@@ -34,6 +34,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.ray_trainer import RolloutClient, timer
 from verl.utils.torch_functional import masked_mean
+from verl.workers.rollout.base import SamplingParams
 
 __all__ = ["SingleTurnPPOTrainer", "scores_at_last_token", "single_turn_sampling", "mini_batch_ids"]
 
@@ -121,8 +122,9 @@ class SingleTurnPPOTrainer:
         algo = config.algorithm
         self.adv_estimator = str(algo.adv_estimator)
         if self.adv_estimator == "remax":
-            raise NotImplementedError("algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, which "
-                                      "the single-turn trainer does not run; use gae, grpo, rloo or reinforce_plus_plus")
+            raise NotImplementedError("algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
+                                      "which the single-turn trainer does not run; use gae, grpo, rloo or "
+                                      "reinforce_plus_plus")
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
         if self.adv_estimator not in _SINGLE_TURN_ESTIMATORS:
             raise ValueError(f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
@@ -154,7 +156,8 @@ class SingleTurnPPOTrainer:
         (``prompts, responses, input_ids, attention_mask, position_ids, response_mask``; responses padded to
         ``rollout.response_length``) and ``finish_reason``."""
         if "raw_prompt_ids" not in batch.non_tensor_batch:
-            raise KeyError(f"single-turn batches need 'raw_prompt_ids' (RLHFDataset); got {sorted(batch.non_tensor_batch)}")
+            raise KeyError("single-turn batches need 'raw_prompt_ids' (RLHFDataset); got "
+                           f"{sorted(batch.non_tensor_batch)}")
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(n, interleave=True)
         try:
@@ -162,8 +165,6 @@ class SingleTurnPPOTrainer:
         except (TypeError, ValueError) as err:
             first = batch.non_tensor_batch["raw_prompt_ids"][0]
             raise TypeError(f"raw_prompt_ids must hold lists of token ids; row 0 holds {first!r}") from err
-        from verl.workers.rollout.base import SamplingParams
-
         params = SamplingParams.from_dict(single_turn_sampling(self.config, self.global_step, validate))
         outputs = [result[0] for result in self.rollout.generate_batch(prompts, params)]
         response_width = int(self.config.actor_rollout_ref.rollout.response_length)
@@ -230,7 +231,8 @@ class SingleTurnPPOTrainer:
             return {}
         algo = self.config.algorithm
         mask = batch.batch["response_mask"].float()
-        kld = kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], str(algo.get("kl_penalty", "kl"))) * mask
+        estimator = str(algo.get("kl_penalty", "kl"))
+        kld = kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], estimator) * mask
         beta = self.kl_ctrl.value
         batch.batch["token_level_rewards"] = scores - beta * kld
         current_kl = float(masked_mean(kld, mask, axis=-1).mean())

@@ -126,8 +126,8 @@ def _head_output(output: Any) -> torch.Tensor:
     values = output.logits if hasattr(output, "logits") else output
     if values.dim() == 3:
         if values.shape[-1] != 1:
-            raise ValueError(f"value model must output one value per position, got logits of shape {tuple(values.shape)} "
-                             "(load it with num_labels=1)")
+            raise ValueError("value model must output one value per position, got logits of shape "
+                             f"{tuple(values.shape)} (load it with num_labels=1)")
         values = values.squeeze(-1)
     return values.float()
 
