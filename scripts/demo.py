@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         model = smollm2_path()
     print(f"[demo] model: {model}")
     train, val = build_data(model, out / "data", n_train=args.batch * args.steps, n_val=2,
-                            chunk=args.chunk_size, chunks=(2, 3))
+                            chunk=args.chunk_size, chunks=(2, 2))
     print(f"[demo] data: {train} / {val}")
 
     from hydra import compose, initialize_config_dir
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         "data.truncation=center", "+data.context_key=context",
         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
         f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.seed=0",
+        # a 135M model mostly answers nonsense at temperature 1; 0.7 keeps some correct samples
+        "actor_rollout_ref.rollout.temperature=0.7",
         "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
