@@ -53,18 +53,22 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
-    try:
-        from verl.trainer.config_schema import validate_config
+    from verl.trainer.config_schema import apply_config_aliases, validate_config
 
-        validate_config(cfg)
-    except ImportError:
-        pass
+    validate_config(cfg)
+    with open_dict(cfg):
+        apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
     device = pick_device(cfg)
     name = cfg.recurrent.get("enable")
     if name:  # recurrent (multi-conversation) workflow
         wf_cfg = cfg.recurrent.get(name)
         if wf_cfg is None:
             raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
+        data_key = cfg.data.get("context_key")
+        wf_key = (wf_cfg.get("config") or {}).get("context_key")
+        if data_key is not None and wf_key is not None and data_key != wf_key:
+            logger.warning("data.context_key=%r is informational; the workflow reads recurrent.%s.config.context_key=%r",
+                           data_key, name, wf_key)
         if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
             if not wf_cfg.get("async_path"):
                 raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
@@ -120,7 +124,7 @@ def run(cfg: DictConfig) -> list[dict]:
     compute_score = load_custom_reward_fn(cfg)
     reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=0)
     val_reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=1)
-    log_dir = Path(cfg.trainer.default_local_dir) / "logs"
+    log_dir = Path(cfg.trainer.get("log_dir") or Path(cfg.trainer.default_local_dir) / "logs")
     tracker = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
                        default_backend=list(cfg.trainer.logger), config=OmegaConf.to_container(cfg, resolve=True),
                        log_dir=str(log_dir))
