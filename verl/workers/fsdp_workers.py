@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -117,6 +118,7 @@ class ActorRolloutRefWorker(Worker):
             ref_settings = {**actor_settings, **_cfg_dict(cfg.get("ref", {}))}
             self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
         self._init_rollout()
+        self._offload_idle_models()
 
     def _init_rollout(self) -> None:
         from verl.workers.rollout.base import get_rollout_engine
@@ -148,6 +150,46 @@ class ActorRolloutRefWorker(Worker):
                 seed=int(rc.get("seed", 0) or 0),
             )
 
+    # ------------------------------------------------------------------ CPU offload (GPU only)
+    @contextmanager
+    def _resident(self, role: str = "actor", with_optimizer: bool = False):
+        """Bring offloaded parameters (and optimizer state) onto the GPU for the block, then back.
+
+        ``actor_rollout_ref.{actor,ref}.fsdp_config.param_offload`` / ``.optimizer_offload``; a no-op
+        on CPU runs and when offload is off.
+        """
+        from verl.utils.fsdp_utils import (
+            load_fsdp_model_to_gpu,
+            load_fsdp_optimizer,
+            offload_fsdp_model_to_cpu,
+            offload_fsdp_optimizer,
+        )
+
+        fc = self.config.get(role, {}).get("fsdp_config", {}) or {}
+        module = self.actor_module if role == "actor" else self.ref.actor_module
+        on_gpu = self.device_name == "cuda"
+        params = on_gpu and bool(fc.get("param_offload", False))
+        optim = on_gpu and with_optimizer and bool(fc.get("optimizer_offload", False))
+        if params:
+            load_fsdp_model_to_gpu(module)
+        if optim:
+            load_fsdp_optimizer(self.optimizer)
+        try:
+            yield
+        finally:
+            if params:
+                offload_fsdp_model_to_cpu(module)
+            if optim:
+                offload_fsdp_optimizer(self.optimizer)
+
+    def _offload_idle_models(self) -> None:
+        """After init: park offloaded models on the CPU until a computation needs them."""
+        with self._resident("actor", with_optimizer=True):
+            pass
+        if self.ref is not None:
+            with self._resident("ref"):
+                pass
+
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None = None):
@@ -176,8 +218,8 @@ class ActorRolloutRefWorker(Worker):
 
         t0 = time.perf_counter()
         self.rollout.wake_up()  # vLLM on GPU: re-allocate weights/KV cache freed by sleep_rollout
-        for bucket in iter_full_params(self.actor_module):
-            if self.rank == 0 or self.rollout is not None:
+        with self._resident("actor"):
+            for bucket in iter_full_params(self.actor_module):
                 self.rollout.update_weights(bucket)
         return time.perf_counter() - t0
 
@@ -194,7 +236,8 @@ class ActorRolloutRefWorker(Worker):
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
+        with self._resident("actor"):
+            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
         out = {"old_log_probs": log_probs}
         if entropy is not None:
             out["entropys"] = entropy
@@ -204,12 +247,14 @@ class ActorRolloutRefWorker(Worker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
-        log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
+        with self._resident("ref"):
+            log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        metrics = self.actor.update_policy(data)
+        with self._resident("actor", with_optimizer=True):
+            metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name))
         self.lr_scheduler.step()
@@ -220,15 +265,17 @@ class ActorRolloutRefWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import save_model_shards
 
-        save_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
-                          rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
+        with self._resident("actor", with_optimizer=True):
+            save_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
+                              rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import load_model_shards
 
-        load_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
-                          rank=self.rank, world_size=self.world_size)
+        with self._resident("actor", with_optimizer=True):
+            load_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
+                              rank=self.rank, world_size=self.world_size)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engines(self) -> None:
