@@ -34,10 +34,11 @@ from tensordict import TensorDict
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, grad_acc_mode, kl_penalty, local_loss_normalizer
-from verl.utils.fsdp_utils import clip_grad_norm, is_fsdp2_module
-from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
+from verl.utils.fsdp_utils import clip_grad_norm
+from verl.utils.seqlen_balancing import split_rows_evenly, sync_max_count
 from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
 from verl.workers.actor.settings import ActorSettings
+from verl.workers.dp_common import DataParallelComponent
 
 __all__ = ["DataParallelPPOActor"]
 
@@ -55,7 +56,7 @@ _STAT_NAMES = ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl", "pg_cli
 MINI_BATCH_ID_KEY = "mini_batch_id"
 
 
-class DataParallelPPOActor:
+class DataParallelPPOActor(DataParallelComponent):
     """PPO actor over one data-parallel shard of the batch.
 
     Args:
@@ -67,19 +68,13 @@ class DataParallelPPOActor:
 
     def __init__(self, config: Any, actor_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                  dp_group: Optional[dist.ProcessGroup] = None):
+        super().__init__(actor_module, dp_group)
         self.config = config
         self.settings = ActorSettings.from_config(config)
         self.actor_module = actor_module
         self.actor_optimizer = optimizer
-        self.dp_group = dp_group
-        distributed = dist.is_available() and dist.is_initialized()
-        self.dp_size = dist.get_world_size(dp_group) if distributed else 1
-        self.is_fsdp = is_fsdp2_module(actor_module)
         self.use_logits_to_keep = supports_logits_to_keep(actor_module)
         self._warn_if_slow_packing()
-        self._update_calls = 0
-        # Metrics of each optimizer step of the last update_policy call (for debugging and tests).
-        self.mini_batch_metrics: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ helpers
     def _warn_if_slow_packing(self) -> None:
@@ -92,40 +87,6 @@ class DataParallelPPOActor:
                 "use_remove_padding with attn_implementation=%s builds a dense block-diagonal mask per micro-batch "
                 "(correct but slow on GPU); install flash-attn or load the model with "
                 "attn_implementation='flex_attention'", attn)
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the module's (local shards of) parameters; collectives and compute run there."""
-        for param in self.actor_module.parameters():
-            return param.device
-        return torch.device("cpu")
-
-    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.dp_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
-        return tensor
-
-    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
-                          max_token_len: int) -> list[list[int]]:
-        """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
-        if use_dynamic:
-            return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
-        num_rows = int(seqlens.numel())
-        count = sync_max_count(max(1, math.ceil(num_rows / micro_batch_size)), self.dp_group, self.device)
-        rows = [list(range(i * micro_batch_size, min(num_rows, (i + 1) * micro_batch_size))) for i in range(count)]
-        return rows
-
-    @staticmethod
-    def _dummy_row(batch: TensorDict) -> TensorDict:
-        """A one-row batch with a valid full-length sequence and every loss tensor zero (for collective parity)."""
-        row = batch[:1].clone()
-        seq_len = row["input_ids"].shape[1]
-        row["attention_mask"] = torch.ones_like(row["attention_mask"])
-        row["position_ids"] = torch.arange(seq_len, device=row["input_ids"].device).unsqueeze(0)
-        for key in row.keys():
-            if key not in ("input_ids", "attention_mask", "position_ids", "responses"):
-                row[key] = torch.zeros_like(row[key])
-        return row
 
     def _forward(self, micro: TensorDict, temperature: float, calculate_entropy: bool,
                  entropy_with_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -187,14 +148,6 @@ class DataParallelPPOActor:
         return log_probs, entropys
 
     # ------------------------------------------------------------------ update
-    def _num_mini_batches(self, num_rows: int) -> int:
-        s = self.settings
-        if s.train_batch_size is not None:
-            count = int(s.train_batch_size) // int(s.ppo_mini_batch_size)
-        else:
-            count = max(1, math.ceil(num_rows / int(s.ppo_mini_batch_size)))
-        return sync_max_count(count, self.dp_group, self.device)
-
     def _select_update_batch(self, data: DataProto) -> tuple[TensorDict, TensorDict]:
         """The tensors the update needs, without padding rows, plus a dummy row for empty passes."""
         s = self.settings
@@ -348,12 +301,3 @@ class DataParallelPPOActor:
             pg_loss.detach().float(), kl_loss.detach().float(), entropy_metric.float(),
             pg_clipfrac.float() * tokens, ppo_kl.float() * tokens, pg_clipfrac_lower.float() * tokens, tokens,
         ])
-
-    def _all_reduce_mean_grads(self) -> None:
-        """Average gradients over ranks for an unsharded, replicated module (no FSDP/DDP wrapper)."""
-        for param in self.actor_module.parameters():
-            if param.requires_grad:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
-                param.grad.div_(self.dp_size)

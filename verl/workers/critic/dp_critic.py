@@ -30,10 +30,11 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
-from verl.utils.fsdp_utils import clip_grad_norm, is_fsdp2_module
-from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
+from verl.utils.fsdp_utils import clip_grad_norm
+from verl.utils.seqlen_balancing import split_rows_evenly, sync_max_count
 from verl.workers.actor.forward import pack_rows
 from verl.workers.actor.settings import _MISSING, _lookup
+from verl.workers.dp_common import DataParallelComponent
 
 __all__ = ["CriticSettings", "DataParallelPPOCritic", "forward_response_values"]
 
@@ -150,7 +151,7 @@ def forward_response_values(model: nn.Module, input_ids: torch.Tensor, attention
     return values * attention_mask[:, -response_length:].to(values.dtype)
 
 
-class DataParallelPPOCritic:
+class DataParallelPPOCritic(DataParallelComponent):
     """PPO critic over one data-parallel shard of the batch.
 
     Args:
@@ -163,51 +164,13 @@ class DataParallelPPOCritic:
 
     def __init__(self, config: Any, critic_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
                  dp_group: Optional[dist.ProcessGroup] = None):
+        super().__init__(critic_module, dp_group)
         self.config = config
         self.settings = CriticSettings.from_config(config)
         self.critic_module = critic_module
         self.critic_optimizer = optimizer
-        self.dp_group = dp_group
-        distributed = dist.is_available() and dist.is_initialized()
-        self.dp_size = dist.get_world_size(dp_group) if distributed else 1
-        self.is_fsdp = is_fsdp2_module(critic_module)
-        self._update_calls = 0
-        # Metrics of each optimizer step of the last update_critic call (for debugging and tests).
-        self.mini_batch_metrics: list[dict[str, float]] = []
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def device(self) -> torch.device:
-        for param in self.critic_module.parameters():
-            return param.device
-        return torch.device("cpu")
-
-    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.dp_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
-        return tensor
-
-    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
-                          max_token_len: int) -> list[list[int]]:
-        """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
-        if use_dynamic:
-            return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
-        num_rows = int(seqlens.numel())
-        count = sync_max_count(max(1, math.ceil(num_rows / micro_batch_size)), self.dp_group, self.device)
-        return [list(range(i * micro_batch_size, min(num_rows, (i + 1) * micro_batch_size))) for i in range(count)]
-
-    @staticmethod
-    def _dummy_row(batch: TensorDict) -> TensorDict:
-        """A one-row batch with a valid full-length sequence and every loss tensor zero (collective parity)."""
-        row = batch[:1].clone()
-        seq_len = row["input_ids"].shape[1]
-        row["attention_mask"] = torch.ones_like(row["attention_mask"])
-        row["position_ids"] = torch.arange(seq_len, device=row["input_ids"].device).unsqueeze(0)
-        for key in row.keys():
-            if key not in _FORWARD_KEYS:
-                row[key] = torch.zeros_like(row[key])
-        return row
-
     def _forward(self, micro: TensorDict) -> torch.Tensor:
         micro = micro.to(self.device)
         return forward_response_values(
@@ -270,14 +233,6 @@ class DataParallelPPOCritic:
         if _PADDING_ROW_KEY in available:
             keep &= ~data.batch[_PADDING_ROW_KEY].bool().reshape(-1)
         return batch[torch.nonzero(keep).flatten()], dummy
-
-    def _num_mini_batches(self, num_rows: int) -> int:
-        s = self.settings
-        if s.train_batch_size is not None:
-            count = int(s.train_batch_size) // int(s.ppo_mini_batch_size)
-        else:
-            count = max(1, math.ceil(num_rows / int(s.ppo_mini_batch_size)))
-        return sync_max_count(count, self.dp_group, self.device)
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Run ``ppo_epochs`` passes of mini-batch value updates on this rank's rows; return averaged metrics.
@@ -380,12 +335,3 @@ class DataParallelPPOCritic:
         tokens = mask.to(torch.float32).sum()
         vpred_sum = (vpreds.detach() * mask.to(vpreds.dtype)).sum()
         return torch.stack([vf_loss.detach().float(), vf_clipfrac.float() * tokens, vpred_sum.float(), tokens])
-
-    def _all_reduce_mean_grads(self) -> None:
-        """Average gradients over ranks for an unsharded, replicated module (no FSDP wrapper)."""
-        for param in self.critic_module.parameters():
-            if param.requires_grad:
-                if param.grad is None:
-                    param.grad = torch.zeros_like(param)
-                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
-                param.grad.div_(self.dp_size)

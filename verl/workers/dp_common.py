@@ -1,0 +1,91 @@
+"""Data-parallel mechanics shared by the actor and the critic.
+
+Both split this rank's rows into mini-batches and micro-batches whose counts agree across ranks
+(so FSDP collectives line up; a rank with fewer rows runs zero-weight dummy passes), reduce
+statistics over the data-parallel group, and average gradients for replicated (non-FSDP) modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+from torch import nn
+
+from verl.utils.fsdp_utils import is_fsdp2_module
+from verl.utils.seqlen_balancing import rearrange_micro_batches, sync_max_count
+
+# Tensors a forward pass reads; every other tensor of a dummy row is zeroed.
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class DataParallelComponent:
+    """Base of :class:`DataParallelPPOActor` and :class:`DataParallelPPOCritic`.
+
+    Subclasses set ``self.settings`` (with ``train_batch_size`` and ``ppo_mini_batch_size``) and call
+    ``super().__init__(module, dp_group)``.
+    """
+
+    def __init__(self, module: nn.Module, dp_group: Optional[dist.ProcessGroup] = None):
+        self.module = module
+        self.dp_group = dp_group
+        distributed = dist.is_available() and dist.is_initialized()
+        self.dp_size = dist.get_world_size(dp_group) if distributed else 1
+        self.is_fsdp = is_fsdp2_module(module)
+        self._update_calls = 0
+        # Metrics of each optimizer step of the last update call (for debugging and tests).
+        self.mini_batch_metrics: list[dict[str, float]] = []
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the module's (local shards of) parameters; collectives and compute run there."""
+        for param in self.module.parameters():
+            return param.device
+        return torch.device("cpu")
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.dp_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return tensor
+
+    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
+                          max_token_len: int) -> list[list[int]]:
+        """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
+        if use_dynamic:
+            return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
+        num_rows = int(seqlens.numel())
+        count = sync_max_count(max(1, math.ceil(num_rows / micro_batch_size)), self.dp_group, self.device)
+        return [list(range(i * micro_batch_size, min(num_rows, (i + 1) * micro_batch_size))) for i in range(count)]
+
+    @staticmethod
+    def _dummy_row(batch: TensorDict) -> TensorDict:
+        """A one-row batch with a valid full-length sequence and every loss tensor zero (collective parity)."""
+        row = batch[:1].clone()
+        seq_len = row["input_ids"].shape[1]
+        row["attention_mask"] = torch.ones_like(row["attention_mask"])
+        row["position_ids"] = torch.arange(seq_len, device=row["input_ids"].device).unsqueeze(0)
+        for key in row.keys():
+            if key not in FORWARD_KEYS:
+                row[key] = torch.zeros_like(row[key])
+        return row
+
+    def _num_mini_batches(self, num_rows: int) -> int:
+        """``train_batch_size // ppo_mini_batch_size`` optimizer steps (MemAgent), else ceil(rows / mini)."""
+        s: Any = self.settings
+        if s.train_batch_size is not None:
+            count = int(s.train_batch_size) // int(s.ppo_mini_batch_size)
+        else:
+            count = max(1, math.ceil(num_rows / int(s.ppo_mini_batch_size)))
+        return sync_max_count(count, self.dp_group, self.device)
+
+    def _all_reduce_mean_grads(self) -> None:
+        """Average gradients over ranks for an unsharded, replicated module (no FSDP wrapper)."""
+        for param in self.module.parameters():
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
+                param.grad.div_(self.dp_size)
