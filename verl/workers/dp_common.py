@@ -8,6 +8,7 @@ statistics over the data-parallel group, and average gradients for replicated (n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -15,11 +16,17 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from torch import nn
 
+from verl.protocol import DataProto
 from verl.utils.fsdp_utils import is_fsdp2_module
-from verl.utils.seqlen_balancing import rearrange_micro_batches, sync_max_count
+from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
 
 # Tensors a forward pass reads; every other tensor of a dummy row is zeroed.
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+# Row flags: ``no_padding_mask`` (False = padding row, the original's key) and ``is_padding`` (ours).
+KEEP_ROW_KEY, PADDING_ROW_KEY = "no_padding_mask", "is_padding"
+# Optional per-row tensor: global mini-batch index assigned by the driver. With it, a mini-batch is the
+# union of its rows on all ranks, so results do not depend on how rows were spread across ranks.
+MINI_BATCH_ID_KEY = "mini_batch_id"
 
 
 class DataParallelComponent:
@@ -89,3 +96,55 @@ class DataParallelComponent:
                     param.grad = torch.zeros_like(param)
                 dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
                 param.grad.div_(self.dp_size)
+
+    def _select_update_rows(self, data: DataProto, keys: list[str], optional: tuple[str, ...],
+                            what: str) -> tuple[TensorDict, TensorDict]:
+        """The tensors an update needs, without padding rows or rows without tokens, plus a dummy row."""
+        available = data.batch.keys() if data.batch is not None else []
+        keys = list(keys) + [k for k in (*optional, MINI_BATCH_ID_KEY) if k in available]
+        batch = data.select(batch_keys=keys).batch
+        if len(batch) == 0:
+            raise ValueError(f"{what} got a DataProto with 0 rows")
+        dummy = self._dummy_row(batch)
+        keep = batch["attention_mask"].sum(dim=-1) > 0
+        if KEEP_ROW_KEY in available:
+            keep &= data.batch[KEEP_ROW_KEY].bool().reshape(-1)
+        if PADDING_ROW_KEY in available:
+            keep &= ~data.batch[PADDING_ROW_KEY].bool().reshape(-1)
+        return batch[torch.nonzero(keep).flatten()], dummy
+
+    def _run_mini_batches(self, batch: TensorDict, step: Callable[[TensorDict], dict[str, float]]
+                          ) -> tuple[dict[str, float], int, int]:
+        """``ppo_epochs`` passes of ``step(mini_batch)`` (one optimizer step each) over this rank's rows.
+
+        Mini-batches are the driver's ``mini_batch_id`` groups when present, else contiguous nearly-equal
+        parts (optionally shuffled per epoch). Returns ``(metrics averaged over steps, skipped steps,
+        number of mini-batches)``; ``step`` returns its metrics with a ``skipped`` flag.
+        """
+        s: Any = self.settings
+        num_rows = len(batch)
+        assigned = MINI_BATCH_ID_KEY in batch.keys()
+        if assigned:  # the driver assigned global mini-batches: same optimizer steps for any rank count
+            ids = batch[MINI_BATCH_ID_KEY].reshape(-1).long()
+            num_mini_batches = sync_max_count(int(ids.max()) + 1 if num_rows else 1, self.dp_group, self.device)
+            chunks = [torch.nonzero(ids == m).flatten().tolist() for m in range(num_mini_batches)]
+        else:
+            num_mini_batches = self._num_mini_batches(num_rows)
+            chunks = split_rows_evenly(num_rows, num_mini_batches)
+        self.module.train()
+        history: dict[str, list[float]] = {}
+        skipped = 0
+        self.mini_batch_metrics = []
+        for epoch in range(int(s.ppo_epochs)):
+            order = torch.arange(num_rows)
+            if s.shuffle and not assigned:
+                generator = torch.Generator().manual_seed(int(s.seed) + 1000003 * self._update_calls + epoch)
+                order = torch.randperm(num_rows, generator=generator)
+            for chunk in chunks:
+                metrics = step(batch[order[torch.tensor(chunk, dtype=torch.long)]])
+                self.mini_batch_metrics.append(dict(metrics))
+                skipped += int(metrics.pop("skipped"))
+                for key, value in metrics.items():
+                    history.setdefault(key, []).append(value)
+        self._update_calls += 1
+        return {key: sum(values) / len(values) for key, values in history.items()}, skipped, num_mini_batches

@@ -35,25 +35,17 @@ from tensordict import TensorDict
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, grad_acc_mode, kl_penalty, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.utils.seqlen_balancing import split_rows_evenly, sync_max_count
 from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
 from verl.workers.actor.settings import ActorSettings
+from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
 
 __all__ = ["DataParallelPPOActor"]
 
 logger = logging.getLogger(__name__)
 
-_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-# Row flags that mark padding rows added only to make a batch divisible (dropped before the update).
-_KEEP_ROW_KEY, _PADDING_ROW_KEY = "no_padding_mask", "is_padding"
 # Metric sums all-reduced once per mini-batch (order matters).
 _STAT_NAMES = ("pg_loss", "kl_loss", "entropy", "pg_clipfrac", "ppo_kl", "pg_clipfrac_lower", "tokens")
-
-
-# Optional per-row tensor: global mini-batch index assigned by the driver. With it, a mini-batch is the
-# union of its rows on all ranks, so results do not depend on how rows were spread across ranks.
-MINI_BATCH_ID_KEY = "mini_batch_id"
 
 
 class DataParallelPPOActor(DataParallelComponent):
@@ -149,25 +141,10 @@ class DataParallelPPOActor(DataParallelComponent):
 
     # ------------------------------------------------------------------ update
     def _select_update_batch(self, data: DataProto) -> tuple[TensorDict, TensorDict]:
-        """The tensors the update needs, without padding rows, plus a dummy row for empty passes."""
-        s = self.settings
-        keys = list(_FORWARD_KEYS) + ["response_mask", "old_log_probs", "advantages"]
-        if s.use_kl_loss:
+        keys = [*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if self.settings.use_kl_loss:
             keys.append("ref_log_prob")
-        available = data.batch.keys() if data.batch is not None else []
-        for optional in ("loss_weights", MINI_BATCH_ID_KEY):
-            if optional in available:
-                keys.append(optional)
-        batch = data.select(batch_keys=keys).batch
-        if len(batch) == 0:
-            raise ValueError("update_policy got a DataProto with 0 rows")
-        dummy = self._dummy_row(batch)
-        keep = batch["attention_mask"].sum(dim=-1) > 0
-        if _KEEP_ROW_KEY in available:
-            keep &= data.batch[_KEEP_ROW_KEY].bool().reshape(-1)
-        if _PADDING_ROW_KEY in available:
-            keep &= ~data.batch[_PADDING_ROW_KEY].bool().reshape(-1)
-        return batch[torch.nonzero(keep).flatten()], dummy
+        return self._select_update_rows(data, keys, ("loss_weights",), "update_policy")
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """Run ``ppo_epochs`` passes of mini-batch updates on this rank's rows; return averaged metrics.
@@ -183,35 +160,8 @@ class DataParallelPPOActor(DataParallelComponent):
         s = self.settings
         temperature = float(data.meta_info.get("temperature", 1.0))
         batch, dummy = self._select_update_batch(data)
-        num_rows = len(batch)
-        assigned = MINI_BATCH_ID_KEY in batch.keys()
-        if assigned:  # the driver assigned global mini-batches: same optimizer steps for any rank count
-            ids = batch[MINI_BATCH_ID_KEY].reshape(-1).long()
-            num_mini_batches = sync_max_count(int(ids.max()) + 1 if num_rows else 1, self.dp_group, self.device)
-        else:
-            num_mini_batches = self._num_mini_batches(num_rows)
-        self.actor_module.train()
-        history: dict[str, list[float]] = {}
-        skipped = 0
-        self.mini_batch_metrics = []
-        for epoch in range(s.ppo_epochs):
-            order = torch.arange(num_rows)
-            if s.shuffle and not assigned:
-                generator = torch.Generator().manual_seed(s.seed + 1000003 * self._update_calls + epoch)
-                order = torch.randperm(num_rows, generator=generator)
-            if assigned:
-                chunks = [torch.nonzero(ids == m).flatten().tolist() for m in range(num_mini_batches)]
-            else:
-                chunks = split_rows_evenly(num_rows, num_mini_batches)
-            for chunk in chunks:
-                mini_batch = batch[order[torch.tensor(chunk, dtype=torch.long)]]
-                metrics = self._update_mini_batch(mini_batch, dummy, temperature)
-                self.mini_batch_metrics.append(dict(metrics))
-                skipped += int(metrics.pop("skipped"))
-                for key, value in metrics.items():
-                    history.setdefault(key, []).append(value)
-        self._update_calls += 1
-        result = {key: sum(values) / len(values) for key, values in history.items()}
+        result, skipped, num_mini_batches = self._run_mini_batches(
+            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy, temperature))
         result["actor/lr"] = float(self.actor_optimizer.param_groups[0]["lr"])
         result["actor/skipped_steps"] = float(skipped)
         result["actor/num_mini_batches"] = float(num_mini_batches)

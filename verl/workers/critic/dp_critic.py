@@ -31,18 +31,15 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.utils.seqlen_balancing import split_rows_evenly, sync_max_count
 from verl.workers.actor.forward import pack_rows
 from verl.workers.actor.settings import _MISSING, _lookup
+from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
 
 __all__ = ["CriticSettings", "DataParallelPPOCritic", "forward_response_values"]
 
 logger = logging.getLogger(__name__)
 
-_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-_KEEP_ROW_KEY, _PADDING_ROW_KEY = "no_padding_mask", "is_padding"
-MINI_BATCH_ID_KEY = "mini_batch_id"
 # Metric sums all-reduced once per mini-batch (order matters).
 _STAT_NAMES = ("vf_loss", "vf_clipfrac", "vpred_sum", "tokens")
 
@@ -216,23 +213,12 @@ class DataParallelPPOCritic(DataParallelComponent):
 
     # ------------------------------------------------------------------ update
     def _select_update_batch(self, data: DataProto) -> tuple[TensorDict, TensorDict]:
-        keys = list(_FORWARD_KEYS) + ["response_mask", "values", "returns"]
+        keys = [*_FORWARD_KEYS, "response_mask", "values", "returns"]
         available = data.batch.keys() if data.batch is not None else []
         missing = [k for k in keys if k not in available]
         if missing:
             raise KeyError(f"update_critic needs batch keys {missing}; the batch has {sorted(available)}")
-        if MINI_BATCH_ID_KEY in available:
-            keys.append(MINI_BATCH_ID_KEY)
-        batch = data.select(batch_keys=keys).batch
-        if len(batch) == 0:
-            raise ValueError("update_critic got a DataProto with 0 rows")
-        dummy = self._dummy_row(batch)
-        keep = batch["attention_mask"].sum(dim=-1) > 0
-        if _KEEP_ROW_KEY in available:
-            keep &= data.batch[_KEEP_ROW_KEY].bool().reshape(-1)
-        if _PADDING_ROW_KEY in available:
-            keep &= ~data.batch[_PADDING_ROW_KEY].bool().reshape(-1)
-        return batch[torch.nonzero(keep).flatten()], dummy
+        return self._select_update_rows(data, keys, (), "update_critic")
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Run ``ppo_epochs`` passes of mini-batch value updates on this rank's rows; return averaged metrics.
@@ -243,37 +229,9 @@ class DataParallelPPOCritic(DataParallelComponent):
         """
         if self.critic_optimizer is None:
             raise RuntimeError("update_critic needs an optimizer; this critic was built with optimizer=None")
-        s = self.settings
         batch, dummy = self._select_update_batch(data)
-        num_rows = len(batch)
-        assigned = MINI_BATCH_ID_KEY in batch.keys()
-        if assigned:
-            ids = batch[MINI_BATCH_ID_KEY].reshape(-1).long()
-            num_mini_batches = sync_max_count(int(ids.max()) + 1 if num_rows else 1, self.dp_group, self.device)
-        else:
-            num_mini_batches = self._num_mini_batches(num_rows)
-        self.critic_module.train()
-        history: dict[str, list[float]] = {}
-        skipped = 0
-        self.mini_batch_metrics = []
-        for epoch in range(int(s.ppo_epochs)):
-            order = torch.arange(num_rows)
-            if s.shuffle and not assigned:
-                generator = torch.Generator().manual_seed(int(s.seed) + 1000003 * self._update_calls + epoch)
-                order = torch.randperm(num_rows, generator=generator)
-            if assigned:
-                chunks = [torch.nonzero(ids == m).flatten().tolist() for m in range(num_mini_batches)]
-            else:
-                chunks = split_rows_evenly(num_rows, num_mini_batches)
-            for chunk in chunks:
-                mini_batch = batch[order[torch.tensor(chunk, dtype=torch.long)]]
-                metrics = self._update_mini_batch(mini_batch, dummy)
-                self.mini_batch_metrics.append(dict(metrics))
-                skipped += int(metrics.pop("skipped"))
-                for key, value in metrics.items():
-                    history.setdefault(key, []).append(value)
-        self._update_calls += 1
-        result = {key: sum(values) / len(values) for key, values in history.items()}
+        result, skipped, num_mini_batches = self._run_mini_batches(
+            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy))
         result["critic/lr"] = float(self.critic_optimizer.param_groups[0]["lr"])
         result["critic/skipped_steps"] = float(skipped)
         result["critic/num_mini_batches"] = float(num_mini_batches)
