@@ -109,8 +109,14 @@ def test_resume_continues_at_step_3_like_an_uninterrupted_run(runs):
 def test_checkpoint_and_jsonl_logs_written(runs):
     out = runs["tmp"] / "a"
     assert (out / "global_step_2").is_dir()
-    lines = (out / "logs" / "metrics.jsonl").read_text().strip().splitlines()
-    assert any(json.loads(line).get("step", json.loads(line).get("_step")) is not None for line in lines)
+    logged = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().strip().splitlines()]
+    # validation before training, one line per step, and the resumed run appends its step 3
+    assert [r["step"] for r in logged] == [0, 1, 2, 3]
+    for row, hist in zip(logged, runs["first"] + [h for h in runs["resumed"] if h["step"] > 0]):
+        assert row["step"] == hist["step"]
+        for key in ("critic/score/mean", "actor/pg_loss", "val-core/hotpotqa/reward/mean@1"):
+            if key in hist:
+                assert row[key] == pytest.approx(hist[key])
 
 
 def test_two_ray_ranks_match_one_process(runs):

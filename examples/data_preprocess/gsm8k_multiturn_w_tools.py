@@ -51,18 +51,9 @@ def extract_ground_truth(answer: str) -> str:
 
 def read_gsm8k(path: str | Path) -> pd.DataFrame:
     """Read a GSM8K split (parquet/jsonl/json) and check it has ``question`` and ``answer``."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"GSM8K file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        df = pd.read_parquet(path)
-    elif suffix == ".jsonl":
-        df = pd.read_json(path, lines=True)
-    elif suffix == ".json":
-        df = pd.read_json(path)
-    else:
-        raise ValueError(f"unsupported GSM8K file type {suffix!r} for {path} (expected .parquet, .jsonl, .json)")
+    from verl.utils.dataset.rl_dataset import read_rows
+
+    df = read_rows(str(path)).drop(columns=["_source_file"])
     missing = {"question", "answer"} - set(df.columns)
     if missing:
         raise ValueError(f"{path}: missing column(s) {sorted(missing)}; found {sorted(df.columns)}")

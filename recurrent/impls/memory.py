@@ -16,7 +16,6 @@ Deliberate differences from the original (memagent-spec §11):
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,9 +91,7 @@ class MemoryDataset(RLHFDataset):
         row["context_ids"] = ctx
         row["context_length"] = torch.tensor(len(ctx), dtype=torch.long)
         row["prompt_ids"] = self.tokenizer.encode(messages[-1]["content"], add_special_tokens=False)
-        row["index"] = (row.get("extra_info") or {}).get("index", i)
-        row["sample_uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{row.get('_source_file')}#{i}"))
-        return row
+        return self.stamp_row(row, i)
 
     @staticmethod
     def get_batch_keys() -> tuple[list[str], list[str]]:
@@ -115,7 +112,7 @@ class MemoryAgent(RAgent):
         self.update_template = TokenTemplate(chat.replace("{message}", MEMORY_UPDATE_TEMPLATE), tokenizer)
         self.final_template = TokenTemplate(chat.replace("{message}", MEMORY_FINAL_TEMPLATE_BOXED), tokenizer)
         self.no_memory = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
-        self.drop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
+        self.drop_ids = torch.tensor([t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None])
         logger.info("[RECURRENT] max_input_length: %d",
                     config.max_raw_input_length + self.update_template.length)
 
@@ -161,10 +158,9 @@ class MemoryAgent(RAgent):
     def update(self, gen_output: DataProto) -> DataProto:
         if not self.is_final:
             responses = gen_output.batch["responses"]
-            valid = gen_output.batch["response_mask"].bool()
+            keep = gen_output.batch["response_mask"].bool() & ~torch.isin(responses, self.drop_ids)
             for row, i in enumerate(self.active.tolist()):
-                toks = [t for t in responses[row][valid[row]].tolist() if t not in self.drop_ids]
-                self.memory[i] = toks[: self.config.max_memorization_length]
+                self.memory[i] = responses[row][keep[row]][: self.config.max_memorization_length].tolist()
             self.step += 1
         return gen_output
 

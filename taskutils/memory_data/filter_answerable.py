@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,35 +84,17 @@ def score_boxed(response: str, ground_truth: Sequence[str]) -> float:
     return float(compute_score(response, list(ground_truth)))
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    import openai
-
-    if isinstance(exc, (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)):
-        return True  # APITimeoutError is an APIConnectionError
-    return isinstance(exc, openai.APIStatusError) and exc.status_code >= 500
-
-
 async def query_with_retries(client: Any, model: str, prompt: str, settings: SamplingSettings) -> list[str]:
-    """Sample ``settings.n`` chat completions for one prompt, retrying transient failures with backoff."""
-    for attempt in range(settings.max_retries + 1):
-        try:
-            resp = await client.chat.completions.create(
-                model=model,
-                messages=[{"role": "user", "content": prompt}],
-                n=settings.n,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                max_tokens=settings.max_tokens,
-            )
-            return [c.message.content or "" for c in resp.choices]
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if attempt >= settings.max_retries or not _is_retryable(exc):
-                raise
-            delay = min(settings.retry_max_delay, settings.retry_base_delay * 2**attempt)
-            delay *= 0.5 + random.random() / 2
-            logger.debug("retry %d for %s after %s: %s", attempt + 1, model, type(exc).__name__, exc)
-            await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    """Sample ``settings.n`` chat completions for one prompt, retrying transient failures with backoff
+    (the evaluation harness's retry policy: 429, 5xx, timeouts and dropped connections)."""
+    from taskutils.memory_eval.client import RetryPolicy, create_with_retries
+
+    policy = RetryPolicy(max_attempts=settings.max_retries + 1, base_delay=settings.retry_base_delay,
+                         max_delay=settings.retry_max_delay)
+    resp = await create_with_retries(
+        client, policy, model=model, messages=[{"role": "user", "content": prompt}], n=settings.n,
+        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens)
+    return [c.message.content or "" for c in resp.choices]
 
 
 def load_cache(path: Path, questions: Sequence[str] | None = None) -> dict[tuple[int, str], list[str]]:

@@ -171,15 +171,13 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
         return None
 
 
-async def chat_completion(
+async def create_with_retries(
     client: openai.AsyncOpenAI,
-    model: str,
-    messages: list[dict[str, str]],
     policy: RetryPolicy | None = None,
     stats: RequestStats | None = None,
-    **sampling: Any,
-) -> tuple[str, str | None]:
-    """One chat completion with retries; returns ``(content, finish_reason)`` (content "" if None).
+    **request: Any,
+) -> Any:
+    """``client.chat.completions.create(**request)`` retried on 429/5xx/timeouts with backoff.
 
     Raises:
         RequestFailed: for a non-retryable error or when ``policy.max_attempts`` are used up; the
@@ -191,7 +189,7 @@ async def chat_completion(
     for attempt in range(policy.max_attempts):
         stats.requests += 1
         try:
-            response = await client.chat.completions.create(model=model, messages=messages, **sampling)
+            return await client.chat.completions.create(**request)
         except Exception as exc:  # noqa: BLE001 - classified below
             last = exc
             stats.errors.append(describe_error(exc))
@@ -200,13 +198,24 @@ async def chat_completion(
             if attempt + 1 < policy.max_attempts:
                 stats.retries += 1
                 await asyncio.sleep(policy.delay(attempt, _retry_after_seconds(exc)))
-            continue
-        if not response.choices:
-            raise RequestFailed("the server returned no choices")
-        choice = response.choices[0]
-        return choice.message.content or "", choice.finish_reason
     assert last is not None
     raise RequestFailed(f"gave up after {policy.max_attempts} attempts: {describe_error(last)}") from last
+
+
+async def chat_completion(
+    client: openai.AsyncOpenAI,
+    model: str,
+    messages: list[dict[str, str]],
+    policy: RetryPolicy | None = None,
+    stats: RequestStats | None = None,
+    **sampling: Any,
+) -> tuple[str, str | None]:
+    """One chat completion with retries; returns ``(content, finish_reason)`` (content "" if None)."""
+    response = await create_with_retries(client, policy, stats, model=model, messages=messages, **sampling)
+    if not response.choices:
+        raise RequestFailed("the server returned no choices")
+    choice = response.choices[0]
+    return choice.message.content or "", choice.finish_reason
 
 
 async def check_endpoint(client: openai.AsyncOpenAI, cfg: EndpointConfig, model: str) -> list[str]:

@@ -12,26 +12,18 @@ The driver talks to a group of these through ``verl.single_controller`` (see ``r
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
-from verl.single_controller import Dispatch, Worker, register
+from verl.single_controller import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.training_worker import TrainingWorker, config_to_dict
 
 logger = logging.getLogger(__name__)
-
-
-def _cfg_dict(cfg: Any) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg or {})
 
 
 def memory_metrics(device: str) -> dict[str, float]:
@@ -45,27 +37,15 @@ def memory_metrics(device: str) -> dict[str, float]:
     return out
 
 
-class ActorRolloutRefWorker(Worker):
-    """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``.
-
-    Under Ray (``RayWorkerGroup``) rank and world size come from the environment the group sets;
-    in-process (``LocalWorkerGroup``) the defaults are rank 0 of 1.
-    """
+class ActorRolloutRefWorker(TrainingWorker):
+    """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``."""
 
     def __init__(self, config: Any, device: str = "cpu"):
-        super().__init__()
-        self.config = OmegaConf.create(_cfg_dict(config))
-        self.device_name = device
+        super().__init__(config, device)
         self.rollout = None
         self.ref = None
 
     # ------------------------------------------------------------------ setup
-    def _init_distributed(self) -> None:
-        if self.device_name == "cuda":
-            torch.cuda.set_device(torch.device(self.device))  # Ray shows each worker only its own GPU
-        if self.world_size > 1 and not dist.is_initialized():
-            self.init_process_group()
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
@@ -85,7 +65,7 @@ class ActorRolloutRefWorker(Worker):
         actor_module = load_causal_lm(
             self.model_path, dtype=train_dtype,
             attn_implementation=model_cfg.get("attn_implementation"),
-            override_config=_cfg_dict(model_cfg.get("override_config")) or None,
+            override_config=config_to_dict(model_cfg.get("override_config")) or None,
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             lora=lora, use_liger=bool(model_cfg.get("use_liger", False)),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
@@ -105,7 +85,7 @@ class ActorRolloutRefWorker(Worker):
             lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
             warmup_style=str(optim.get("warmup_style", "constant")),
         )
-        actor_settings = {**_cfg_dict(actor_cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        actor_settings = {**config_to_dict(actor_cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
         self.actor_module, self.optimizer = actor_module, optimizer
         self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
         if bool(actor_cfg.get("use_kl_loss", False)):
@@ -115,7 +95,7 @@ class ActorRolloutRefWorker(Worker):
             ref_module.requires_grad_(False)
             if self.sharded:
                 ref_module = apply_fsdp2(ref_module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
-            ref_settings = {**actor_settings, **_cfg_dict(cfg.get("ref", {}))}
+            ref_settings = {**actor_settings, **config_to_dict(cfg.get("ref", {}))}
             self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
         self._init_rollout()
         self._offload_idle_models()

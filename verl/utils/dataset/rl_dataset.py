@@ -111,8 +111,13 @@ class RLHFDataset(torch.utils.data.Dataset):
             ids = ids["input_ids"]
         row["raw_prompt_ids"] = truncate_ids(list(ids), self.max_prompt_length, self.truncation, f"row {i} prompt")
         row["raw_prompt"] = messages
+        return self.stamp_row(row, i)
+
+    @staticmethod
+    def stamp_row(row: dict[str, Any], i: int) -> dict[str, Any]:
+        """Add ``index`` (from ``extra_info``) and ``sample_uuid``, stable per row (not per access), so
+        validation repeats group per question and resumed runs agree."""
         row["index"] = (row.get("extra_info") or {}).get("index", i)
-        # Stable per row (not per access), so validation repeats group and resumed runs agree.
         row["sample_uuid"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{row.get('_source_file')}#{i}"))
         return row
 

@@ -31,6 +31,28 @@ def _lookup(config: Any, key: str) -> Any:
     return getattr(config, key, _MISSING)
 
 
+def settings_from_config(cls: type, config: Any, legacy_aliases: dict[str, str]) -> Any:
+    """Build the settings dataclass ``cls`` from a DictConfig / dict / attribute object and validate it.
+
+    Absent keys take the field defaults; an explicit None keeps its meaning only for Optional fields
+    (e.g. ``grad_clip=None``: no clipping). ``legacy_aliases`` maps a field to the older key that fills it
+    when the field itself is unset (verl's ``ppo_micro_batch_size`` -> ``ppo_micro_batch_size_per_gpu``).
+    """
+    values = {}
+    for f in fields(cls):
+        value = _lookup(config, f.name)
+        if value is _MISSING or (value is None and "Optional" not in str(f.type)):
+            value = f.default
+        values[f.name] = value
+    for new_key, old_key in legacy_aliases.items():
+        legacy = _lookup(config, old_key)
+        if values[new_key] is None and legacy is not _MISSING:
+            values[new_key] = legacy
+    settings = cls(**values)
+    settings.validate()
+    return settings
+
+
 @dataclass
 class ActorSettings:
     """Actor options (verl names). See ``verl/workers/actor/dp_actor.py`` for how each is used.
@@ -70,22 +92,8 @@ class ActorSettings:
     @classmethod
     def from_config(cls, config: Any) -> "ActorSettings":
         """Build from a DictConfig / dict / attribute object (missing keys take the defaults above)."""
-        values = {}
-        for f in fields(cls):
-            value = _lookup(config, f.name)
-            # absent -> default; an explicit None keeps its meaning only for Optional fields (e.g. grad_clip=None:
-            # no clipping) and falls back to the default for the others
-            if value is _MISSING or (value is None and "Optional" not in str(f.type)):
-                value = f.default
-            values[f.name] = value
-        for new_key, old_key in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
-                                 ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size")):
-            legacy = _lookup(config, old_key)
-            if values[new_key] is None and legacy is not _MISSING:
-                values[new_key] = legacy
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        return settings_from_config(cls, config, {"ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
+                                                  "log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size"})
 
     # ------------------------------------------------------------------ derived values
     @property

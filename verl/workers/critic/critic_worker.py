@@ -17,23 +17,16 @@ import os
 from typing import Any, Optional, Union
 
 import torch
-import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.single_controller import Dispatch, Worker, register
+from verl.single_controller import Dispatch, register
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.training_worker import TrainingWorker, config_to_dict
 
 __all__ = ["CriticWorker", "load_value_model"]
 
 logger = logging.getLogger(__name__)
-
-
-def _cfg_dict(cfg: Any) -> dict:
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return dict(cfg or {})
 
 
 def load_value_model(
@@ -78,24 +71,13 @@ def load_value_model(
     return prepare_for_training(model, gradient_checkpointing)
 
 
-class CriticWorker(Worker):
+class CriticWorker(TrainingWorker):
     """The value model of one rank. ``config`` is the ``critic`` section; ``device`` is ``cpu`` or ``cuda``.
 
     Extra keys read from ``config`` besides verl's: ``seed`` (head initialisation, default 0),
     ``train_batch_size`` (see ``CriticSettings``), ``model.attn_implementation``, ``model.trust_remote_code``,
     ``optim.betas`` / ``optim.lr_warmup_steps``.
     """
-
-    def __init__(self, config: Any, device: str = "cpu"):
-        super().__init__()
-        self.config = OmegaConf.create(_cfg_dict(config))
-        self.device_name = device
-
-    def _init_distributed(self) -> None:
-        if self.device_name == "cuda":
-            torch.cuda.set_device(torch.device(self.device))
-        if self.world_size > 1 and not dist.is_initialized():
-            self.init_process_group()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -115,7 +97,7 @@ class CriticWorker(Worker):
             self.model_path, dtype="float32", attn_implementation=model_cfg.get("attn_implementation"),
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-            override_config=_cfg_dict(model_cfg.get("override_config")) or None,
+            override_config=config_to_dict(model_cfg.get("override_config")) or None,
         ).to(device)
         if self.world_size > 1 or self.device_name == "cuda":
             module = apply_fsdp2(module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
@@ -131,7 +113,7 @@ class CriticWorker(Worker):
             warmup_style=str(optim.get("warmup_style", "constant")),
             min_lr_ratio=optim.get("min_lr_ratio", 0.0),
         )
-        settings = {**_cfg_dict(cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        settings = {**config_to_dict(cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
         self.critic_module = module
         self.critic = DataParallelPPOCritic(settings, module, self.optimizer)
 

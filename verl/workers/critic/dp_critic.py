@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -32,7 +32,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import pack_rows
-from verl.workers.actor.settings import _MISSING, _lookup
+from verl.workers.actor.settings import settings_from_config
 from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
 
@@ -72,20 +72,8 @@ class CriticSettings:
     @classmethod
     def from_config(cls, config: Any) -> "CriticSettings":
         """Build from a DictConfig / dict / attribute object; missing keys take the defaults above."""
-        values = {}
-        for f in fields(cls):
-            value = _lookup(config, f.name)
-            if value is _MISSING or (value is None and "Optional" not in str(f.type)):
-                value = f.default
-            values[f.name] = value
-        for new_key, old_key in (("ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size"),
-                                 ("forward_micro_batch_size_per_gpu", "forward_micro_batch_size")):
-            legacy = _lookup(config, old_key)
-            if values[new_key] is None and legacy is not _MISSING:
-                values[new_key] = legacy
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        return settings_from_config(cls, config, {"ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
+                                                  "forward_micro_batch_size_per_gpu": "forward_micro_batch_size"})
 
     @property
     def forward_micro_batch_size(self) -> int:
