@@ -5,22 +5,38 @@ weight sync), through the real launch path (``verl.trainer.main_ppo`` with Hydra
     python benchmarks/bench_train_step.py --model /models/SmolLM2 --device cuda --rollout vllm \
         --batch 16 --n 8 --chunk 512 --chunks 8 --steps 3
 
-Prints a table of seconds per phase for each step and tokens/s; extra arguments after ``--`` are
-passed as Hydra overrides.
+Prints a markdown table of seconds per phase for each step (gen = the memory-agent rollout, reward,
+old log-probs, ref log-probs, actor update, weight sync, total) and tokens/s (all tokens of the step's
+conversations, and generated tokens only); writes the same numbers as JSON to ``--out``. Step 1 includes
+one-off warm-ups (kernel compilation, allocator growth). Extra arguments after ``--`` are Hydra overrides.
+
+On one GPU (``--device cuda --gpus 1``) the worker runs in a Ray GPU actor (FSDP2 over a 1-rank NCCL
+group, the vLLM engine in-process); every process that builds a vLLM engine needs
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in its environment (Ray workers inherit this process's).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
+
+# (trainer timing name ``timing_s/<name>``, report key, table title)
+PHASES = [("gen", "gen", "gen"), ("reward", "reward", "reward"), ("old_log_prob", "old_log_prob", "old log-probs"),
+          ("ref", "ref", "ref"), ("update_actor", "update_actor", "update"),
+          ("sync_weights", "sync_weights", "weight sync"), ("step", "total", "total")]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true", help="random tiny Qwen2 model")
     p.add_argument("--model", help="HF model folder (default: SmolLM2-135M converted locally)")
+    p.add_argument("--shape", choices=sorted(bc.SHAPES), help="random-init model of this shape (tiny tokenizer)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--gpus", type=int, default=1, help="ranks (GPUs, or processes on CPU)")
     p.add_argument("--rollout", default="hf", choices=["hf", "vllm"])
@@ -30,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=3, help="chunks per document")
     p.add_argument("--memory", type=int, default=32, help="max memory tokens")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--out", help="write the JSON report here")
     args, overrides = p.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
 
@@ -46,15 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         model = tiny_model_cached()
     elif args.model:
         model = Path(args.model)
+    elif args.shape:
+        model = bc.model_folder(None, args.shape, dtype="bfloat16" if args.device == "cuda" else "float32")
     else:
         from verl.utils.smollm import smollm2_path
 
         model = smollm2_path()
     work = Path(tempfile.mkdtemp(prefix="bench_step_"))
     tok = AutoTokenizer.from_pretrained(model)
-    rows = make_needle_qa_dataset(args.batch * args.steps, (args.chunks, args.chunks), args.chunk, tok,
-                                  seed=0, kinds=("niah_single",), data_source="hotpotqa")
-    pd.DataFrame(rows).to_parquet(work / "train.parquet")
+    dataset_rows = make_needle_qa_dataset(args.batch * args.steps, (args.chunks, args.chunks), args.chunk, tok,
+                                  seed=0, kinds=("niah_single",), data_source="hotpotqa",
+                                          haystack_files=bc.haystack_files())
+    pd.DataFrame(dataset_rows).to_parquet(work / "train.parquet")
     cfg_overrides = [
         f"data.train_files={work / 'train.parquet'}", f"data.val_files={work / 'train.parquet'}", f"data.train_batch_size={args.batch}",
         "data.truncation=center", f"actor_rollout_ref.model.path={model}",
@@ -81,17 +101,37 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(config_name="ppo_trainer", overrides=cfg_overrides)
     history = main_ppo.run(cfg)
 
-    phases = ["gen", "reward", "old_log_prob", "ref", "update_actor", "sync_weights", "step"]
-    print(f"\nmodel={model} device={args.device} ranks={args.gpus} rollout={args.rollout} "
-          f"batch={args.batch}x{args.n} chunks={args.chunks}x{args.chunk} memory={args.memory}")
-    print("step " + " ".join(f"{p:>13}" for p in phases) + "   tokens   tok/s")
+    rows = []
     for h in history:
         if h["step"] == 0:
             continue
-        cells = " ".join(f"{h.get(f'timing_s/{p}', 0.0):13.3f}" for p in phases)
-        tokens = h.get("perf/total_num_tokens", 0)
-        print(f"{h['step']:>4} {cells} {tokens:>8} {tokens / max(h.get('timing_s/step', 1e-9), 1e-9):7.0f}")
+        step_s = max(h.get("timing_s/step", 1e-9), 1e-9)
+        tokens = int(h.get("perf/total_num_tokens", 0))
+        conversations = h.get("trajectory/num_conv/mean", 0.0) * args.batch * args.n
+        generated = h.get("response_length/mean", 0.0) * conversations
+        rows.append({"step": int(h["step"]), **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
+                     "tokens": tokens, "tokens_per_s": tokens / step_s, "generated_tokens": generated,
+                     "generated_tokens_per_s": generated / step_s, "conversations": conversations,
+                     "score_mean": h.get("critic/score/mean")})
+    report = {"benchmark": "train_step", "model": str(model), "device": bc.device_name(args.device),
+              "ranks": args.gpus, "rollout": args.rollout, "batch": args.batch, "n": args.n, "chunks": args.chunks,
+              "chunk": args.chunk, "memory": args.memory, "overrides": overrides, "steps": rows,
+              "env": bc.environment()}
+    bc.write_json(args.out, report)
+    print(json.dumps(report, indent=2), file=sys.stderr)
+    print("\n" + train_step_table(report))
     return 0
+
+
+def train_step_table(report: dict) -> str:
+    """The markdown table of a report: seconds per phase for each step, tokens/s."""
+    head = (f"Training step by phase ({report['model']}, {report['device']}, {report['ranks']} rank(s), "
+            f"rollout={report['rollout']}, {report['batch']} questions x {report['n']}, "
+            f"{report['chunks']} chunks x {report['chunk']} tokens, memory {report['memory']}; seconds)")
+    rows = [[r["step"], *(r[key] for _, key, _ in PHASES), r["tokens"], r["tokens_per_s"], r["generated_tokens_per_s"]]
+            for r in report["steps"]]
+    titles = [title for _, _, title in PHASES]
+    return head + "\n\n" + bc.markdown_table(["step", *titles, "tokens", "tokens/s", "generated tok/s"], rows)
 
 
 if __name__ == "__main__":

@@ -270,11 +270,36 @@ def main(argv=None) -> dict:
         result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params)
     dist.barrier()
     if rank == 0:
+        result["env"] = {"torch": torch.__version__, "cuda_device": torch.cuda.get_device_name() if device.type == "cuda" else None,
+                         "peak_flops": args.peak_flops, "steps": args.steps}
         print(json.dumps(result, indent=2))
         if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(result, indent=2))
+        print("\n" + update_policy_table(result))
     dist.destroy_process_group()
     return result
+
+
+def update_policy_table(result: dict) -> str:
+    """Markdown table of a result: tokens/s per GPU and MFU of log-probs, update, and the baseline."""
+    lp, up, base = result["log_prob"], result["update_policy"], result.get("baseline_single_gpu")
+
+    def pct(x):
+        return f"{100 * x:.1f}%"
+
+    rows = [f"| compute_log_prob (FSDP2, {result['world_size']} rank(s)) | {lp['tokens_per_s_per_gpu']:,.0f} | "
+            f"{pct(lp['mfu'])} | {lp['seconds']:.3f} | |",
+            f"| update_policy (FSDP2, {result['world_size']} rank(s)) | {up['tokens_per_s_per_gpu']:,.0f} | "
+            f"{pct(up['mfu'])} | {up['seconds']:.3f} | {up.get('peak_mem_gib_rank0', float('nan')):.1f} |"]
+    if base:
+        rows.append(f"| plain transformers fwd+bwd+AdamW (1 GPU) | {base['tokens_per_s_per_gpu']:,.0f} | "
+                    f"{pct(base['mfu'])} | {base['seconds']:.3f} | {base.get('peak_mem_gib', float('nan')):.1f} |")
+    head = (f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
+            f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
+            f"grad_ckpt={result['grad_ckpt']}, {result['tokens_global_per_call']:,.0f} tokens per call; "
+            f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)")
+    return "\n".join([head, "", "| phase | tokens/s/GPU | MFU | seconds/call | peak GiB |", "|---|---|---|---|---|", *rows])
 
 
 if __name__ == "__main__":

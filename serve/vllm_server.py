@@ -67,6 +67,7 @@ class ServerSpec:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     gpu_ids: list[str] | None = None  # GPUs to split among process replicas (default: CUDA_VISIBLE_DEVICES or 0..N-1)
+    backend: str = "vllm"  # vllm (`vllm serve`) | inproc (serve.inproc_server: the project's in-process engine)
 
     @property
     def name(self) -> str:
@@ -128,6 +129,10 @@ def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
     if spec.replicas < 1 or spec.tensor_parallel_size < 1:
         raise ValueError(f"replicas and tensor_parallel_size must be >= 1, got {spec.replicas}, {spec.tensor_parallel_size}")
     env = dict(spec.env)
+    if spec.backend not in ("vllm", "inproc"):
+        raise ValueError(f"ServerSpec.backend must be vllm or inproc, got {spec.backend!r}")
+    if spec.backend == "inproc":
+        return _inproc_plans(spec, device, env)
     if device == "cpu":
         plans = []
         for r in range(spec.replicas):
@@ -153,6 +158,29 @@ def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
         port = spec.port + r
         cmd = _vllm_serve_prefix() + [spec.model_path] + _common_args(spec, port) + gpu_args + list(spec.extra_args)
         plans.append(LaunchPlan(cmd, {**env, "CUDA_VISIBLE_DEVICES": ",".join(gpus[r * tp : (r + 1) * tp])}, port))
+    return plans
+
+
+def _inproc_plans(spec: ServerSpec, device: str, env: dict[str, str]) -> list[LaunchPlan]:
+    """``python -m serve.inproc_server`` processes, one per replica on consecutive ports (TP 1 each)."""
+    if spec.api_key:
+        raise ValueError("backend=inproc has no API keys (it binds to loopback by default); leave api_key unset")
+    if spec.tensor_parallel_size != 1:
+        raise ValueError(f"backend=inproc serves one GPU per process; tensor_parallel_size must be 1, "
+                         f"got {spec.tensor_parallel_size}")
+    gpus = _gpu_ids(spec) if device == "gpu" and spec.replicas > 1 else []
+    if gpus and len(gpus) < spec.replicas:
+        raise ValueError(f"{spec.replicas} inproc replicas need {spec.replicas} GPUs, only {len(gpus)} visible: {gpus}")
+    plans = []
+    for r in range(spec.replicas):
+        port = spec.port + r
+        cmd = [sys.executable, "-m", "serve.inproc_server", "--model", spec.model_path] + _common_args(spec, port)
+        if spec.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(spec.gpu_memory_utilization)]
+        replica_env = {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        if gpus:
+            replica_env["CUDA_VISIBLE_DEVICES"] = gpus[r]
+        plans.append(LaunchPlan(cmd + list(spec.extra_args), replica_env, port))
     return plans
 
 
@@ -293,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--backend", choices=["vllm", "inproc"], default="vllm",
+                        help="vllm: `vllm serve`; inproc: the project's in-process engine (serve.inproc_server)")
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
@@ -312,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         api_key=args.api_key,
         extra_args=extra,
+        backend=args.backend,
     )
     group = VLLMServerGroup(spec, args.log_dir)
     if args.dry_run:

@@ -228,6 +228,15 @@ def test_score_response_lenient_vs_strict_by_hand():
     assert s["string_match_all"] == pytest.approx(2 / 3)
 
 
+def test_format_free_score_reads_the_whole_response():
+    # no box and no "the answer is": every extracted metric is 0, the format-free one sees the answer
+    s = score_response("The special magic number for grand-owl is 8942.", ["8942"], "recurrent-boxed")
+    assert (s["pred"], s["string_match_all"], s["strict_boxed"], s["in_response"]) == (None, 0, 0, 1)
+    s = score_response("It is 12 or maybe 7.", ["12", "8942"], "boxed")
+    assert s["in_response"] == pytest.approx(1 / 2)
+    assert score_response(None, ["1"], "boxed")["in_response"] == 0
+
+
 # --------------------------------------------------------------------------------------------
 # retries against the scripted server
 

@@ -107,7 +107,9 @@ def test_eval_harness_against_vllm(vllm_server, tiny_model_path, tmp_path, capsy
             "--max-final-tokens", "24", "--max-input-tokens", "1500", "--max-output-tokens", "24",
             "--concurrency", "8", "--timeout", "120", "--no-progress"]  # fmt: skip
     # hotpotqa lengths 3 and 6 documents; niah at 512 tokens
-    argv_h = argv[:argv.index("--tasks")] + ["--tasks", "hotpotqa", "--lengths", "3", "6"] + argv[argv.index("--data-root"):]
+    # hotpotqa's two cells run at once (--parallel-cells); the results must be the same complete set
+    argv_h = (argv[:argv.index("--tasks")] + ["--tasks", "hotpotqa", "--lengths", "3", "6", "--parallel-cells", "2"]
+              + argv[argv.index("--data-root"):])
     argv_n = argv[:argv.index("--tasks")] + ["--tasks", "niah_single_1", "--lengths", "512"] + argv[argv.index("--data-root"):]
     assert eval_run.main(argv_h) == 0
     assert eval_run.main(argv_n) == 0

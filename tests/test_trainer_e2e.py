@@ -119,6 +119,24 @@ def test_checkpoint_and_jsonl_logs_written(runs):
                 assert row[key] == pytest.approx(hist[key])
 
 
+def test_wall_time_limit_stops_with_a_checkpoint_and_the_next_command_resumes(tiny_model_path, tmp_path, runs):
+    """trainer.max_wall_time_s: each command does one step past the limit, saves, and stops; rerun continues."""
+    extra = ["trainer.max_wall_time_s=0.001", "trainer.val_before_train=False", "trainer.test_freq=-1",
+             "trainer.save_freq=-1"]
+    out = tmp_path / "w"
+    first = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
+    assert [h["step"] for h in first] == [1]
+    assert (out / "global_step_1").is_dir() and not (out / "global_step_2").exists()
+    second = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
+    assert [h["step"] for h in second] == [2]
+    third = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
+    assert [h["step"] for h in third] == [3]  # the last step ends the run normally
+    assert (out / "global_step_3").is_dir()
+    # the resumed steps follow an uninterrupted run with the same settings
+    straight = {h["step"]: h for h in runs["straight"]}
+    assert third[0]["trajectory/num_conv/mean"] == straight[3]["trajectory/num_conv/mean"]
+
+
 def test_two_ray_ranks_match_one_process(runs):
     one = {h["step"]: h for h in runs["straight"]}[1]
     two = {h["step"]: h for h in runs["two_ranks"]}[1]

@@ -96,6 +96,7 @@ class EvalPlan:
     serve_timeout: float = 1800.0
     progress: bool = True
     with_paper: bool = False
+    parallel_cells: int = 1  # (task, length) cells of one model and method run at once
 
 
 def data_file_for(task: TaskEntry, length: int, data_root: str | None) -> Path:
@@ -167,40 +168,57 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
         endpoints = [endpoint_from_env(url, model.api_key) for url in urls]
         clients = [make_client(ep, plan.request_timeout) for ep in endpoints]
         await check_endpoint(clients[0], endpoints[0], model.model)
+        if tokenizer_path:
+            # resolve transformers' lazy import on this thread: concurrent first imports from worker
+            # threads (several plans or models at once) can see a half-initialised module
+            from transformers import AutoTokenizer  # noqa: F401
         tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path) if tokenizer_path else None
         for method in model.methods:
             agents = [make_agent(method, c, model.model, config, tokenizer, plan.retry) for c in clients]
             label = model.label_for(method)
-            for task, length, path in cells:
-                items, invalid = load_eval_items(path, pool, plan.limit, plan.skip_invalid)
-                results_path, meta_path = result_paths(plan.out, task.name, length, label)
-                info = CellInfo(task.name, length, label, model.model, method, str(path))
-                result = await run_cell(
-                    items,
-                    invalid,
-                    ResultStore(results_path),
-                    meta_path,
-                    info,
-                    lambda pos, agents=agents: agents[pos % len(agents)],
-                    model.concurrency,
-                    plan.force,
-                    plan.redo_failed,
-                    plan.progress,
-                )
-                failed += result.n_failed + result.n_invalid
-                logger.info(
-                    "%s %s_%s: %d items, %d resumed, %d ok, %d failed, %d invalid, %d requests (%d retries)",
-                    label, task.name, length, result.n_items, result.n_resumed, result.n_ok,
-                    result.n_failed, result.n_invalid, result.requests, result.retries,
-                )  # fmt: skip
-                for error in result.errors[:5]:
-                    logger.warning("%s %s_%s failed: %s", label, task.name, length, error)
+            cell_slots = asyncio.Semaphore(max(1, plan.parallel_cells))
+
+            async def run_one(task: TaskEntry, length: int, path: Path, agents=agents, label=label,
+                              method=method, slots=cell_slots) -> int:
+                async with slots:
+                    return await _run_one_cell(plan, model, task, length, path, pool, agents, label, method)
+
+            counts = await asyncio.gather(*(run_one(task, length, path) for task, length, path in cells))
+            failed += sum(counts)
     finally:
         for client in clients:
             await client.close()
         if group is not None:
             await asyncio.to_thread(group.stop)
     return failed
+
+
+async def _run_one_cell(plan: EvalPlan, model: ModelEntry, task: TaskEntry, length: int, path: Path, pool: Any,
+                        agents: list[Any], label: str, method: str) -> int:
+    """Run one (task, length) cell of one model and method; return its failed + invalid item count."""
+    items, invalid = load_eval_items(path, pool, plan.limit, plan.skip_invalid)
+    results_path, meta_path = result_paths(plan.out, task.name, length, label)
+    info = CellInfo(task.name, length, label, model.model, method, str(path))
+    result = await run_cell(
+        items,
+        invalid,
+        ResultStore(results_path),
+        meta_path,
+        info,
+        lambda pos, agents=agents: agents[pos % len(agents)],
+        model.concurrency,
+        plan.force,
+        plan.redo_failed,
+        plan.progress,
+    )
+    logger.info(
+        "%s %s_%s: %d items, %d resumed, %d ok, %d failed, %d invalid, %d requests (%d retries)",
+        label, task.name, length, result.n_items, result.n_resumed, result.n_ok,
+        result.n_failed, result.n_invalid, result.requests, result.retries,
+    )  # fmt: skip
+    for error in result.errors[:5]:
+        logger.warning("%s %s_%s failed: %s", label, task.name, length, error)
+    return result.n_failed + result.n_invalid
 
 
 async def run_plan(plan: EvalPlan) -> int:
@@ -244,7 +262,7 @@ def plan_from_config(conf: dict[str, Any], args: argparse.Namespace) -> EvalPlan
         tasks.append(TaskEntry(t["name"], [int(n) for n in t.get("lengths", [])], files))
     plan = _plan_settings(args)
     plan.models, plan.tasks = models, tasks
-    for key in ("out", "data_root", "doc_pool", "limit", "force", "skip_invalid"):
+    for key in ("out", "data_root", "doc_pool", "limit", "force", "skip_invalid", "parallel_cells"):
         if key in conf and getattr(args, key, None) in (None, False):
             setattr(plan, key, conf[key])
     return plan
@@ -266,6 +284,7 @@ def _plan_settings(args: argparse.Namespace) -> EvalPlan:
         serve_timeout=args.serve_timeout,
         progress=not args.no_progress,
         with_paper=args.with_paper,
+        parallel_cells=getattr(args, "parallel_cells", None) or 1,
     )
 
 
@@ -296,6 +315,7 @@ def plan_from_args(args: argparse.Namespace) -> EvalPlan:
             "dtype": args.dtype,
             "enforce_eager": args.enforce_eager,
             "extra_args": list(args.serve_arg or []),
+            "backend": args.serve_backend,
         }
     plan.models = [
         ModelEntry(
@@ -349,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype")
     s.add_argument("--enforce-eager", action="store_true")
     s.add_argument("--serve-arg", action="append", help="extra vLLM argument (repeatable), e.g. --serve-arg=--seed=0")
+    s.add_argument("--serve-backend", choices=["vllm", "inproc"], default="vllm",
+                   help="vllm: `vllm serve`; inproc: the project's in-process vLLM engine (serve.inproc_server)")
     s.add_argument("--serve-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     d = p.add_argument_group("data")
     d.add_argument("--tasks", nargs="+", help="hotpotqa and/or RULER task names (niah_single_1, vt, fwe, qa_1, ...)")
@@ -376,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-attempts", type=int, default=6, help="attempts per request (429/5xx/timeouts)")
     r.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds (doubles)")
     r.add_argument("--max-backoff", type=float, default=60.0)
+    r.add_argument("--parallel-cells", type=int, default=None,
+                   help="(task, length) cells run at once, each with --concurrency items in flight (default 1)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--with-paper", action="store_true", help="show the paper's Table 2 beside RULER-HotpotQA results")
     return p

@@ -6,7 +6,10 @@
   ``f1`` against the gold answers (best gold), plus RULER's ``string_match_all`` (fraction of gold
   strings contained in the prediction, :mod:`verl.utils.reward_score.ruler`);
 * strict (the training reward, :mod:`verl.utils.reward_score.hotpotqa`): 1 iff the last ``\\boxed{}``
-  in the last 300 characters of the raw response equals a gold answer.
+  in the last 300 characters of the raw response equals a gold answer;
+* format-free (``in_response``): RULER's ``string_match_all`` on the whole raw response (fraction of
+  gold strings it contains), for models too small to follow the answer format: it separates "the
+  answer never reached the final response" from "the answer was there but not in the asked form".
 
 The strict score of an ``answer_is`` method is usually 0 (the prompt does not ask for a box); that
 gap is exactly the train/eval verifier gap that the README's "Performance" note explains.
@@ -20,11 +23,12 @@ from verl.utils.reward_score import hotpotqa
 from verl.utils.reward_score.lenient import score_prediction
 from verl.utils.reward_score.ruler import string_match_all_single
 
-__all__ = ["LENIENT_METRICS", "STRICT_METRIC", "SCORE_KEYS", "primary_metric", "score_response"]
+__all__ = ["FORMAT_FREE_METRIC", "LENIENT_METRICS", "SCORE_KEYS", "STRICT_METRIC", "primary_metric", "score_response"]
 
 LENIENT_METRICS = ("em", "sub_em", "f1", "string_match_all")
 STRICT_METRIC = "strict_boxed"
-SCORE_KEYS = LENIENT_METRICS + (STRICT_METRIC,)
+FORMAT_FREE_METRIC = "in_response"
+SCORE_KEYS = LENIENT_METRICS + (STRICT_METRIC, FORMAT_FREE_METRIC)
 
 _QA_TASK_MARKERS = ("hotpot", "qa", "squad")
 
@@ -37,7 +41,8 @@ def primary_metric(task: str) -> str:
 def score_response(response: str | None, answers: list[str], method: str) -> dict[str, Any]:
     """All metrics of one raw final ``response`` against the gold ``answers`` for eval ``method``.
 
-    Returns ``{"pred", "em", "sub_em", "f1", "string_match_all", "strict_boxed"}`` (floats in [0, 1]).
+    Returns ``{"pred", "em", "sub_em", "f1", "string_match_all", "strict_boxed", "in_response"}`` (floats
+    in [0, 1]).
     Lenient QA metrics take the best over all gold answers (the original used only the first, spec
     §11 item 19).
     """
@@ -50,4 +55,5 @@ def score_response(response: str | None, answers: list[str], method: str) -> dic
         "f1": float(lenient["f1"]),
         "string_match_all": float(string_match_all_single(pred, answers)) if pred else 0.0,
         STRICT_METRIC: float(hotpotqa.compute_score(response, answers)),
+        FORMAT_FREE_METRIC: float(string_match_all_single(response, answers)) if response else 0.0,
     }

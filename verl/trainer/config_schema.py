@@ -434,6 +434,7 @@ def _check_trainer(c: _Checker) -> None:
     c.integer(f"{t}.total_training_steps", 1, allow_none=True)
     c.integer(f"{t}.save_freq", 1, also=(-1,))
     c.integer(f"{t}.test_freq", 1, also=(-1,))
+    c.number(f"{t}.max_wall_time_s", lambda v: v > 0, "> 0 seconds (or null for no limit)", allow_none=True)
     c.integer(f"{t}.critic_warmup", 0)
     c.integer(f"{t}.log_val_generations", 0)
     c.integer(f"{t}.max_actor_ckpt_to_keep", 1, allow_none=True)

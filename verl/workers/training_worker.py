@@ -33,5 +33,6 @@ class TrainingWorker(Worker):
     def _init_distributed(self) -> None:
         if self.device_name == "cuda":
             torch.cuda.set_device(torch.device(self.device))  # Ray shows each worker only its own GPU
-        if self.world_size > 1 and not dist.is_initialized():
+        # FSDP2 (used for every rank on a GPU, see ``sharded``) needs a process group, also for one rank.
+        if (self.world_size > 1 or self.device_name == "cuda") and not dist.is_initialized():
             self.init_process_group()

@@ -6,6 +6,7 @@ import logging
 import os
 import pickle
 import random
+import time
 
 import numpy as np
 import torch
@@ -27,8 +28,14 @@ def _set_rng_state(state: dict) -> None:
 
 
 def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> list[dict]:
-    """Run ``total_steps`` training steps (resuming from the latest checkpoint if configured)."""
+    """Run ``total_steps`` training steps (resuming from the latest checkpoint if configured).
+
+    With ``trainer.max_wall_time_s`` set, the loop stops after the first step that ends past that
+    many seconds and writes a checkpoint, so a run can span several time-limited commands.
+    """
     tc = trainer.config.trainer
+    started = time.monotonic()
+    max_wall = tc.get("max_wall_time_s")
     history: list[dict] = []
     resume_dir = ckpt_manager.resolve_resume(tc.get("resume_mode", "auto"), tc.get("resume_from_path"))
     if resume_dir is not None:
@@ -68,14 +75,20 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         metrics = trainer.train_step(batch, next_batch=next_batch)
         metrics["training/global_step"] = step
         last = step == total_steps
+        out_of_time = max_wall is not None and not last and time.monotonic() - started > float(max_wall)
         if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last):
             metrics.update(trainer.validate(val_loader))
-        if save_freq > 0 and (step % save_freq == 0 or last):
+        if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
             _save(trainer, train_loader, ckpt_manager, step)
         _log(trainer, metrics, step)
         history.append({"step": step, **metrics})
         bar.update(1)
         bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+        if out_of_time:
+            print(f"[trainer] stopping at step {step}/{total_steps} after {time.monotonic() - started:.0f} s "
+                  f"(trainer.max_wall_time_s={max_wall}); checkpoint written: run the same command again "
+                  "with trainer.resume_mode=auto to continue")
+            break
     bar.close()
     return history
 

@@ -1,0 +1,151 @@
+"""Evaluate one model of the miniature experiment on the whole grid (docs/results/).
+
+    python -m recipe.miniature.evaluate --root runs/miniature --system untrained --model MODEL_DIR
+    python -m recipe.miniature.evaluate --root runs/miniature --system rl --model runs/miniature/rl_model
+
+Systems and what they run (the evaluation harness, ``taskutils.memory_eval``):
+
+* ``untrained``: ``untrained-memory`` (the memory workflow, method ``recurrent-boxed``: the training
+  prompts, 512-token chunks, 128-token memory) and ``untrained-direct`` (the whole document in one
+  prompt, middle-truncated to the model's window, method ``boxed``);
+* ``rl``: ``rl-memory`` (the RL-trained model in the same memory workflow).
+
+One server (``serve.inproc_server``: the project's in-process vLLM engine, as in training) answers
+every request; all seeds, labels, tasks and lengths run at once, so the wall time is that of the
+longest document. Results land in ``{root}/eval/seed{S}/{task}_{length}/{label}.jsonl`` (resumable:
+run again to finish), timings in ``{root}/meta/eval_{system}.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from recipe.miniature.make_data import EVAL_LENGTHS
+from serve.vllm_server import ServerSpec, VLLMServerGroup
+from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS
+from taskutils.memory_eval.run import EvalPlan, ModelEntry, TaskEntry, run_plan
+
+logger = logging.getLogger("miniature.eval")
+
+SYSTEMS = {
+    "untrained": [("untrained-memory", "recurrent-boxed"), ("untrained-direct", "boxed")],
+    "rl": [("rl-memory", "recurrent-boxed")],
+}
+"""System -> (result label, harness method) pairs."""
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m recipe.miniature.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("--root", required=True, help="experiment folder (data/eval/seed*/ inside, from make_data)")
+    p.add_argument("--system", required=True, choices=sorted(SYSTEMS))
+    p.add_argument("--model", required=True, help="HF folder of the model to serve")
+    p.add_argument("--seeds", type=_ints, default=[1, 2], help="evaluation seeds (data/eval/seed{S}/)")
+    p.add_argument("--lengths", type=_ints, default=list(EVAL_LENGTHS), help="document lengths in chunks")
+    p.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=list(DEFAULT_KINDS))
+    p.add_argument("--labels", type=lambda s: [k for k in s.split(",") if k],
+                   help="only these labels of the system (default: all)")
+    g = p.add_argument_group("agent (defaults: the training settings of run_memory_smollm2.sh)")
+    g.add_argument("--chunk-tokens", type=int, default=512)
+    g.add_argument("--max-memory-tokens", type=int, default=128)
+    g.add_argument("--max-final-tokens", type=int, default=96)
+    g.add_argument("--max-input-tokens", type=int, default=7900, help="direct baseline: document tokens kept")
+    g.add_argument("--temperature", type=float, default=0.7, help="the paper's evaluation sampling")
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--concurrency", type=int, default=64, help="items in flight per cell")
+    s = p.add_argument_group("server")
+    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
+    s.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    s.add_argument("--max-model-len", type=int, default=8192, help="the model's window (SmolLM2: 8192)")
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.15)
+    s.add_argument("--max-num-seqs", type=int, default=512)
+    s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--serve-timeout", type=float, default=900.0)
+    s.add_argument("--wait-for", help="after the server is up, wait until this file exists (data still being made)")
+    s.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for --wait-for")
+    return p
+
+
+def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPlan]:
+    """One harness plan per (seed, label): every task x length cell at once."""
+    root = Path(args.root)
+    agent = {
+        "chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
+        "max_final_tokens": args.max_final_tokens, "max_input_tokens": args.max_input_tokens,
+        "max_output_tokens": args.max_final_tokens, "temperature": args.temperature, "top_p": args.top_p,
+    }  # fmt: skip
+    labels = [(label, method) for label, method in SYSTEMS[args.system] if not args.labels or label in args.labels]
+    if not labels:
+        raise SystemExit(f"--labels {args.labels}: none of {[lab for lab, _ in SYSTEMS[args.system]]}")
+    plans = []
+    for seed in args.seeds:
+        data_root = root / "data" / "eval" / f"seed{seed}"
+        if not data_root.is_dir():
+            raise SystemExit(f"{data_root} is missing: run python -m recipe.miniature.make_data --out {root / 'data'}")
+        for label, method in labels:
+            model = ModelEntry(model=name, methods=[method], label=label, base_url=base_url, tokenizer=args.model,
+                               concurrency=args.concurrency, agent=agent)
+            tasks = [TaskEntry(kind, list(args.lengths)) for kind in args.kinds]
+            plans.append(EvalPlan(models=[model], tasks=tasks, out=str(root / "eval" / f"seed{seed}"),
+                                  data_root=str(data_root), progress=False,
+                                  parallel_cells=len(tasks) * len(args.lengths)))
+    return plans
+
+
+async def _run_all(plans: list[EvalPlan]) -> int:
+    return sum(await asyncio.gather(*(run_plan(plan) for plan in plans)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    root = Path(args.root)
+    name = f"miniature-{args.system}"
+    spec = ServerSpec(
+        model_path=str(args.model), served_model_name=name, port=args.port, device=args.device,
+        max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_memory_utilization if args.device != "cpu" else None,
+        backend="inproc", extra_args=["--engine", args.engine, "--max-num-seqs", str(args.max_num_seqs)],
+        env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
+    )  # fmt: skip
+    started = time.time()
+    group = VLLMServerGroup(spec, root / "logs" / f"server_{args.system}")
+    group.start()
+    try:
+        ready_s = group.wait_ready(args.serve_timeout)
+        logger.info("%s ready after %.0f s at %s", name, ready_s, group.base_urls[0])
+        while args.wait_for and not Path(args.wait_for).exists():
+            if time.time() - started > args.wait_timeout:
+                raise SystemExit(f"{args.wait_for} did not appear within {args.wait_timeout:.0f} s")
+            if any(proc.poll() is not None for proc in group.processes):
+                raise SystemExit(f"the server exited while waiting for {args.wait_for}; see {group.log_paths}")
+            time.sleep(2.0)
+        plans = plans_for(args, group.base_urls[0], name)
+        t0 = time.time()
+        failed = asyncio.run(_run_all(plans))
+        eval_s = time.time() - t0
+    finally:
+        group.stop()
+    meta = {"system": args.system, "model": str(args.model), "server_ready_s": round(ready_s, 1),
+            "eval_wall_s": round(eval_s, 1), "total_wall_s": round(time.time() - started, 1), "failed_items": failed,
+            "seeds": args.seeds, "lengths": args.lengths, "kinds": args.kinds,
+            "settings": {k: v for k, v in vars(args).items() if k not in ("root",)}}  # fmt: skip
+    (root / "meta").mkdir(parents=True, exist_ok=True)
+    (root / "meta" / f"eval_{args.system}.json").write_text(json.dumps(meta, indent=1, default=str))
+    print(f"[miniature.eval] {args.system}: {eval_s:.0f} s of evaluation, {failed} failed item(s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

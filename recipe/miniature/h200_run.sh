@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Drive the miniature experiment on a lent single-GPU machine whose commands are limited to ~10
+# minutes each: `start` launches recipe/miniature/pipeline.sh in the background (its own session,
+# so it outlives the command) and waits; later commands `wait` for it; every command ends by packing
+# what exists so far into $OUT/results.tgz (results, logs, metrics, report).
+#
+#   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait up to SECONDS (540)
+#   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline up to SECONDS (570)
+#   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
+#
+# Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
+# docs/results/README.md for the install line). Environment: MINI_ROOT [/tmp/mini], STEPS [60],
+# MAX_WALL [390] (training seconds), plus anything pipeline.sh reads.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+MINI_ROOT="${MINI_ROOT:-/tmp/mini}"
+CODE=/tmp/mini_code
+OUT="${OUT:-/tmp/mini_out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
+export RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export MEMAGENT_CACHE="${MEMAGENT_CACHE:-/tmp/memagent_cache}"
+
+collect() {
+    [ -d "$MINI_ROOT" ] || return 0
+    tar -C "$MINI_ROOT" -czf "$OUT/results.tgz" --exclude='*.parquet' --exclude='global_step_*' \
+        --exclude='rl_model*' --exclude='data' . 2>/dev/null
+    ls -la "$OUT"
+}
+
+status() {
+    echo "--- pipeline ($(date +%T))"
+    tail -n 12 "$MINI_ROOT/logs/pipeline.log" 2>/dev/null
+    [ -f "$MINI_ROOT/train/logs/metrics.jsonl" ] && python3 - "$MINI_ROOT/train/logs/metrics.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]).read().splitlines()[-3:]:
+    r = json.loads(line)
+    keys = [k for k in r if k.startswith(("critic/score/mean", "val-core/", "timing_s/step", "timing_s/gen"))]
+    print("step", r.get("step"), {k: round(float(r[k]), 3) for k in keys})
+EOF
+    for f in "$MINI_ROOT"/logs/eval_*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(grep -c ' items, ' "$f") cells done"; done
+    [ -f "$MINI_ROOT/FAILED" ] && { echo "FAILED at $(cat "$MINI_ROOT/FAILED")"; tail -n 30 "$MINI_ROOT/logs/$(cat "$MINI_ROOT/FAILED").log"; }
+    [ -f "$MINI_ROOT/DONE" ] && echo "DONE $(cat "$MINI_ROOT/DONE")"
+    return 0
+}
+
+wait_for() {  # wait_for SECONDS
+    local limit=$1 t0=$SECONDS
+    while [ $((SECONDS - t0)) -lt "$limit" ]; do
+        [ -f "$MINI_ROOT/DONE" ] || [ -f "$MINI_ROOT/FAILED" ] && break
+        pgrep -f "recipe/miniature/pipeline.sh" >/dev/null || { echo "pipeline is not running"; break; }
+        sleep 10
+    done
+    status
+}
+
+start() {
+    mkdir -p "$MINI_ROOT/meta" "$MINI_ROOT/logs"
+    rm -rf "$CODE" && mkdir -p "$CODE" && cp -r . "$CODE/"  # the pipeline runs from a copy: later syncs can't touch it
+    {
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+        echo "CPU cores: $(nproc); $(python3 -c 'import sys, torch, transformers, vllm; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, vllm {vllm.__version__}")' 2>&1 | tail -1)"
+        echo "started: $(date -u +%FT%TZ)"
+    } >"$MINI_ROOT/meta/hardware.txt"
+    cat "$MINI_ROOT/meta/hardware.txt"
+    local t0=$SECONDS
+    MODEL_PATH=$(cd "$CODE" && python3 -m verl.utils.smollm 2>"$MINI_ROOT/logs/convert.log" | tail -1)
+    echo "model: $MODEL_PATH (converted in $((SECONDS - t0)) s)"
+    [ -f "$MODEL_PATH/config.json" ] || { tail -20 "$MINI_ROOT/logs/convert.log"; return 1; }
+    cat >"$MINI_ROOT/meta/commands.txt" <<EOF
+# on the GPU machine, after installing the wheels (docs/results/README.md):
+export PYTHONPATH=/tmp/site:\$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
+MODEL_PATH=\$(python3 -m verl.utils.smollm)
+ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-390} bash recipe/miniature/pipeline.sh all
+#   = make_data; evaluate --system untrained (background); run_memory_smollm2.sh (training);
+#     model_merger; evaluate --system rl; report
+EOF
+    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$MODEL_PATH" STEPS="${STEPS:-60}" MAX_WALL="${MAX_WALL:-390}" \
+        REPORT_OUT="$MINI_ROOT/report" \
+        REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
+        setsid nohup bash recipe/miniature/pipeline.sh all >"$MINI_ROOT/logs/pipeline.out" 2>&1 < /dev/null &)
+    sleep 5
+    echo "pipeline launched"
+}
+
+case "${1:-wait}" in
+    start) start && wait_for "${2:-540}" ;;
+    wait) wait_for "${2:-570}" ;;
+    collect) status ;;
+    *) echo "usage: $0 start|wait|collect [SECONDS]" >&2; exit 2 ;;
+esac
+collect

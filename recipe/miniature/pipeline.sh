@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The miniature extrapolation experiment end to end (docs/results/README.md shows what came out):
+#   data -> untrained evaluation (in the background) + RL training -> merge -> RL evaluation -> report.
+#
+#   bash recipe/miniature/pipeline.sh all        # everything, in order (one GPU: ~17 min on an H200)
+#   bash recipe/miniature/pipeline.sh STAGE      # one stage: data | eval_untrained | train | merge | eval_rl | report
+#
+# Environment (defaults in brackets):
+#   ROOT [runs/miniature]        experiment folder: data/, train/ (checkpoints, logs/metrics.jsonl),
+#                                rl_model/, eval/seed*/, logs/*.log, meta/
+#   MODEL_PATH [SmolLM2-135M-Instruct, converted by python -m verl.utils.smollm]
+#   PYTHON [python3]
+#   DATA_ARGS                    extra make_data flags (e.g. "--eval-n 2 --eval-lengths 1,2" for a smoke run)
+#   EVAL_ARGS                    extra evaluate flags for both systems (e.g. "--device cpu --dtype float32")
+#   TRAIN_OVERRIDES              extra Hydra overrides for run_memory_smollm2.sh
+#   STEPS [40], MAX_WALL [420]   training steps and the training command's wall-clock budget (seconds)
+#   REPORT_OUT [docs/results]    where the report goes
+#   EVAL_PORT [8100]             port of the untrained model's server (the RL model's uses +1)
+# Every stage logs to $ROOT/logs/STAGE.log; stage wall times go to $ROOT/meta/stages.tsv; `all` ends
+# by writing $ROOT/DONE (or $ROOT/FAILED with the failing stage).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+ROOT="${ROOT:-runs/miniature}"
+PYTHON="${PYTHON:-python3}"
+read -r -a PY <<< "${PYTHON}"
+EVAL_PORT="${EVAL_PORT:-8100}"
+mkdir -p "$ROOT/logs" "$ROOT/meta"
+MODEL_PATH="${MODEL_PATH:-$("${PY[@]}" -m verl.utils.smollm 2>/dev/null | tail -1)}"
+[ -f "$MODEL_PATH/config.json" ] || { echo "MODEL_PATH=$MODEL_PATH has no config.json" >&2; exit 2; }
+read -r -a DATA_EXTRA <<< "${DATA_ARGS:-}"
+read -r -a EVAL_EXTRA <<< "${EVAL_ARGS:-}"
+read -r -a TRAIN_EXTRA <<< "${TRAIN_OVERRIDES:-}"
+
+timed() {  # timed STAGE cmd...: run, log to $ROOT/logs/STAGE.log, record the wall time
+    local stage=$1; shift
+    local t0=$SECONDS
+    echo "[pipeline] $(date +%T) start $stage" | tee -a "$ROOT/logs/pipeline.log"
+    "$@" >"$ROOT/logs/$stage.log" 2>&1
+    local rc=$?
+    printf '%s\t%s\t%s\n' "$stage" "$((SECONDS - t0))" "$rc" >>"$ROOT/meta/stages.tsv"
+    echo "[pipeline] $(date +%T) end $stage rc=$rc ($((SECONDS - t0)) s)" | tee -a "$ROOT/logs/pipeline.log"
+    return $rc
+}
+
+data_train() { "${PY[@]}" -m recipe.miniature.make_data --tokenizer "$MODEL_PATH" --out "$ROOT/data" --only-train "${DATA_EXTRA[@]}"; }
+data_eval() {
+    "${PY[@]}" -m recipe.miniature.make_data --tokenizer "$MODEL_PATH" --out "$ROOT/data" "${DATA_EXTRA[@]}" \
+        && touch "$ROOT/data/.eval_ready"
+}
+eval_untrained() {
+    "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system untrained --model "$MODEL_PATH" \
+        --port "$EVAL_PORT" --wait-for "$ROOT/data/.eval_ready" "${EVAL_EXTRA[@]}"
+}
+train() {
+    DATA_DIR="$ROOT/data" MODEL_PATH="$MODEL_PATH" OUT_DIR="$ROOT/train" PYTHON="$PYTHON" \
+        bash recipe/miniature/run_memory_smollm2.sh "${TRAIN_EXTRA[@]}"
+}
+merge() {
+    local last
+    last=$(ls -d "$ROOT"/train/global_step_* 2>/dev/null | sort -V | tail -1)
+    [ -n "$last" ] || { echo "no checkpoint under $ROOT/train" >&2; return 1; }
+    echo "merging $last"
+    "${PY[@]}" scripts/model_merger.py --local_dir "$last/actor" --target_dir "$ROOT/rl_model.tmp" \
+        --hf_model_path "$MODEL_PATH" && rm -rf "$ROOT/rl_model" && mv "$ROOT/rl_model.tmp" "$ROOT/rl_model" \
+        && echo "$last" >"$ROOT/meta/rl_checkpoint.txt"
+}
+eval_rl() {
+    "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
+        --port "$((EVAL_PORT + 1))" "${EVAL_EXTRA[@]}"
+}
+report() {
+    "${PY[@]}" -m recipe.miniature.report --root "$ROOT" --out "${REPORT_OUT:-docs/results}" \
+        ${REPORT_ARGS:-}
+}
+
+wait_http() {  # wait_http PORT SECONDS: until GET /health answers (or give up)
+    "${PY[@]}" - "$1" "$2" <<'EOF'
+import sys, time, urllib.request
+port, limit = int(sys.argv[1]), float(sys.argv[2])
+t0 = time.time()
+while time.time() - t0 < limit:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+        print(f"server on {port} up after {time.time() - t0:.0f} s"); sys.exit(0)
+    except OSError:
+        time.sleep(2)
+print(f"server on {port} not up after {limit:.0f} s"); sys.exit(1)
+EOF
+}
+
+fail() { echo "$1" >"$ROOT/FAILED"; echo "[pipeline] FAILED at $1" | tee -a "$ROOT/logs/pipeline.log"; }
+
+all() {
+    rm -f "$ROOT/DONE" "$ROOT/FAILED"
+    timed data_train data_train || { fail data_train; return 1; }
+    # the untrained model's server starts first, so that the training engine profiles GPU memory
+    # after it (vLLM refuses to start while another process frees memory during its profiling)
+    (timed data_eval data_eval) &
+    (timed eval_untrained eval_untrained) &
+    local untrained=$!
+    wait_http "$EVAL_PORT" 900 | tee -a "$ROOT/logs/pipeline.log"
+    timed train train || fail train
+    if [ ! -f "$ROOT/FAILED" ]; then
+        timed merge merge || fail merge
+    fi
+    if [ ! -f "$ROOT/FAILED" ]; then
+        timed eval_rl eval_rl || fail eval_rl
+    fi
+    wait "$untrained" || echo "eval_untrained ended with an error (see $ROOT/logs/eval_untrained.log)"
+    wait
+    timed report report || fail report
+    [ -f "$ROOT/FAILED" ] || date >"$ROOT/DONE"
+}
+
+stage="${1:-all}"
+case "$stage" in
+    all) all ;;
+    data) timed data_train data_train && timed data_eval data_eval ;;
+    data_train|data_eval|eval_untrained|train|merge|eval_rl|report) timed "$stage" "$stage" ;;
+    *) echo "unknown stage $stage; expected all | data | data_train | data_eval | eval_untrained | train | merge | eval_rl | report" >&2; exit 2 ;;
+esac

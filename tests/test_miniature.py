@@ -1,0 +1,138 @@
+"""The miniature experiment's own pieces: data files, the launch script's config, the in-process
+OpenAI endpoint and the evaluation driver (tiny model, HF engine, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+import verl.trainer.main_ppo as main_ppo
+from recipe.miniature import make_data
+from serve.vllm_server import ServerSpec, build_launch_plans
+from taskutils.memory_data.synthetic_qa import make_needle_qa_dataset
+from verl.trainer.config_schema import ConfigError, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+CHUNK = 128
+
+
+def _args(out: Path, tok: Path, *extra: str):
+    return make_data.build_parser().parse_args(
+        ["--tokenizer", str(tok), "--out", str(out), "--chunk-tokens", str(CHUNK), "--train-n", "6", "--val-n", "3",
+         "--train-max-chunks", "3", "--eval-n", "2", "--eval-lengths", "1,4", "--eval-seeds", "1,2", *extra])
+
+
+@pytest.fixture(scope="module")
+def data_dir(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mini") / "data"
+    args = _args(out, tiny_model_path)
+    make_data.write_files(make_data.plan_files(args), str(tiny_model_path), CHUNK, workers=2, rows_per_job=2)
+    return out
+
+
+def test_data_files_match_the_generator_row_for_row(data_dir, tiny_model_path):
+    train = pd.read_parquet(data_dir / "train.parquet")
+    ref = pd.DataFrame(make_needle_qa_dataset(6, (1, 3), CHUNK, str(tiny_model_path), seed=make_data.TRAIN_SEED,
+                                              data_source=make_data.DATA_SOURCE))
+    assert list(train["context"]) == list(ref["context"])
+    assert [r["ground_truth"][0] for r in train["reward_model"]] == [r["ground_truth"][0] for r in ref["reward_model"]]
+    assert set(train["data_source"]) == {"synthetic_qa"}
+    # all four kinds, lengths within 1..3 chunks
+    assert {e["kind"] for e in train["extra_info"]} == set(make_data.DEFAULT_KINDS)
+    assert all(1 <= e["num_chunks"] <= 3 and e["context_tokens"] <= e["num_chunks"] * CHUNK for e in train["extra_info"])
+
+
+def test_eval_grid_has_every_kind_length_and_seed_with_exact_chunk_counts(data_dir):
+    for seed in (1, 2):
+        for length in (1, 4):
+            for kind in make_data.DEFAULT_KINDS:
+                df = pd.read_parquet(data_dir / "eval" / f"seed{seed}" / f"eval_{kind}_{length}.parquet")
+                assert len(df) == 2
+                for e in df["extra_info"]:
+                    assert e["kind"] == kind and e["num_chunks"] == length
+                    assert (length - 1) * CHUNK < e["context_tokens"] <= length * CHUNK
+    # seeds (and train vs eval) ask different questions
+    q1 = set(pd.read_parquet(data_dir / "eval" / "seed1" / "eval_niah_single_4.parquet")["context"])
+    q2 = set(pd.read_parquet(data_dir / "eval" / "seed2" / "eval_niah_single_4.parquet")["context"])
+    assert not q1 & q2
+
+
+def test_existing_files_are_kept(data_dir, tiny_model_path):
+    path = data_dir / "val.parquet"
+    before = path.stat().st_mtime_ns
+    written = make_data.write_files(make_data.plan_files(_args(data_dir, tiny_model_path)), str(tiny_model_path),
+                                    CHUNK, workers=1)
+    assert written == [] and path.stat().st_mtime_ns == before
+
+
+def test_make_data_rejects_unknown_kinds(tiny_model_path, tmp_path):
+    with pytest.raises(SystemExit, match="unknown kind"):
+        make_data.main(["--tokenizer", str(tiny_model_path), "--out", str(tmp_path), "--kinds", "niah_single,bogus"])
+
+
+def test_launch_script_overrides_compose_and_validate(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "DATA_DIR": "/data", "MODEL_PATH": "/models/smollm2", "OUT_DIR": str(tmp_path),
+           "STEPS": "7", "MAX_WALL": "300"}
+    out = subprocess.run(["bash", str(REPO / "recipe" / "miniature" / "run_memory_smollm2.sh"), "trainer.test_freq=3"],
+                         env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[1:3] == ["-m", "verl.trainer.main_ppo"]
+    overrides = out[3:]
+    assert overrides[-1] == "trainer.test_freq=3"  # extra arguments come last and win
+    with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    validate_config(cfg)
+    mem = cfg.recurrent.memory.config
+    assert (mem.chunk_size, mem.max_memorization_length, mem.max_chunks) == (512, 128, 8)
+    assert cfg.trainer.total_training_steps == 7 and cfg.trainer.max_wall_time_s == 300 and cfg.trainer.test_freq == 3
+    assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.train_files == "/data/train.parquet"
+
+
+def test_wall_time_limit_is_validated():
+    with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=["trainer.max_wall_time_s=-5"])
+    with pytest.raises(ConfigError, match="trainer.max_wall_time_s"):
+        validate_config(cfg)
+
+
+def test_inproc_launch_plans():
+    spec = ServerSpec(model_path="/m", served_model_name="m", port=9000, device="gpu", replicas=2,
+                      gpu_memory_utilization=0.2, backend="inproc", gpu_ids=["0", "1"], max_model_len=8192)
+    plans = build_launch_plans(spec)
+    assert [p.port for p in plans] == [9000, 9001]
+    assert plans[0].cmd[1:3] == ["-m", "serve.inproc_server"]
+    assert "--gpu-memory-utilization" in plans[0].cmd and "8192" in plans[0].cmd
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in plans] == ["0", "1"]
+    assert all(p.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" for p in plans)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be 1"):
+        build_launch_plans(ServerSpec(model_path="/m", backend="inproc", tensor_parallel_size=2))
+    with pytest.raises(ValueError, match="backend must be"):
+        build_launch_plans(ServerSpec(model_path="/m", backend="sglang"))
+
+
+def test_evaluate_driver_runs_every_cell_against_the_inproc_server(data_dir, tiny_model_path):
+    """recipe.miniature.evaluate: server up, every seed x label x kind x length recorded, meta written."""
+    root = data_dir.parent
+    cmd = [sys.executable, "-m", "recipe.miniature.evaluate", "--root", str(root), "--system", "untrained",
+           "--model", str(tiny_model_path), "--device", "cpu", "--engine", "hf", "--dtype", "float32",
+           "--lengths", "1,4", "--chunk-tokens", str(CHUNK), "--max-memory-tokens", "8", "--max-final-tokens", "8",
+           "--max-input-tokens", "200", "--max-model-len", "1024", "--port", "8741", "--serve-timeout", "120"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for seed in (1, 2):
+        for kind in make_data.DEFAULT_KINDS:
+            for length in (1, 4):
+                for label, requests in (("untrained-memory", length + 1), ("untrained-direct", 1)):
+                    path = root / "eval" / f"seed{seed}" / f"{kind}_{length}" / f"{label}.jsonl"
+                    records = [json.loads(line) for line in path.read_text().splitlines()]
+                    assert sorted(r["_id"] for r in records) == [0, 1], path
+                    assert all(r["status"] == "ok" and r["requests"] == requests for r in records), path
+    meta = json.loads((root / "meta" / "eval_untrained.json").read_text())
+    assert meta["failed_items"] == 0 and meta["eval_wall_s"] > 0
