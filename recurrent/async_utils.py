@@ -279,6 +279,24 @@ class _Router:
         self.in_flight[replica] -= 1
 
 
+TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>")
+"""End-of-turn markers of common chat templates, stripped from a completion that stops on one."""
+
+
+def _turn_end_token_ids(tokenizer: Any) -> set[int]:
+    """Ids that end an assistant turn: the tokenizer's special tokens, its added special tokens, and
+    the common end-of-turn markers present in its vocabulary. (Some converted tokenizers do not
+    list ``<|im_end|>`` as special although the model stops on it; seen with a GGUF-converted
+    SmolLM2 under transformers 5.17, whose completions then kept a literal ``<|im_end|>``.)"""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            ids.add(int(token_id))
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    ids.update(int(vocab[t]) for t in TURN_END_TOKENS if t in vocab)
+    return ids
+
+
 class ChatCompletionProxy:
     """OpenAI-style chat over one or more rollout replicas (see the module docstring).
 
@@ -311,6 +329,7 @@ class ChatCompletionProxy:
             if tokenizer.eos_token_id is not None:
                 eos.add(int(tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
+        self._turn_end_ids = _turn_end_token_ids(tokenizer)
         self._router = _Router(len(self.replicas), max_sticky_sessions)
         self._records: OrderedDict[str, EngineTurn] = OrderedDict()
         self._records_lock = threading.Lock()
@@ -470,8 +489,7 @@ class ChatCompletionProxy:
             visible = text[:pos]
         elif out.finish_reason == "stop" and tokens:
             ends = set(self.eos_token_ids) | set(params.stop_token_ids or [])
-            special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
-            if tokens[-1] in ends or tokens[-1] in special:  # the end token is not part of the content
+            if tokens[-1] in ends or tokens[-1] in self._turn_end_ids:  # the end token is not part of the content
                 content_len -= 1
                 text = visible = self.tokenizer.decode(tokens[:content_len], skip_special_tokens=False)
         record_id = f"{completion_id}-{index}"

@@ -292,6 +292,39 @@ def test_least_loaded_and_sticky_routing(tok):
         p.close()
 
 
+class _TokenizerWithoutSpecials:
+    """The tiny tokenizer as some converted tokenizers look: no special ids listed, no EOS."""
+
+    def __init__(self, tok):
+        self._tok = tok
+        self.all_special_ids, self.added_tokens_decoder, self.eos_token_id = [], {}, None
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_end_of_turn_token_is_stripped_even_when_the_tokenizer_does_not_list_it(tok):
+    """A completion that stops on <|im_end|> has content without it, also when the tokenizer does
+    not report <|im_end|> as special or EOS (else the marker ends up inside the next turn's memory)."""
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    class _Engine(ScriptedEngine):
+        async def generate(self, prompt_ids, params, request_id=None):
+            ids = self.tok.encode("note 42", add_special_tokens=False) + [im_end]
+            return [GenerationOutput(ids, [-0.5] * len(ids), "stop")]
+
+    engine = _Engine(tok, _memory_reply)
+    engine.eos_token_ids = []
+    p = ChatCompletionProxy(engine, _TokenizerWithoutSpecials(tok), chat_template="chatml")
+    try:
+        out = p.run(p.chat([{"role": "user", "content": "x"}], max_tokens=8))
+        assert out.choices[0].message.content == "note 42"
+        assert out.choices[0].token_ids[-1] == im_end  # the engine turn keeps the token for training
+    finally:
+        p.close()
+        engine.shutdown()
+
+
 def test_batching_replica_coalesces_requests():
     sent = []
 

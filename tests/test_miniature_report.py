@@ -316,3 +316,18 @@ def test_format_free_check_where_the_lenient_metric_is_zero(tmp_path):
     main = _by_first_cells(_table(md, "## Accuracy vs document length"), 1)
     assert main[("`untrained-memory`",)]["512 ch"] == "0.0 / 0.0 / 12.5"
     assert "None: every expected cell is complete." in md
+
+
+def test_cells_stopped_with_most_items_undone_are_not_reported(tmp_path):
+    """A time-out is not a score: a cell with 4 records of 16 questions shows no number (—), and the
+    missing section says how far it got; the claims treat it as not measured."""
+    counts = {k: (v[:4] + [None] if k[0] == "rl-memory" else v) for k, v in GOOD.items()}
+    root = _make_root(tmp_path, counts)
+    for seed in (1, 2):
+        for task in TASKS:
+            _write_cell(root / "eval" / f"seed{seed}", task, 512, "rl-memory", correct=4, n_items=16)
+    md = report.write_report(root, tmp_path / "out", report.ReportSettings(tasks=TASKS))["markdown"].read_text()
+    main = _by_first_cells(_table(md, "## Accuracy vs document length"), 1)
+    assert main[("`rl-memory`",)]["512 ch"] == "—"
+    assert "unfinished, 4 of 16 items done (not reported)" in md
+    assert "No rl-memory data at 512 chunks." in md

@@ -109,6 +109,8 @@ async def _run_all(plans: list[EvalPlan]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "openai", "httpcore"):  # one INFO line per request otherwise (GBs at 512 chunks)
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     root = Path(args.root)
     name = f"miniature-{args.system}"

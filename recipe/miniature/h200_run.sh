@@ -10,7 +10,7 @@
 #
 # Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
 # docs/results/README.md for the install line). Environment: MINI_ROOT [/tmp/mini], STEPS [60],
-# MAX_WALL [390] (training seconds), plus anything pipeline.sh reads.
+# MAX_WALL [360] (training seconds), plus anything pipeline.sh reads.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MINI_ROOT="${MINI_ROOT:-/tmp/mini}"
@@ -72,11 +72,11 @@ start() {
 # on the GPU machine, after installing the wheels (docs/results/README.md):
 export PYTHONPATH=/tmp/site:\$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
 MODEL_PATH=\$(python3 -m verl.utils.smollm)
-ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-390} bash recipe/miniature/pipeline.sh all
+ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-360} bash recipe/miniature/pipeline.sh all
 #   = make_data; evaluate --system untrained (background); run_memory_smollm2.sh (training);
 #     model_merger; evaluate --system rl; report
 EOF
-    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$MODEL_PATH" STEPS="${STEPS:-60}" MAX_WALL="${MAX_WALL:-390}" \
+    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$MODEL_PATH" STEPS="${STEPS:-60}" MAX_WALL="${MAX_WALL:-360}" \
         REPORT_OUT="$MINI_ROOT/report" \
         REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
         setsid nohup bash recipe/miniature/pipeline.sh all >"$MINI_ROOT/logs/pipeline.out" 2>&1 < /dev/null &)

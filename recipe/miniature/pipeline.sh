@@ -13,7 +13,7 @@
 #   DATA_ARGS                    extra make_data flags (e.g. "--eval-n 2 --eval-lengths 1,2" for a smoke run)
 #   EVAL_ARGS                    extra evaluate flags for both systems (e.g. "--device cpu --dtype float32")
 #   TRAIN_OVERRIDES              extra Hydra overrides for run_memory_smollm2.sh
-#   STEPS [40], MAX_WALL [420]   training steps and the training command's wall-clock budget (seconds)
+#   STEPS [40], MAX_WALL [360]   training steps and the training command's wall-clock budget (seconds)
 #   REPORT_OUT [docs/results]    where the report goes
 #   EVAL_PORT [8100]             port of the untrained model's server (the RL model's uses +1)
 # Every stage logs to $ROOT/logs/STAGE.log; stage wall times go to $ROOT/meta/stages.tsv; `all` ends

@@ -62,6 +62,8 @@ DEFAULT_TASKS = ("niah_single", "niah_multikey", "variable_tracking", "multidoc_
 DEFAULT_LENGTHS = (1, 2, 8, 32, 128, 512)
 MISSING = "—"
 INCOMPLETE_MARK = "*"
+NOT_REPORTED = ("missing", "unfinished")
+"""Cell states shown as no number: never run, or stopped with more than half of the items undone."""
 TRAIN_REWARD_KEY = "critic/score/mean"
 VAL_PREFIX = "val-core/"
 SCORES = ("lenient", "strict", "in_response")  # score columns of every frame, in the order cells show them
@@ -181,10 +183,13 @@ def _ordered(preferred: Sequence[Any], found: Sequence[Any]) -> list[Any]:
 
 
 def build_grid(cells: pd.DataFrame, settings: ReportSettings) -> tuple[pd.DataFrame, ReportSettings]:
-    """Every expected (system, task, length, seed), found or not, with ``status`` ok | incomplete | missing.
+    """Every expected (system, task, length, seed), found or not, with ``status`` ok | incomplete |
+    unfinished | missing.
 
     Expected = the settings' systems/tasks/lengths/seeds plus whatever was found. ``incomplete``: the
-    cell exists but some items have no record yet (they score 0, as in the harness).
+    cell exists but some items have no record yet (they score 0, as in the harness). ``unfinished``:
+    more than half of its items have no record (a run stopped early): like ``missing``, it is not
+    reported as a number, since scoring the unrun items 0 would pass a time-out off as a result.
     """
     seeds = settings.seeds if settings.seeds is not None else sorted(cells["seed"].unique().tolist())
     resolved = ReportSettings(**settings.__dict__)
@@ -203,12 +208,13 @@ def build_grid(cells: pd.DataFrame, settings: ReportSettings) -> tuple[pd.DataFr
     grid["status"] = "ok"
     grid.loc[grid["n_items"].isna(), "status"] = "missing"
     grid.loc[grid["n_missing"].fillna(0) > 0, "status"] = "incomplete"
+    grid.loc[grid["n_missing"].fillna(0) > grid["n_items"].fillna(0) / 2, "status"] = "unfinished"
     return grid, resolved
 
 
 def seed_means(grid: pd.DataFrame) -> pd.DataFrame:
     """Per (system, length, seed): scores averaged over the tasks present, questions, tasks present."""
-    present = grid[grid["status"] != "missing"].copy()
+    present = grid[~grid["status"].isin(NOT_REPORTED)].copy()
     present["is_incomplete"] = present["status"] == "incomplete"
     out = present.groupby(["system", "length", "seed"], sort=False).agg(
         **{k: (k, "mean") for k in SCORES},
@@ -252,7 +258,7 @@ def system_means(seeds: pd.DataFrame, settings: ReportSettings) -> pd.DataFrame:
 
 def task_means(grid: pd.DataFrame) -> pd.DataFrame:
     """Per (system, task, length): scores averaged over the seeds present; ``complete`` as in :func:`system_means`."""
-    present = grid[grid["status"] != "missing"]
+    present = grid[~grid["status"].isin(NOT_REPORTED)]
     n_expected = grid["seed"].nunique()
     out = present.groupby(["system", "task", "length"], sort=False).agg(
         **{k: (k, "mean") for k in SCORES}, n_seeds=("seed", "count"),
@@ -444,6 +450,9 @@ def _missing_lines(grid: pd.DataFrame, s: ReportSettings) -> list[str]:
                     items.append(f"seed {seed}: missing {', '.join(missing)}")
                 for _, r in seed_bad[seed_bad["status"] == "incomplete"].iterrows():
                     items.append(f"seed {seed}: {r['task']} has {int(r['n_missing'])} of {int(r['n_items'])} items without a record (scored 0)")
+                for _, r in seed_bad[seed_bad["status"] == "unfinished"].iterrows():
+                    done = int(r["n_items"]) - int(r["n_missing"])
+                    items.append(f"seed {seed}: {r['task']} unfinished, {done} of {int(r['n_items'])} items done (not reported)")
             lines.append(f"`{sys_}` at {n} chunks: " + "; ".join(items))
     return lines
 
@@ -544,8 +553,8 @@ def render_markdown(grid: pd.DataFrame, seeds: pd.DataFrame, table: pd.DataFrame
         f"answers that appear anywhere in the raw final response, whatever its format (it shows whether the "
         f"memory kept the answer when the model does not follow the answer format). Length = number of chunks "
         f"of the document; training used documents of <= {s.train_chunks} chunks. "
-        f"Seeds: {', '.join(map(str, s.seeds)) or 'none found'}. `{MISSING}` = not run; `{INCOMPLETE_MARK}` = "
-        f"incomplete cell (a task, a seed or some questions missing; see below). Paths are relative to the run "
+        f"Seeds: {', '.join(map(str, s.seeds)) or 'none found'}. `{MISSING}` = not run, or stopped with "
+        f"more than half of its questions unanswered (not reported); `{INCOMPLETE_MARK}` = incomplete cell (a task, a seed or some questions missing; see below). Paths are relative to the run "
         f"root (`<root>` in copied files)."),
         "",
         "## Claim check",

@@ -15,7 +15,7 @@
 #   OUT_DIR      checkpoints and logs (global_step_N/, logs/metrics.jsonl, logs/ tensorboard events)
 # Optional environment:
 #   STEPS (40)          total training steps (the LR schedule is constant after warm-up)
-#   MAX_WALL (480)      stop cleanly after the first step past this many seconds, with a checkpoint;
+#   MAX_WALL (360)      stop cleanly after the first step past this many seconds, with a checkpoint;
 #                       the same command again resumes (trainer.resume_mode=auto)
 #   PYTHON (python3)    interpreter command, split on spaces
 #   DRY_RUN=1           print the command, one argument per line, and exit
@@ -26,7 +26,7 @@ set -euo pipefail
 : "${MODEL_PATH:?set MODEL_PATH to the SmolLM2-135M-Instruct HF folder (python -m verl.utils.smollm)}"
 : "${OUT_DIR:?set OUT_DIR to the folder for checkpoints and logs}"
 STEPS="${STEPS:-40}"
-MAX_WALL="${MAX_WALL:-480}"
+MAX_WALL="${MAX_WALL:-360}"
 PYTHON="${PYTHON:-python3}"
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -53,7 +53,9 @@ OVERRIDES=(
     data.max_prompt_length=1536
     data.max_response_length=256
     "actor_rollout_ref.model.path=${MODEL_PATH}"
-    actor_rollout_ref.model.use_remove_padding=True
+    # padded rows: without flash-attn, packed rows under sdpa build a dense (tokens x tokens) mask,
+    # which ran out of the H200's memory at 32K tokens per micro-batch (docs/results/README.md)
+    actor_rollout_ref.model.use_remove_padding=False
     actor_rollout_ref.model.enable_gradient_checkpointing=False
     actor_rollout_ref.actor.optim.lr=1e-5
     actor_rollout_ref.actor.optim.lr_warmup_steps=2
