@@ -91,37 +91,25 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
     try:
         device = "cuda" if worker.device_name == "cuda" else "cpu"
 
-        def after_sleep() -> float:
-            worker.sleep_rollout()
-            bc.device_sync(device)
-            t0 = time.perf_counter()
-            worker.sync_rollout_weights()
-            bc.device_sync(device)
-            return time.perf_counter() - t0
+        def timed(prepare, action):
+            """A phase: ``prepare()`` untimed, then the seconds of ``action()`` between device syncs."""
+            def run() -> float:
+                prepare()
+                bc.device_sync(device)
+                t0 = time.perf_counter()
+                action()
+                bc.device_sync(device)
+                return time.perf_counter() - t0
+            return run
 
-        def awake() -> float:
-            worker.wake_up_rollout()
-            bc.device_sync(device)
-            t0 = time.perf_counter()
-            worker.sync_rollout_weights()
-            bc.device_sync(device)
-            return time.perf_counter() - t0
-
-        def gather_only() -> float:
-            bc.device_sync(device)
-            t0 = time.perf_counter()
+        def gather() -> None:
             for _bucket in iter_full_params(worker.actor_module):
                 pass
-            bc.device_sync(device)
-            return time.perf_counter() - t0
 
-        def wake_only() -> float:
-            engine.sleep()
-            bc.device_sync(device)
-            t0 = time.perf_counter()
-            engine.wake_up()
-            bc.device_sync(device)
-            return time.perf_counter() - t0
+        after_sleep = timed(worker.sleep_rollout, worker.sync_rollout_weights)
+        awake = timed(worker.wake_up_rollout, worker.sync_rollout_weights)
+        gather_only = timed(lambda: None, gather)
+        wake_only = timed(engine.sleep, engine.wake_up)
 
         phases = {"sync_after_sleep": after_sleep, "sync_awake": awake, "gather_only": gather_only,
                   "wake_up_only": wake_only}

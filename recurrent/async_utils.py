@@ -283,7 +283,7 @@ TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>
 """End-of-turn markers of common chat templates, stripped from a completion that stops on one."""
 
 
-def _turn_end_token_ids(tokenizer: Any) -> set[int]:
+def turn_end_token_ids(tokenizer: Any) -> set[int]:
     """Ids that end an assistant turn: the tokenizer's special tokens, its added special tokens, and
     the common end-of-turn markers present in its vocabulary. (Some converted tokenizers do not
     list ``<|im_end|>`` as special although the model stops on it; seen with a GGUF-converted
@@ -329,7 +329,7 @@ class ChatCompletionProxy:
             if tokenizer.eos_token_id is not None:
                 eos.add(int(tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
-        self._turn_end_ids = _turn_end_token_ids(tokenizer)
+        self._turn_end_ids = turn_end_token_ids(tokenizer)
         self._router = _Router(len(self.replicas), max_sticky_sessions)
         self._records: OrderedDict[str, EngineTurn] = OrderedDict()
         self._records_lock = threading.Lock()

@@ -116,10 +116,15 @@ def test_inproc_launch_plans():
         build_launch_plans(ServerSpec(model_path="/m", backend="sglang"))
 
 
-def test_evaluate_driver_runs_every_cell_against_the_inproc_server(data_dir, tiny_model_path):
-    """recipe.miniature.evaluate: server up, every seed x label x kind x length recorded, meta written."""
-    root = data_dir.parent
+@pytest.mark.parametrize("runner", ["http", "batched"])
+def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_path):
+    """recipe.miniature.evaluate, both runners (the HTTP harness against serve.inproc_server, and the
+    batched in-process one): every seed x label x kind x length recorded, meta written."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data").symlink_to(data_dir)
     cmd = [sys.executable, "-m", "recipe.miniature.evaluate", "--root", str(root), "--system", "untrained",
+           "--runner", runner,
            "--model", str(tiny_model_path), "--device", "cpu", "--engine", "hf", "--dtype", "float32",
            "--lengths", "1,4", "--chunk-tokens", str(CHUNK), "--max-memory-tokens", "8", "--max-final-tokens", "8",
            "--max-input-tokens", "200", "--max-model-len", "1024", "--port", "8741", "--serve-timeout", "120"]
@@ -134,5 +139,9 @@ def test_evaluate_driver_runs_every_cell_against_the_inproc_server(data_dir, tin
                     records = [json.loads(line) for line in path.read_text().splitlines()]
                     assert sorted(r["_id"] for r in records) == [0, 1], path
                     assert all(r["status"] == "ok" and r["requests"] == requests for r in records), path
-    meta = json.loads((root / "meta" / "eval_untrained.json").read_text())
-    assert meta["failed_items"] == 0 and meta["eval_wall_s"] > 0
+    if runner == "http":
+        meta = json.loads((root / "meta" / "eval_untrained.json").read_text())
+        assert meta["failed_items"] == 0 and meta["eval_wall_s"] > 0
+    else:
+        meta = json.loads((root / "meta" / "eval_untrained_runs.jsonl").read_text().splitlines()[-1])
+        assert (meta["finished"], meta["remaining"]) == (2 * 2 * 4 * 2 * 2, 0)  # seeds x labels x kinds x lengths x items

@@ -10,10 +10,17 @@ Systems and what they run (the evaluation harness, ``taskutils.memory_eval``):
   prompt, middle-truncated to the model's window, method ``boxed``);
 * ``rl``: ``rl-memory`` (the RL-trained model in the same memory workflow).
 
-One server (``serve.inproc_server``: the project's in-process vLLM engine, as in training) answers
-every request; all seeds, labels, tasks and lengths run at once, so the wall time is that of the
-longest document. Results land in ``{root}/eval/seed{S}/{task}_{length}/{label}.jsonl`` (resumable:
-run again to finish), timings in ``{root}/meta/eval_{system}.json``.
+Two runners, same prompts, sampling, scoring and record files:
+
+* ``--runner batched`` (default): the project's in-process vLLM engine (as in training) and
+  :mod:`taskutils.memory_eval.batched`: every unfinished item's next turn goes to the engine in one
+  batch; the memory of unfinished items is saved, so ``--deadline-s`` can stop a run that the next
+  command resumes mid-document (exit code 3 while items remain);
+* ``--runner http``: one server (``serve.inproc_server``) and the HTTP evaluation harness, all
+  seeds, labels, tasks and lengths at once (the path users take against any endpoint).
+
+Results land in ``{root}/eval/seed{S}/{task}_{length}/{label}.jsonl`` (resumable: run again to
+finish), timings in ``{root}/meta/eval_{system}.json``.
 """
 
 from __future__ import annotations
@@ -62,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.7, help="the paper's evaluation sampling")
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--concurrency", type=int, default=64, help="items in flight per cell")
-    s = p.add_argument_group("server")
+    p.add_argument("--runner", choices=["batched", "http"], default="batched", help="see the module docstring")
+    p.add_argument("--deadline-s", type=float, help="batched: stop after this many seconds, saving state (exit 3)")
+    s = p.add_argument_group("server / engine")
     s.add_argument("--port", type=int, default=8100)
     s.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
     s.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
@@ -74,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--serve-timeout", type=float, default=900.0)
     s.add_argument("--wait-for", help="after the server is up, wait until this file exists (data still being made)")
     s.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for --wait-for")
+    s.add_argument("--ready-file", help="touch this file once the engine/server is up (others may then start)")
     return p
 
 
@@ -107,11 +117,98 @@ async def _run_all(plans: list[EvalPlan]) -> int:
     return sum(await asyncio.gather(*(run_plan(plan) for plan in plans)))
 
 
+def _agent_config(args: argparse.Namespace):
+    from taskutils.memory_eval.agents import AgentConfig
+
+    return AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
+                       max_final_tokens=args.max_final_tokens, max_input_tokens=args.max_input_tokens,
+                       max_output_tokens=args.max_final_tokens, temperature=args.temperature, top_p=args.top_p)
+
+
+def batched_cells(args: argparse.Namespace, name: str) -> list:
+    """Every (seed, label, kind, length) cell of the system, with its validated items."""
+    from taskutils.memory_eval.batched import BatchCell
+    from taskutils.memory_eval.data import load_eval_items
+    from taskutils.memory_eval.run import data_file_for
+    from taskutils.memory_eval.runner import CellInfo
+
+    root = Path(args.root)
+    labels = [(lab, m) for lab, m in SYSTEMS[args.system] if not args.labels or lab in args.labels]
+    cells = []
+    for seed in args.seeds:
+        data_root = root / "data" / "eval" / f"seed{seed}"
+        for label, method in labels:
+            for kind in args.kinds:
+                for length in args.lengths:
+                    path = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
+                    items, _ = load_eval_items(path)
+                    info = CellInfo(kind, length, label, name, method, str(path))
+                    cells.append(BatchCell(info, items, root / "eval" / f"seed{seed}"))
+    return cells
+
+
+def _touch(path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).touch()
+
+
+def _wait_for(args: argparse.Namespace, started: float, alive=lambda: True) -> None:
+    while args.wait_for and not Path(args.wait_for).exists():
+        if time.time() - started > args.wait_timeout:
+            raise SystemExit(f"{args.wait_for} did not appear within {args.wait_timeout:.0f} s")
+        if not alive():
+            raise SystemExit(f"the server exited while waiting for {args.wait_for}")
+        time.sleep(2.0)
+
+
+def main_batched(args: argparse.Namespace) -> int:
+    """The batched runner: one in-process engine, every item's turn in one batch."""
+    from transformers import AutoTokenizer
+
+    from serve.inproc_server import build_engine
+    from taskutils.memory_eval.batched import run_batched
+
+    root, started = Path(args.root), time.time()
+    name = f"miniature-{args.system}"
+    engine_args = argparse.Namespace(
+        engine=args.engine, model=str(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=None, enforce_eager=args.enforce_eager, seed=0,
+    )  # fmt: skip
+    engine = build_engine(engine_args)
+    ready_s = time.time() - started
+    logger.info("%s engine ready after %.0f s", name, ready_s)
+    _touch(args.ready_file)
+    _wait_for(args, started)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+    deadline = started + args.deadline_s if args.deadline_s else None
+    t0 = time.time()
+    try:
+        counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline)
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    eval_s = time.time() - t0
+    meta = {"system": args.system, "runner": "batched", "model": str(args.model), "engine_ready_s": round(ready_s, 1),
+            "eval_wall_s": round(eval_s, 1), **counts, "seeds": args.seeds, "lengths": args.lengths,
+            "kinds": args.kinds}  # fmt: skip
+    (root / "meta").mkdir(parents=True, exist_ok=True)
+    with (root / "meta" / f"eval_{args.system}_runs.jsonl").open("a") as fh:
+        fh.write(json.dumps(meta) + "\n")
+    print(f"[miniature.eval] {args.system}: {eval_s:.0f} s, {counts['finished']} finished, "
+          f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['turns']} turns")
+    return 3 if counts["remaining"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "openai", "httpcore"):  # one INFO line per request otherwise (GBs at 512 chunks)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
+    if args.runner == "batched":
+        return main_batched(args)
     root = Path(args.root)
     name = f"miniature-{args.system}"
     spec = ServerSpec(
@@ -127,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ready_s = group.wait_ready(args.serve_timeout)
         logger.info("%s ready after %.0f s at %s", name, ready_s, group.base_urls[0])
+        _touch(args.ready_file)
         while args.wait_for and not Path(args.wait_for).exists():
             if time.time() - started > args.wait_timeout:
                 raise SystemExit(f"{args.wait_for} did not appear within {args.wait_timeout:.0f} s")

@@ -39,7 +39,8 @@ for line in open(sys.argv[1]).read().splitlines()[-3:]:
     keys = [k for k in r if k.startswith(("critic/score/mean", "val-core/", "timing_s/step", "timing_s/gen"))]
     print("step", r.get("step"), {k: round(float(r[k]), 3) for k in keys})
 EOF
-    for f in "$MINI_ROOT"/logs/eval_*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(grep -c ' items, ' "$f") cells done"; done
+    for f in "$MINI_ROOT"/logs/eval_*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(tail -n 1 "$f" | cut -c1-200)"; done
+    cat "$MINI_ROOT"/meta/eval_*_runs.jsonl 2>/dev/null | tail -n 4
     [ -f "$MINI_ROOT/FAILED" ] && { echo "FAILED at $(cat "$MINI_ROOT/FAILED")"; tail -n 30 "$MINI_ROOT/logs/$(cat "$MINI_ROOT/FAILED").log"; }
     [ -f "$MINI_ROOT/DONE" ] && echo "DONE $(cat "$MINI_ROOT/DONE")"
     return 0

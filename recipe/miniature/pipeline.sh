@@ -49,7 +49,8 @@ data_eval() {
 }
 eval_untrained() {
     "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system untrained --model "$MODEL_PATH" \
-        --port "$EVAL_PORT" --wait-for "$ROOT/data/.eval_ready" "${EVAL_EXTRA[@]}"
+        --port "$EVAL_PORT" --wait-for "$ROOT/data/.eval_ready" --ready-file "$ROOT/meta/.untrained_engine_ready" \
+        "${EVAL_EXTRA[@]}"
 }
 train() {
     DATA_DIR="$ROOT/data" MODEL_PATH="$MODEL_PATH" OUT_DIR="$ROOT/train" PYTHON="$PYTHON" \
@@ -73,19 +74,10 @@ report() {
         ${REPORT_ARGS:-}
 }
 
-wait_http() {  # wait_http PORT SECONDS: until GET /health answers (or give up)
-    "${PY[@]}" - "$1" "$2" <<'EOF'
-import sys, time, urllib.request
-port, limit = int(sys.argv[1]), float(sys.argv[2])
-t0 = time.time()
-while time.time() - t0 < limit:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-        print(f"server on {port} up after {time.time() - t0:.0f} s"); sys.exit(0)
-    except OSError:
-        time.sleep(2)
-print(f"server on {port} not up after {limit:.0f} s"); sys.exit(1)
-EOF
+wait_file() {  # wait_file PATH SECONDS PID: until PATH exists, PID exits, or SECONDS pass
+    local t0=$SECONDS
+    while [ ! -e "$1" ] && [ $((SECONDS - t0)) -lt "$2" ] && kill -0 "$3" 2>/dev/null; do sleep 2; done
+    if [ -e "$1" ]; then echo "untrained model's engine up after $((SECONDS - t0)) s"; else echo "no $1 after $((SECONDS - t0)) s"; fi
 }
 
 fail() { echo "$1" >"$ROOT/FAILED"; echo "[pipeline] FAILED at $1" | tee -a "$ROOT/logs/pipeline.log"; }
@@ -93,12 +85,13 @@ fail() { echo "$1" >"$ROOT/FAILED"; echo "[pipeline] FAILED at $1" | tee -a "$RO
 all() {
     rm -f "$ROOT/DONE" "$ROOT/FAILED"
     timed data_train data_train || { fail data_train; return 1; }
-    # the untrained model's server starts first, so that the training engine profiles GPU memory
+    # the untrained model's engine starts first, so that the training engine profiles GPU memory
     # after it (vLLM refuses to start while another process frees memory during its profiling)
+    rm -f "$ROOT/meta/.untrained_engine_ready"
     (timed data_eval data_eval) &
     (timed eval_untrained eval_untrained) &
     local untrained=$!
-    wait_http "$EVAL_PORT" 900 | tee -a "$ROOT/logs/pipeline.log"
+    wait_file "$ROOT/meta/.untrained_engine_ready" 900 "$untrained" | tee -a "$ROOT/logs/pipeline.log"
     timed train train || fail train
     if [ ! -f "$ROOT/FAILED" ]; then
         timed merge merge || fail merge

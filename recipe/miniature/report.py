@@ -35,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from recipe.miniature.report_plots import plot_accuracy, plot_training
+from taskutils.memory_eval.results import read_jsonl_last_by
 from taskutils.memory_eval.scoring import (
     FORMAT_FREE_METRIC,
     STRICT_METRIC,
@@ -154,18 +155,7 @@ def load_cells(root: str | Path) -> pd.DataFrame:
 
 def read_training_log(path: str | Path) -> pd.DataFrame:
     """The trainer's ``metrics.jsonl`` as a frame indexed by step (a re-logged step after a resume: last wins)."""
-    path = Path(path)
-    by_step: dict[int, dict[str, Any]] = {}
-    if path.exists():
-        with path.open(encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    by_step[int(record["step"])] = record
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                    logger.warning("%s: line %d is not a metrics record; ignored", path, lineno)
+    by_step = read_jsonl_last_by(path, "step", "metrics record")
     if not by_step:
         return pd.DataFrame(index=pd.Index([], name="step"))
     frame = pd.DataFrame([by_step[s] for s in sorted(by_step)]).set_index("step")

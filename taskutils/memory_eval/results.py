@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["ResultStore", "read_records", "write_meta", "read_meta", "result_paths"]
+__all__ = ["ResultStore", "read_jsonl_last_by", "read_records", "write_meta", "read_meta", "result_paths"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +32,11 @@ def result_paths(out_dir: str | Path, task: str, length: int | str, label: str) 
     return cell / f"{safe}.jsonl", cell / f"{safe}.meta.json"
 
 
-def read_records(path: str | Path) -> dict[int, dict[str, Any]]:
-    """Records of a results file keyed by ``_id`` (last one wins); unparsable lines are skipped.
+def read_jsonl_last_by(path: str | Path, key: str, what: str = "record") -> dict[int, dict[str, Any]]:
+    """JSON lines of ``path`` keyed by the integer field ``key`` (the last line of a key wins).
 
-    A crash can leave a half-written last line; it is ignored with a warning (that item is redone).
+    Missing file -> ``{}``. Unparsable lines (a crash can leave a half-written last one) and lines
+    without ``key`` are skipped with a warning naming the file, the line and ``what`` they should be.
     """
     records: dict[int, dict[str, Any]] = {}
     path = Path(path)
@@ -47,10 +48,18 @@ def read_records(path: str | Path) -> dict[int, dict[str, Any]]:
                 continue
             try:
                 record = json.loads(line)
-                records[int(record["_id"])] = record
+                records[int(record[key])] = record
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                logger.warning("%s: line %d is not a result record; ignored (the item will be redone)", path, lineno)
+                logger.warning("%s: line %d is not a %s; ignored", path, lineno, what)
     return records
+
+
+def read_records(path: str | Path) -> dict[int, dict[str, Any]]:
+    """Records of a results file keyed by ``_id`` (last one wins); unparsable lines are skipped.
+
+    A crash can leave a half-written last line; it is ignored with a warning (that item is redone).
+    """
+    return read_jsonl_last_by(path, "_id", "result record (the item will be redone)")
 
 
 def write_meta(path: str | Path, meta: dict[str, Any]) -> None:

@@ -1,0 +1,246 @@
+"""Batched, resumable evaluation on an in-process rollout engine (no HTTP, no server).
+
+The HTTP agents (:mod:`taskutils.memory_eval.agents`) send one request per turn per item; with a
+small model and long documents the per-request work (HTTP, JSON, chat templating under one GIL)
+can outweigh the generation (an H200 run measured 1.4-6 s per memory turn through the HTTP endpoint
+with ~1,500 items in flight). Here every unfinished item's next turn goes to the engine in **one batch**, with the same
+prompts (:mod:`recurrent.prompts`), chunking (:func:`~taskutils.memory_eval.chunking.iter_chunks`),
+chat template (:func:`recurrent.chat_template.load_chat_template`, as ``serve.inproc_server``),
+sampling and scoring (:func:`~taskutils.memory_eval.scoring.score_response`), and the same record
+and meta files (:mod:`~taskutils.memory_eval.results`), so summaries and reports read them unchanged.
+
+Resume: finished items are skipped (their records exist); the memory of unfinished memory-agent
+items is saved to ``{label}.state.json`` beside the records every ``save_every`` turns and when the
+``deadline`` passes, so a run stopped by a time limit continues mid-document next time.
+
+    cells = [BatchCell(info, items, out_dir) ...]
+    run_batched(cells, engine, tokenizer, AgentConfig(chunk_tokens=512, ...), deadline=time.time() + 500)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recurrent.async_utils import turn_end_token_ids
+from recurrent.chat_template import load_chat_template, tokenize_conversation
+from recurrent.prompts import (
+    NO_MEMORY,
+    render_final_prompt,
+    render_template,
+    render_update_prompt,
+)
+from taskutils.memory_eval.agents import (
+    DIRECT_TEMPLATE_ANSWER_IS,
+    DIRECT_TEMPLATE_BOXED,
+    AgentConfig,
+    _strip_think,
+)
+from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks, middle_truncate
+from taskutils.memory_eval.data import EvalItem
+from taskutils.memory_eval.results import ResultStore, result_paths, write_meta
+from taskutils.memory_eval.runner import CellInfo, _base_record
+from taskutils.memory_eval.scoring import score_response
+
+__all__ = ["BatchCell", "run_batched"]
+
+logger = logging.getLogger(__name__)
+
+MEMORY_METHODS = {"recurrent": "answer_is", "recurrent-boxed": "boxed"}
+DIRECT_METHODS = {"openai": DIRECT_TEMPLATE_ANSWER_IS, "boxed": DIRECT_TEMPLATE_BOXED}
+
+
+@dataclass
+class BatchCell:
+    """One (task, length, label) cell: its items and where its records go (``out_dir`` = harness --out)."""
+
+    info: CellInfo
+    items: Sequence[EvalItem]
+    out_dir: str | Path
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        results, meta = result_paths(self.out_dir, self.info.task, self.info.length, self.info.label)
+        return results, meta, results.with_suffix(".state.json")
+
+
+@dataclass
+class _Job:
+    """One unfinished item: its cell, chunks still to read and the memory so far."""
+
+    cell: int
+    item: EvalItem
+    chunks: list[str] = field(default_factory=list)
+    next_chunk: int = 0
+    memory: str = NO_MEMORY
+    started: float = field(default_factory=time.perf_counter)
+    requests: int = 0
+    truncated_from: int | None = None
+    prompt: str | None = None  # the direct baseline's single prompt
+
+
+def _params(config: AgentConfig, max_tokens: int):
+    from verl.workers.rollout.base import SamplingParams
+
+    return SamplingParams(n=1, temperature=config.temperature, top_p=config.top_p, max_tokens=max_tokens)
+
+
+def _save_state(path: Path, jobs: list[_Job]) -> None:
+    state = {str(j.item.id): {"next_chunk": j.next_chunk, "memory": j.memory, "requests": j.requests} for j in jobs}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_batched(
+    cells: Sequence[BatchCell],
+    engine: Any,
+    tokenizer: Any,
+    config: AgentConfig,
+    *,
+    chat_template: str | None = None,
+    save_every: int = 8,
+    deadline: float | None = None,
+    force: bool = False,
+) -> dict[str, int]:
+    """Run every unfinished item of ``cells`` turn by turn in batches; return counts.
+
+    Args:
+        engine: a :class:`~verl.workers.rollout.base.RolloutEngine` (vLLM in-process or HF).
+        tokenizer: the model's Hugging Face (fast) tokenizer.
+        config: chunk size, token budgets and sampling (as for the HTTP agents).
+        save_every: memory turns between state saves.
+        deadline: ``time.time()`` after which the run saves its state and returns (``stopped=1``).
+        force: redo every item (records and saved state are discarded).
+
+    Returns:
+        ``{"finished", "resumed", "remaining", "turns", "stopped"}``.
+    """
+    template = load_chat_template(tokenizer, chat_template)
+    spanner = HFTokenizer(tokenizer)
+    stores: list[ResultStore] = []
+    jobs: list[_Job] = []
+    counts = {"finished": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
+    for k, cell in enumerate(cells):
+        if cell.info.method not in MEMORY_METHODS and cell.info.method not in DIRECT_METHODS:
+            raise ValueError(f"cell {cell.info.task}_{cell.info.length}: unknown method {cell.info.method!r}")
+        results_path, meta_path, state_path = cell.paths()
+        write_meta(meta_path, {**cell.info.__dict__, "n_items": len(cell.items), "n_invalid": 0,
+                               "started_at": time.time(), "runner": "batched"})  # fmt: skip
+        store = ResultStore(results_path)
+        done = store.open(force=force)
+        stores.append(store)
+        saved = {} if force or not state_path.exists() else json.loads(state_path.read_text(encoding="utf-8"))
+        for item in cell.items:
+            if item.id in done:
+                continue
+            job = _Job(k, item)
+            context = item.get_context().strip()
+            if cell.info.method in MEMORY_METHODS:
+                if config.max_context_tokens is not None:
+                    context, before, after = middle_truncate(context, config.max_context_tokens, spanner)
+                    job.truncated_from = before if after < before else None
+                job.chunks = list(iter_chunks(context, config.chunk_tokens, spanner))
+                state = saved.get(str(item.id))
+                if state:
+                    job.next_chunk, job.memory, job.requests = state["next_chunk"], state["memory"], state["requests"]
+                    counts["resumed"] += 1
+            else:
+                document, before, after = middle_truncate(context, config.max_input_tokens, spanner)
+                job.truncated_from = before if after < before else None
+                job.prompt = render_template(DIRECT_METHODS[cell.info.method], prompt=item.question, chunk=document)
+            jobs.append(job)
+
+    def ids_of(message: str) -> list[int]:
+        return tokenize_conversation(tokenizer, template, [{"role": "user", "content": message}], True, None).ids
+
+    def generate(requests: list[tuple[list[int], Any]]) -> list[Any]:
+        async def _all() -> list[Any]:
+            return list(await asyncio.gather(*(engine.generate(p, params) for p, params in requests)))
+
+        # all at once on the engine's own loop, so that it batches them (as RolloutEngine.generate_batch)
+        return [outs[0] for outs in engine._engine_loop().run(_all())]
+
+    turn_ends = turn_end_token_ids(tokenizer)
+
+    def text_of(output: Any) -> str:
+        tokens = list(output.token_ids)
+        if output.finish_reason == "stop" and tokens and tokens[-1] in turn_ends:
+            tokens = tokens[:-1]  # the end-of-turn token is not content (see recurrent.async_utils)
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def finish(job: _Job, response: str) -> None:
+        cell = cells[job.cell]
+        scores = score_response(response.strip(), job.item.answers, cell.info.method)
+        record = {**{k: v for k, v in job.item.meta.items() if not k.startswith("_")},
+                  **_base_record(cell.info, job.item.id), "question": job.item.question, "answers": job.item.answers,
+                  "status": "ok", "error": None, "response": response, "pred": scores.pop("pred"),
+                  **{f"judge_{k}": v for k, v in scores.items()}, "num_chunks": job.next_chunk if job.chunks else 0,
+                  "requests": job.requests, "retries": 0, "elapsed_s": round(time.perf_counter() - job.started, 3),
+                  "truncated_from_tokens": job.truncated_from, "memory": job.memory if job.chunks else None}  # fmt: skip
+        stores[job.cell].append(record)
+        counts["finished"] += 1
+
+    memory_params, final_params = _params(config, config.max_memory_tokens), _params(config, config.max_final_tokens)
+    direct_params = _params(config, config.max_output_tokens)
+    try:
+        while jobs:
+            if deadline is not None and time.time() > deadline:
+                counts["stopped"] = 1
+                break
+            # one turn of every unfinished item: a memory update, a final answer or the direct prompt
+            batch: list[tuple[_Job, str, Any]] = []
+            for job in jobs:
+                if job.prompt is not None:
+                    batch.append((job, "direct", direct_params))
+                elif job.next_chunk < len(job.chunks):
+                    batch.append((job, "memory", memory_params))
+                else:
+                    batch.append((job, "final", final_params))
+            requests = []
+            for job, kind, params in batch:
+                if kind == "direct":
+                    message = job.prompt
+                elif kind == "memory":
+                    message = render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk])
+                else:
+                    message = render_final_prompt(job.item.question, job.memory,
+                                                  style=MEMORY_METHODS[cells[job.cell].info.method])
+                requests.append((ids_of(message), params))
+            outputs = generate(requests)
+            counts["turns"] += 1
+            still = []
+            for (job, kind, _), output in zip(batch, outputs, strict=True):
+                job.requests += 1
+                if kind == "memory":
+                    job.memory = _strip_think(text_of(output)) or NO_MEMORY
+                    job.next_chunk += 1
+                    still.append(job)
+                else:
+                    finish(job, text_of(output))
+            jobs = still
+            if counts["turns"] % max(1, save_every) == 0:
+                _save_states(cells, jobs)
+    finally:
+        _save_states(cells, jobs)
+        for store in stores:
+            store.close()
+    counts["remaining"] = len(jobs)
+    return counts
+
+
+def _save_states(cells: Sequence[BatchCell], jobs: list[_Job]) -> None:
+    """Write every cell's state file (unfinished memory items), removing it once the cell is done."""
+    for k, cell in enumerate(cells):
+        state_path = cell.paths()[2]
+        mine = [j for j in jobs if j.cell == k and j.chunks]
+        if mine:
+            _save_state(state_path, mine)
+        elif state_path.exists():
+            state_path.unlink()

@@ -1,0 +1,133 @@
+"""The batched, resumable evaluation runner (taskutils.memory_eval.batched) with a scripted engine:
+turns per item, prompts carry the memory, records in the harness's format, resume mid-document."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from transformers import AutoTokenizer
+
+from taskutils.memory_eval.agents import AgentConfig
+from taskutils.memory_eval.batched import BatchCell, run_batched
+from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks
+from taskutils.memory_eval.data import EvalItem
+from taskutils.memory_eval.results import read_records
+from taskutils.memory_eval.runner import CellInfo
+from verl.workers.rollout.base import GenerationOutput, RolloutEngine
+
+CHUNK = 16
+
+
+class ScriptedEngine(RolloutEngine):
+    """Memory turns answer "mem <turn index>"; final and direct prompts answer ``\\boxed{7}``; records every
+    prompt and the size of every batch; raises on call ``fail_at`` (a crash mid-run)."""
+
+    def __init__(self, tok, fail_at: int | None = None):
+        self.tok, self.fail_at = tok, fail_at
+        self.prompts: list[str] = []
+        self.calls = 0
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        self.calls += 1
+        if self.fail_at is not None and self.calls >= self.fail_at:
+            raise RuntimeError("engine died")
+        text = self.tok.decode(prompt_ids)
+        self.prompts.append(text)
+        await asyncio.sleep(0)
+        seen = re.findall(r"mem (\d+)", text)  # the memory so far, "mem k" after k + 1 turns
+        reply = "\\boxed{7}" if ("Your answer:" in text or "Put the answer" in text) else \
+            f"mem {int(seen[-1]) + 1 if seen else 0}"
+        ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
+        return [GenerationOutput(ids, None, "stop")]
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+    def shutdown(self):
+        self._stop_engine_loop()
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_path):
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+def _cells(tmp_path, tok):
+    context = " ".join(f"word{i}" for i in range(40))
+    n_chunks = len(list(iter_chunks(context, CHUNK, HFTokenizer(tok))))
+    items = [EvalItem(i, f"What is the number {i}?", context, ["7"]) for i in range(2)]
+    memory = BatchCell(CellInfo("niah", 3, "m-memory", "m", "recurrent-boxed"), items, tmp_path)
+    direct = BatchCell(CellInfo("niah", 3, "m-direct", "m", "boxed"), items, tmp_path)
+    return [memory, direct], n_chunks
+
+
+CONFIG = AgentConfig(chunk_tokens=CHUNK, max_memory_tokens=8, max_final_tokens=8, max_input_tokens=64,
+                     max_output_tokens=8)
+
+
+def test_every_turn_batched_and_records_scored(tmp_path, tok):
+    cells, n_chunks = _cells(tmp_path, tok)
+    assert n_chunks >= 3
+    engine = ScriptedEngine(tok)
+    try:
+        counts = run_batched(cells, engine, tok, CONFIG)
+    finally:
+        engine.shutdown()
+    # turn 1: 2 memory updates + 2 direct prompts; then 2 per turn; then the 2 final answers
+    assert counts == {"finished": 4, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
+    assert engine.calls == 2 * (n_chunks + 1) + 2
+    memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
+    direct = read_records(tmp_path / "niah_3" / "m-direct.jsonl")
+    for r in memory.values():
+        assert (r["status"], r["num_chunks"], r["requests"], r["judge_strict_boxed"]) == ("ok", n_chunks, n_chunks + 1, 1.0)
+        assert r["memory"] == f"mem {n_chunks - 1}"  # each update saw the previous memory, no end token
+        assert "<|im_end|>" not in r["response"]
+    assert all(r["requests"] == 1 and r["num_chunks"] == 0 for r in direct.values())
+    # the second memory turn's prompt carries the first turn's memory
+    assert sum("mem 0" in p for p in engine.prompts) >= 2
+    assert not (tmp_path / "niah_3" / "m-memory.state.json").exists()
+
+
+def test_a_stopped_run_resumes_mid_document(tmp_path, tok):
+    cells, n_chunks = _cells(tmp_path, tok)
+    crashing = ScriptedEngine(tok, fail_at=2 + 2 + 1)  # turn 1 = calls 1-4; dies at the first call of turn 2
+    try:
+        with pytest.raises(RuntimeError, match="engine died"):
+            run_batched(cells, crashing, tok, CONFIG, save_every=1)
+    finally:
+        crashing.shutdown()
+    state = tmp_path / "niah_3" / "m-memory.state.json"
+    assert state.exists()  # memory after turn 1 was saved
+    assert len(read_records(tmp_path / "niah_3" / "m-direct.jsonl")) == 2  # direct items finished in turn 1
+
+    engine = ScriptedEngine(tok)
+    try:
+        counts = run_batched(cells, engine, tok, CONFIG)
+    finally:
+        engine.shutdown()
+    assert counts["resumed"] == 2 and counts["finished"] == 2 and counts["turns"] == n_chunks
+    # no item started over: the first prompt after resuming already holds turn 1's memory
+    assert "mem 0" in engine.prompts[0]
+    for r in read_records(tmp_path / "niah_3" / "m-memory.jsonl").values():
+        assert r["requests"] == n_chunks + 1 and r["num_chunks"] == n_chunks
+    assert not state.exists()
+
+
+def test_deadline_stops_and_saves(tmp_path, tok):
+    import time
+
+    cells, _ = _cells(tmp_path, tok)
+    engine = ScriptedEngine(tok)
+    try:
+        counts = run_batched(cells, engine, tok, CONFIG, deadline=time.time() - 1)
+    finally:
+        engine.shutdown()
+    assert counts["stopped"] == 1 and counts["remaining"] == 4 and engine.calls == 0
