@@ -145,3 +145,13 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
     else:
         meta = json.loads((root / "meta" / "eval_untrained_runs.jsonl").read_text().splitlines()[-1])
         assert (meta["finished"], meta["remaining"]) == (2 * 2 * 4 * 2 * 2, 0)  # seeds x labels x kinds x lengths x items
+
+
+def test_serve_cli_dry_run_with_the_inproc_backend(capsys):
+    from serve.vllm_server import main as serve_main
+
+    assert serve_main(["--model", "/models/m", "--backend", "inproc", "--device", "gpu", "--port", "9100",
+                       "--gpu-memory-utilization", "0.2", "--dry-run"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "-m serve.inproc_server --model /models/m" in line and "--port 9100" in line
+    assert line.startswith("VLLM_ENABLE_V1_MULTIPROCESSING=0 ")
