@@ -232,6 +232,16 @@ def test_rollout_engine_follows_the_actor(runs):
             assert h["rollout/logprob_abs_diff_max"] < 1e-3, h["step"]
 
 
+def test_actor_log_probs_use_the_rollout_temperature(tiny_model_path, tmp_path, runs):
+    """At rollout temperature 0.7 the actor's recomputed log-probs must be those of the distribution
+    the engine sampled from (logits / 0.7), as at temperature 1; else PPO optimises another policy."""
+    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "t"), 1, extra=[
+        "actor_rollout_ref.rollout.temperature=0.7", "trainer.val_before_train=False", "trainer.save_freq=-1",
+        "trainer.test_freq=-1"]))
+    step = {h["step"]: h for h in hist}[1]
+    assert step["rollout/logprob_abs_diff_max"] < 1e-3
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_rollout_training_with_weight_sync(tiny_model_path, tmp_path, runs):

@@ -134,6 +134,8 @@ class MultiConvTrainer:
             # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level),
             #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
             traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
+            # log-probs of the distribution that was sampled from (logits / rollout temperature)
+            conv.meta_info["temperature"] = float(self._sampling(validate=False)["temperature"]) or 1.0
             self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             metrics.update(conv.meta_info.get("metrics", {}))  # workflow metrics (async mode)
             # 4. group-relative advantages on trajectory rewards, broadcast to every turn
