@@ -142,6 +142,26 @@ def random_prompts(batch: int, length: int, vocab: int, avoid: set[int], seed: i
     return allowed[picks].tolist()
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of ``prompts`` left-padded to the longest, for ``model.generate``."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def add_model_args(parser: Any) -> None:
+    """``--model`` (HF folder) or ``--shape`` (random-init Qwen2 shape), ``--device``, ``--dtype``."""
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--model", help="HF model folder")
+    src.add_argument("--shape", choices=sorted(SHAPES), help="random-init Qwen2 shape (default: tiny)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+
+
 @contextlib.contextmanager
 def fixed_length(engine: Any):
     """Within the block ``engine`` ignores EOS, so every sample has exactly ``max_tokens`` tokens.

@@ -46,12 +46,8 @@ def hf_generate_fixed(model: torch.nn.Module, prompts: list[list[int]], new_toke
                       device: str) -> int:
     """Greedy ``model.generate`` on the left-padded batch with EOS masked until ``new_tokens``; returns
     the number of generated tokens (``len(prompts) * new_tokens``, checked by the caller)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+    ids, mask = bc.left_pad(prompts, pad_id)
+    width = ids.shape[1]
     with torch.inference_mode():
         out = model.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
@@ -151,11 +147,7 @@ def build_vllm_engine(model_path: Path, device: str, dtype: str, max_model_len: 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", help="HF model folder")
-    src.add_argument("--shape", choices=sorted(bc.SHAPES), help="random-init Qwen2 shape (default: tiny)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    bc.add_model_args(p)
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs / torch.compile")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     add_rollout_args(p)
