@@ -56,13 +56,10 @@ def build_engine(args: argparse.Namespace):
             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
             enable_sleep_mode=False, seed=args.seed, logprobs_mode=None,
         )  # fmt: skip
-    import torch
-
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"auto": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
-    return HFRolloutEngine(args.model, device=device, dtype=dtype, max_model_len=args.max_model_len or 4096)
+    dtype = None if args.dtype == "auto" else args.dtype  # None: the checkpoint's dtype
+    return HFRolloutEngine(args.model, dtype=dtype, max_model_len=args.max_model_len or 4096)  # GPU if there is one
 
 
 def main(argv: list[str] | None = None) -> int:

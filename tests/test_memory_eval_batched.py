@@ -131,3 +131,7 @@ def test_deadline_stops_and_saves(tmp_path, tok):
     finally:
         engine.shutdown()
     assert counts["stopped"] == 1 and counts["remaining"] == 4 and engine.calls == 0
+    import json
+
+    state = json.loads((tmp_path / "niah_3" / "m-memory.state.json").read_text())
+    assert {k: v["next_chunk"] for k, v in state.items()} == {"0": 0, "1": 0}  # saved, nothing read yet

@@ -31,10 +31,12 @@ import json
 import logging
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from recipe.miniature.make_data import EVAL_LENGTHS
 from serve.vllm_server import ServerSpec, VLLMServerGroup
+from taskutils.memory_eval.agents import AgentConfig
 from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS
 from taskutils.memory_eval.run import EvalPlan, ModelEntry, TaskEntry, run_plan
 
@@ -87,23 +89,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPlan]:
-    """One harness plan per (seed, label): every task x length cell at once."""
-    root = Path(args.root)
-    agent = {
-        "chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
-        "max_final_tokens": args.max_final_tokens, "max_input_tokens": args.max_input_tokens,
-        "max_output_tokens": args.max_final_tokens, "temperature": args.temperature, "top_p": args.top_p,
-    }  # fmt: skip
+def _labels(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The (label, method) pairs of ``--system``, filtered by ``--labels``."""
     labels = [(label, method) for label, method in SYSTEMS[args.system] if not args.labels or label in args.labels]
     if not labels:
         raise SystemExit(f"--labels {args.labels}: none of {[lab for lab, _ in SYSTEMS[args.system]]}")
+    return labels
+
+
+def _data_root(args: argparse.Namespace, seed: int) -> Path:
+    data_root = Path(args.root) / "data" / "eval" / f"seed{seed}"
+    if not data_root.is_dir():
+        raise SystemExit(f"{data_root} is missing: run python -m recipe.miniature.make_data "
+                         f"--out {data_root.parents[1]}")
+    return data_root
+
+
+def _agent_config(args: argparse.Namespace) -> AgentConfig:
+    """The agent settings (both runners); the direct baseline answers within the final-answer budget."""
+    return AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
+                       max_final_tokens=args.max_final_tokens, max_input_tokens=args.max_input_tokens,
+                       max_output_tokens=args.max_final_tokens, temperature=args.temperature, top_p=args.top_p)
+
+
+def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPlan]:
+    """One harness plan per (seed, label): every task x length cell at once."""
+    root = Path(args.root)
+    agent = asdict(_agent_config(args))
     plans = []
     for seed in args.seeds:
-        data_root = root / "data" / "eval" / f"seed{seed}"
-        if not data_root.is_dir():
-            raise SystemExit(f"{data_root} is missing: run python -m recipe.miniature.make_data --out {root / 'data'}")
-        for label, method in labels:
+        data_root = _data_root(args, seed)
+        for label, method in _labels(args):
             model = ModelEntry(model=name, methods=[method], label=label, base_url=base_url, tokenizer=args.model,
                                concurrency=args.concurrency, agent=agent)
             tasks = [TaskEntry(kind, list(args.lengths)) for kind in args.kinds]
@@ -117,14 +133,6 @@ async def _run_all(plans: list[EvalPlan]) -> int:
     return sum(await asyncio.gather(*(run_plan(plan) for plan in plans)))
 
 
-def _agent_config(args: argparse.Namespace):
-    from taskutils.memory_eval.agents import AgentConfig
-
-    return AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
-                       max_final_tokens=args.max_final_tokens, max_input_tokens=args.max_input_tokens,
-                       max_output_tokens=args.max_final_tokens, temperature=args.temperature, top_p=args.top_p)
-
-
 def batched_cells(args: argparse.Namespace, name: str) -> list:
     """Every (seed, label, kind, length) cell of the system, with its validated items."""
     from taskutils.memory_eval.batched import BatchCell
@@ -133,11 +141,10 @@ def batched_cells(args: argparse.Namespace, name: str) -> list:
     from taskutils.memory_eval.runner import CellInfo
 
     root = Path(args.root)
-    labels = [(lab, m) for lab, m in SYSTEMS[args.system] if not args.labels or lab in args.labels]
     cells = []
     for seed in args.seeds:
-        data_root = root / "data" / "eval" / f"seed{seed}"
-        for label, method in labels:
+        data_root = _data_root(args, seed)
+        for label, method in _labels(args):
             for kind in args.kinds:
                 for length in args.lengths:
                     path = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
@@ -158,7 +165,7 @@ def _wait_for(args: argparse.Namespace, started: float, alive=lambda: True) -> N
         if time.time() - started > args.wait_timeout:
             raise SystemExit(f"{args.wait_for} did not appear within {args.wait_timeout:.0f} s")
         if not alive():
-            raise SystemExit(f"the server exited while waiting for {args.wait_for}")
+            raise SystemExit(f"the server exited while waiting for {args.wait_for} (see {Path(args.root) / 'logs'})")
         time.sleep(2.0)
 
 
@@ -225,12 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         ready_s = group.wait_ready(args.serve_timeout)
         logger.info("%s ready after %.0f s at %s", name, ready_s, group.base_urls[0])
         _touch(args.ready_file)
-        while args.wait_for and not Path(args.wait_for).exists():
-            if time.time() - started > args.wait_timeout:
-                raise SystemExit(f"{args.wait_for} did not appear within {args.wait_timeout:.0f} s")
-            if any(proc.poll() is not None for proc in group.processes):
-                raise SystemExit(f"the server exited while waiting for {args.wait_for}; see {group.log_paths}")
-            time.sleep(2.0)
+        _wait_for(args, started, alive=lambda: all(proc.poll() is None for proc in group.processes))
         plans = plans_for(args, group.base_urls[0], name)
         t0 = time.time()
         failed = asyncio.run(_run_all(plans))

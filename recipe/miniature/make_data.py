@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from taskutils.memory_data.io_utils import write_parquet
-from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS, SYNTHETIC_SCHEMA
+from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS, SYNTHETIC_SCHEMA, make_needle_qa_rows, synthetic_haystack
 
 logger = logging.getLogger("miniature.data")
 
@@ -69,27 +69,17 @@ _WORKER: dict = {}
 
 
 def _worker_init(tokenizer: str, chunk_tokens: int) -> None:
-    from taskutils.memory_data.haystack import SentenceHaystack
     from taskutils.memory_data.tokens import TokenCounter, load_tokenizer
 
     counter = TokenCounter(load_tokenizer(tokenizer))
-    # the same haystack pieces as make_needle_qa_dataset builds for this chunk size
-    haystack = SentenceHaystack.from_files(None, counter, max_words=max(8, min(60, chunk_tokens // 8)))
-    _WORKER.update(counter=counter, haystack=haystack, chunk_tokens=chunk_tokens)
+    _WORKER.update(counter=counter, haystack=synthetic_haystack(counter, chunk_tokens), chunk_tokens=chunk_tokens)
 
 
 def _rows(job: tuple[int, FileSpec, int, int]) -> tuple[int, int, list[dict]]:
-    """Rows ``start..stop-1`` of file ``spec`` (row i exactly as make_needle_qa_dataset(spec.n, ...) makes it)."""
-    from taskutils.memory_data.documents import sample_rng
-    from taskutils.memory_data.synthetic_qa import make_needle_qa_sample
-
+    """Rows ``start..stop-1`` of file ``spec`` (as make_needle_qa_dataset(spec.n, ...) makes them)."""
     file_id, spec, start, stop = job
-    lo, hi = spec.chunks
-    rows = []
-    for i in range(start, stop):
-        num_chunks = sample_rng(spec.seed, "synthetic_qa_chunks", i).randint(lo, hi)
-        rows.append(make_needle_qa_sample(i, spec.kinds[i % len(spec.kinds)], num_chunks, _WORKER["chunk_tokens"],
-                                          _WORKER["counter"], _WORKER["haystack"], spec.seed, DATA_SOURCE))
+    rows = make_needle_qa_rows(range(start, stop), spec.chunks, _WORKER["chunk_tokens"], _WORKER["counter"],
+                               _WORKER["haystack"], spec.seed, spec.kinds, DATA_SOURCE)
     return file_id, start, rows
 
 

@@ -34,7 +34,9 @@ from typing import Any
 
 import pandas as pd
 
+from recipe.miniature.make_data import EVAL_LENGTHS
 from recipe.miniature.report_plots import plot_accuracy, plot_training
+from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS
 from taskutils.memory_eval.results import read_jsonl_last_by
 from taskutils.memory_eval.scoring import (
     FORMAT_FREE_METRIC,
@@ -59,8 +61,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEMS = ("untrained-memory", "rl-memory", "untrained-direct")
-DEFAULT_TASKS = ("niah_single", "niah_multikey", "variable_tracking", "multidoc_qa")
-DEFAULT_LENGTHS = (1, 2, 8, 32, 128, 512)
+DEFAULT_TASKS = DEFAULT_KINDS  # the evaluation grid of make_data
+DEFAULT_LENGTHS = EVAL_LENGTHS
 MISSING = "—"
 INCOMPLETE_MARK = "*"
 NOT_REPORTED = ("missing", "unfinished")

