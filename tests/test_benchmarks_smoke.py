@@ -165,3 +165,16 @@ def test_engine_suite_vllm_cpu(tmp_path):
     assert [e["agent"]["chunks"] for e in agent["lengths"].values()] == [1, 4]
     sync = json.loads((tmp_path / "weight_sync.json").read_text())
     assert sync["rollout"] == "VLLMRolloutEngine" and sync["greedy_outputs_unchanged"] is True
+
+
+def test_eval_host_benchmark_runs_both_thread_counts(tiny_model_path, tmp_path):
+    from bench_eval_host import main
+
+    out = tmp_path / "eval_host.json"
+    assert main(["--tokenizer", str(tiny_model_path), "--items", "2", "--chunks", "2", "3", "--chunk-tokens", "64",
+                 "--memory-tokens", "8", "--workers", "1", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["workers"] for r in report["runs"]] == [1, 2]
+    for run in report["runs"]:  # 2 memory + 2 direct items per length, all finished, the same turns
+        assert run["finished"] == 8 and run["remaining"] == 0 and run["turns"] == report["runs"][0]["turns"] >= 3
+        assert run["prepare_s"] > 0 and run["tokenize_s"] > 0

@@ -150,6 +150,24 @@ def test_middle_truncate_with_tokenizer(tokenizer):
     assert out.startswith("HEAD ") and out.endswith(" TAIL")
 
 
+def test_middle_truncate_cuts_where_whole_text_tokenization_does_in_one_pass(tokenizer):
+    text = "HEAD " + _essay_text(120_000) + " TAIL"  # several 4,096-token spans
+    offsets = tokenizer.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    total, keep = len(offsets), 1000
+    seen: list[int] = []
+
+    class Spy:
+        def token_starts(self, piece: str) -> list[int]:
+            seen.append(len(piece))
+            return tokenizer.token_starts(piece)
+
+    out, before, after = middle_truncate(text, keep, Spy())
+    assert (before, after) == (total, keep)
+    assert out == text[: offsets[keep // 2][0]] + text[offsets[total - keep // 2][0]:]
+    # one streamed pass over the text plus the two spans holding the cuts (not a pass per cut)
+    assert sum(seen) < 1.5 * len(text)
+
+
 # --------------------------------------------------------------------------------------------
 # data files
 

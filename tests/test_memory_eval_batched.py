@@ -82,7 +82,9 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
     finally:
         engine.shutdown()
     # turn 1: 2 memory updates + 2 direct prompts; then 2 per turn; then the 2 final answers
-    assert counts == {"finished": 4, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
+    assert {k: counts[k] for k in ("finished", "resumed", "remaining", "turns", "stopped")} == \
+        {"finished": 4, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
+    assert counts["prepare_s"] >= 0 and counts["tokenize_s"] > 0 and counts["generate_s"] > 0
     assert engine.calls == 2 * (n_chunks + 1) + 2
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
     direct = read_records(tmp_path / "niah_3" / "m-direct.jsonl")
@@ -135,3 +137,41 @@ def test_deadline_stops_and_saves(tmp_path, tok):
 
     state = json.loads((tmp_path / "niah_3" / "m-memory.state.json").read_text())
     assert {k: v["next_chunk"] for k, v in state.items()} == {"0": 0, "1": 0}  # saved, nothing read yet
+
+
+def _outputs(path):
+    return {k: (r["memory"], r["response"], r["requests"], r["num_chunks"]) for k, r in read_records(path).items()}
+
+
+def test_tokenizing_threads_do_not_change_the_results(tmp_path, tok):
+    results = []
+    for workers in (1, 4):
+        out = tmp_path / f"w{workers}"
+        cells, n_chunks = _cells(out, tok)
+        engine = ScriptedEngine(tok)
+        try:
+            counts = run_batched(cells, engine, tok, CONFIG, workers=workers)
+        finally:
+            engine.shutdown()
+        assert counts["finished"] == 4
+        results.append((_outputs(out / "niah_3" / "m-memory.jsonl"), _outputs(out / "niah_3" / "m-direct.jsonl"),
+                        engine.prompts))
+    assert results[0] == results[1]  # same memories, responses and prompts, in the same order
+    assert [m for m, *_ in results[0][0].values()] == [f"mem {n_chunks - 1}"] * 2
+
+
+def test_a_failed_preparation_keeps_the_saved_state(tmp_path, tok):
+    cells, _ = _cells(tmp_path, tok)
+    state = tmp_path / "niah_3" / "m-memory.state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text('{"0": {"next_chunk": 2, "memory": "mem 1", "requests": 2}}')
+    broken = BatchCell(CellInfo("niah", 3, "m-memory", "m", "recurrent-boxed"),
+                       [*cells[0].items, EvalItem(9, "q?", [0, 1], ["7"], doc_pool=["only one document"])], tmp_path)
+    engine = ScriptedEngine(tok)
+    try:
+        with pytest.raises(IndexError):
+            run_batched([broken, cells[1]], engine, tok, CONFIG)
+    finally:
+        engine.shutdown()
+    assert engine.calls == 0
+    assert state.read_text() == '{"0": {"next_chunk": 2, "memory": "mem 1", "requests": 2}}'

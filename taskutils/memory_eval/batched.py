@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,9 @@ def run_batched(
     save_every: int = 8,
     deadline: float | None = None,
     force: bool = False,
-) -> dict[str, int]:
+    workers: int | None = None,
+    log_every_s: float = 30.0,
+) -> dict[str, float]:
     """Run every unfinished item of ``cells`` turn by turn in batches; return counts.
 
     Args:
@@ -118,15 +121,18 @@ def run_batched(
         save_every: memory turns between state saves.
         deadline: ``time.time()`` after which the run saves its state and returns (``stopped=1``).
         force: redo every item (records and saved state are discarded).
+        workers: threads that tokenize (documents at the start, prompts every turn); default: all cores.
+        log_every_s: seconds between progress lines (turn, items in flight, tokenizing vs generating time).
 
     Returns:
-        ``{"finished", "resumed", "remaining", "turns", "stopped"}``.
+        ``{"finished", "resumed", "remaining", "turns", "stopped"}`` (counts) and ``{"prepare_s",
+        "tokenize_s", "generate_s"}`` (seconds: chunking the documents, tokenizing the prompts, the engine).
     """
     template = load_chat_template(tokenizer, chat_template)
     spanner = HFTokenizer(tokenizer)
     stores: list[ResultStore] = []
-    jobs: list[_Job] = []
-    counts = {"finished": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
+    todo: list[tuple[int, EvalItem, dict | None]] = []
+    counts: dict[str, float] = {"finished": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
     for k, cell in enumerate(cells):
         if cell.info.method not in MEMORY_METHODS and cell.info.method not in DIRECT_METHODS:
             raise ValueError(f"cell {cell.info.task}_{cell.info.length}: unknown method {cell.info.method!r}")
@@ -137,25 +143,42 @@ def run_batched(
         done = store.open(force=force)
         stores.append(store)
         saved = {} if force or not state_path.exists() else json.loads(state_path.read_text(encoding="utf-8"))
-        for item in cell.items:
-            if item.id in done:
-                continue
-            job = _Job(k, item)
-            context = item.get_context().strip()
-            if cell.info.method in MEMORY_METHODS:
-                if config.max_context_tokens is not None:
-                    context, before, after = middle_truncate(context, config.max_context_tokens, spanner)
-                    job.truncated_from = before if after < before else None
-                job.chunks = list(iter_chunks(context, config.chunk_tokens, spanner))
-                state = saved.get(str(item.id))
-                if state:
-                    job.next_chunk, job.memory, job.requests = state["next_chunk"], state["memory"], state["requests"]
-                    counts["resumed"] += 1
-            else:
-                document, before, after = middle_truncate(context, config.max_input_tokens, spanner)
+        todo.extend((k, item, saved.get(str(item.id))) for item in cell.items if item.id not in done)
+
+    def prepare(task: tuple[int, EvalItem, dict | None]) -> _Job:
+        """An unfinished item's job: its chunks (memory agent) or its truncated prompt (direct)."""
+        k, item, state = task
+        job = _Job(k, item)
+        context = item.get_context().strip()
+        if cells[k].info.method in MEMORY_METHODS:
+            if config.max_context_tokens is not None:
+                context, before, after = middle_truncate(context, config.max_context_tokens, spanner)
                 job.truncated_from = before if after < before else None
-                job.prompt = render_template(DIRECT_METHODS[cell.info.method], prompt=item.question, chunk=document)
-            jobs.append(job)
+            job.chunks = list(iter_chunks(context, config.chunk_tokens, spanner))
+            if state:
+                job.next_chunk, job.memory, job.requests = state["next_chunk"], state["memory"], state["requests"]
+        else:
+            document, before, after = middle_truncate(context, config.max_input_tokens, spanner)
+            job.truncated_from = before if after < before else None
+            job.prompt = render_template(DIRECT_METHODS[cells[k].info.method], prompt=item.question, chunk=document)
+        return job
+
+    # Tokenizing is the host's work (chunking whole documents, then every turn's prompt); the Rust
+    # tokenizer releases the GIL, so a thread pool spreads it over the cores.
+    n_workers = max(1, workers or os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="eval-tok")
+    t_prepare = time.perf_counter()
+    try:
+        jobs: list[_Job] = list(pool.map(prepare, todo))
+    except BaseException:  # saved states stay as they were (nothing ran)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for store in stores:
+            store.close()
+        raise
+    counts["resumed"] = sum(1 for k, _, state in todo if state and cells[k].info.method in MEMORY_METHODS)
+    counts["prepare_s"] = round(time.perf_counter() - t_prepare, 3)
+    logger.info("batched eval: %d unfinished items of %d cells prepared in %.1f s (%d threads)", len(jobs),
+                len(cells), counts["prepare_s"], n_workers)
 
     def ids_of(message: str) -> list[int]:
         return tokenize_conversation(tokenizer, template, [{"role": "user", "content": message}], True, None).ids
@@ -189,6 +212,8 @@ def run_batched(
 
     memory_params, final_params = _params(config, config.max_memory_tokens), _params(config, config.max_final_tokens)
     direct_params = _params(config, config.max_output_tokens)
+    counts["tokenize_s"] = counts["generate_s"] = 0.0
+    last_log = time.perf_counter()
     try:
         while jobs:
             if deadline is not None and time.time() > deadline:
@@ -203,17 +228,21 @@ def run_batched(
                     batch.append((job, "memory", memory_params))
                 else:
                     batch.append((job, "final", final_params))
-            requests = []
-            for job, kind, params in batch:
+            messages = []
+            for job, kind, _ in batch:
                 if kind == "direct":
-                    message = job.prompt
+                    messages.append(job.prompt)
                 elif kind == "memory":
-                    message = render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk])
+                    messages.append(render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]))
                 else:
-                    message = render_final_prompt(job.item.question, job.memory,
-                                                  style=MEMORY_METHODS[cells[job.cell].info.method])
-                requests.append((ids_of(message), params))
-            outputs = generate(requests)
+                    messages.append(render_final_prompt(job.item.question, job.memory,
+                                                        style=MEMORY_METHODS[cells[job.cell].info.method]))
+            t_host = time.perf_counter()
+            prompts = list(pool.map(ids_of, messages))
+            t_engine = time.perf_counter()
+            outputs = generate([(ids, params) for ids, (_, _, params) in zip(prompts, batch, strict=True)])
+            counts["tokenize_s"] += t_engine - t_host
+            counts["generate_s"] += time.perf_counter() - t_engine
             counts["turns"] += 1
             still = []
             for (job, kind, _), output in zip(batch, outputs, strict=True):
@@ -227,11 +256,18 @@ def run_batched(
             jobs = still
             if counts["turns"] % max(1, save_every) == 0:
                 _save_states(cells, jobs)
+            if time.perf_counter() - last_log >= log_every_s or not jobs:
+                last_log = time.perf_counter()
+                logger.info("batched eval: turn %d, %d items in flight, %d finished; %.0f s tokenizing, "
+                            "%.0f s generating so far", counts["turns"], len(jobs), counts["finished"],
+                            counts["tokenize_s"], counts["generate_s"])  # fmt: skip
     finally:
+        pool.shutdown(wait=False, cancel_futures=True)
         _save_states(cells, jobs)
         for store in stores:
             store.close()
     counts["remaining"] = len(jobs)
+    counts["tokenize_s"], counts["generate_s"] = round(counts["tokenize_s"], 3), round(counts["generate_s"], 3)
     return counts
 
 

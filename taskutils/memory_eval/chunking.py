@@ -65,6 +65,12 @@ class HFTokenizer:
             )
 
     def token_starts(self, text: str) -> list[int]:
+        # the Rust tokenizer directly: same offsets as ``tokenizer(..., return_offsets_mapping=True)``,
+        # without the Python wrapper's per-call state handling; encode_batch (unlike encode) releases
+        # the GIL, so threads sharing one tokenizer run in parallel
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return [start for start, _ in backend.encode_batch([text], add_special_tokens=False)[0].offsets]
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
         return [start for start, _ in enc["offset_mapping"]]
 
@@ -191,20 +197,31 @@ def count_tokens(
     return sum(n for _, n in _iter_token_chunks(text, 1 << 14, tokenizer, None))
 
 
-def _prefix_chars(text: str, n_tokens: int, tokenizer: TokenSpanner | None, chars_per_token: float) -> int:
-    """Characters of ``text`` covered by its first ``n_tokens`` tokens (streamed, bounded memory)."""
+_SPAN_TOKENS = 4096
+"""Tokens per span of the streamed counting in :func:`middle_truncate`."""
+
+
+def _token_spans(text: str, tokenizer: TokenSpanner) -> list[tuple[int, int, int]]:
+    """``(start_char, end_char, n_tokens)`` of consecutive spans of ~4,096 tokens (one streamed pass)."""
+    spans, pos = [], 0
+    for chunk, n in _iter_token_chunks(text, _SPAN_TOKENS, tokenizer, None):
+        spans.append((pos, pos + len(chunk), n))
+        pos += len(chunk)
+    return spans
+
+
+def _prefix_chars(text: str, n_tokens: int, tokenizer: TokenSpanner, spans: list[tuple[int, int, int]]) -> int:
+    """Characters of ``text`` covered by its first ``n_tokens`` tokens, given its :func:`_token_spans`
+    (only the span holding the cut is tokenized again)."""
     if n_tokens <= 0:
         return 0
-    if tokenizer is None:
-        return min(len(text), round(n_tokens * chars_per_token))
-    seen_tokens = seen_chars = 0
-    for chunk, n in _iter_token_chunks(text, 4096, tokenizer, None):
-        if seen_tokens + n >= n_tokens:
-            starts = tokenizer.token_starts(chunk)
-            k = n_tokens - seen_tokens
-            return seen_chars + (starts[k] if k < len(starts) else len(chunk))
-        seen_tokens += n
-        seen_chars += len(chunk)
+    seen = 0
+    for start, end, n in spans:
+        if seen + n >= n_tokens:
+            starts = tokenizer.token_starts(text[start:end])
+            k = n_tokens - seen
+            return start + (starts[k] if k < len(starts) else end - start)
+        seen += n
     return len(text)
 
 
@@ -218,13 +235,23 @@ def middle_truncate(
 
     This is the centre/middle truncation of the original harness (first half + last half of the
     token sequence). Returns ``(text, tokens_before, tokens_after)``; the text is unchanged when it
-    already fits or ``max_tokens`` is None. Counting streams window by window (bounded memory).
+    already fits or ``max_tokens`` is None. One streamed pass counts the tokens (bounded memory);
+    only the two spans that hold the cuts are tokenized again.
     """
-    total = count_tokens(text, tokenizer, chars_per_token)
+    if tokenizer is None:
+        total = count_tokens(text, None, chars_per_token)
+        if max_tokens is None or total <= max_tokens:
+            return text, total, total
+        head = max_tokens // 2
+        head_end = min(len(text), round(head * chars_per_token))
+        tail_start = min(len(text), round((total - (max_tokens - head)) * chars_per_token))
+        return text[:head_end] + text[max(tail_start, head_end):], total, max_tokens
+    spans = _token_spans(text, tokenizer)  # one pass: the count, and where to look for the two cuts
+    total = sum(n for _, _, n in spans)
     if max_tokens is None or total <= max_tokens:
         return text, total, total
     head = max_tokens // 2
-    head_end = _prefix_chars(text, head, tokenizer, chars_per_token)
-    tail_start = _prefix_chars(text, total - (max_tokens - head), tokenizer, chars_per_token)
+    head_end = _prefix_chars(text, head, tokenizer, spans)
+    tail_start = _prefix_chars(text, total - (max_tokens - head), tokenizer, spans)
     tail_start = max(tail_start, head_end)
     return text[:head_end] + text[tail_start:], total, max_tokens
