@@ -120,12 +120,14 @@ def test_checkpoint_and_jsonl_logs_written(runs):
 
 
 def test_wall_time_limit_stops_with_a_checkpoint_and_the_next_command_resumes(tiny_model_path, tmp_path, runs):
-    """trainer.max_wall_time_s: each command does one step past the limit, saves, and stops; rerun continues."""
-    extra = ["trainer.max_wall_time_s=0.001", "trainer.val_before_train=False", "trainer.test_freq=-1",
+    """trainer.max_wall_time_s: each command does one step past the limit, validates, saves, and stops; rerun
+    continues."""
+    extra = ["trainer.max_wall_time_s=0.001", "trainer.val_before_train=False", "trainer.test_freq=10",
              "trainer.save_freq=-1"]
     out = tmp_path / "w"
     first = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
     assert [h["step"] for h in first] == [1]
+    assert any(k.startswith("val-core/") for k in first[0])  # stopped early: validated (test_freq=10 alone would not)
     assert (out / "global_step_1").is_dir() and not (out / "global_step_2").exists()
     second = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
     assert [h["step"] for h in second] == [2]

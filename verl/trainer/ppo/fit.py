@@ -31,7 +31,8 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
     """Run ``total_steps`` training steps (resuming from the latest checkpoint if configured).
 
     With ``trainer.max_wall_time_s`` set, the loop stops after the first step that ends past that
-    many seconds and writes a checkpoint, so a run can span several time-limited commands.
+    many seconds, validates (when ``test_freq`` > 0) and writes a checkpoint, so a run can span
+    several time-limited commands.
     """
     tc = trainer.config.trainer
     started = time.monotonic()
@@ -76,7 +77,8 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         metrics["training/global_step"] = step
         last = step == total_steps
         out_of_time = max_wall is not None and not last and time.monotonic() - started > float(max_wall)
-        if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last):
+        # the last step of a command validates too (what it checkpoints is what the curve ends on)
+        if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last or out_of_time):
             metrics.update(trainer.validate(val_loader))
         if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
             _save(trainer, train_loader, ckpt_manager, step)
