@@ -4,8 +4,8 @@
 # so it outlives the command) and waits; later commands `wait` for it; every command ends by packing
 # what exists so far into $OUT/results.tgz (results, logs, metrics, report).
 #
-#   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait up to SECONDS (540)
-#   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline up to SECONDS (570)
+#   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait; return SECONDS (540) after starting
+#   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline; return SECONDS (570) after starting
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
 #
 # Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
@@ -46,9 +46,9 @@ EOF
     return 0
 }
 
-wait_for() {  # wait_for SECONDS
-    local limit=$1 t0=$SECONDS
-    while [ $((SECONDS - t0)) -lt "$limit" ]; do
+wait_for() {  # wait_for SECONDS: until SECONDS after this script started (setup time included)
+    local limit=$1
+    while [ "$SECONDS" -lt "$limit" ]; do
         [ -f "$MINI_ROOT/DONE" ] || [ -f "$MINI_ROOT/FAILED" ] && break
         pgrep -f "recipe/miniature/pipeline.sh" >/dev/null || { echo "pipeline is not running"; break; }
         sleep 10
