@@ -155,3 +155,27 @@ def test_serve_cli_dry_run_with_the_inproc_backend(capsys):
     line = capsys.readouterr().out.strip()
     assert "-m serve.inproc_server --model /models/m" in line and "--port 9100" in line
     assert line.startswith("VLLM_ENABLE_V1_MULTIPROCESSING=0 ")
+
+
+def test_h200_driver_waits_for_a_finished_pipeline_and_packs_the_results(tmp_path):
+    """recipe/miniature/h200_run.sh wait: returns at once on DONE, prints the status, packs results.tgz
+    without data, checkpoints or merged models."""
+    root, out = tmp_path / "mini", tmp_path / "out"
+    for rel, text in {"logs/pipeline.log": "[pipeline] end report rc=0\n", "DONE": "today\n",
+                      "eval/seed1/niah_single_8/rl-memory.jsonl": "{}\n", "data/eval/x.parquet": "",
+                      "train/global_step_3/actor/w.pt": "", "rl_model/model.safetensors": "",
+                      "train/logs/metrics.jsonl": json.dumps({"step": 3, "critic/score/mean": 0.25}) + "\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(out)}
+    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "wait", "30"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "DONE today" in proc.stdout and "step 3 {'critic/score/mean': 0.25}" in proc.stdout
+    names = subprocess.run(["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "./eval/seed1/niah_single_8/rl-memory.jsonl" in names and "./train/logs/metrics.jsonl" in names
+    assert not any(n.endswith((".parquet", ".pt", ".safetensors")) for n in names)
+    bad = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "nonsense"], capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and "usage:" in bad.stderr

@@ -6,6 +6,7 @@
 #
 #   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait; return SECONDS (540) after starting
 #   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline; return SECONDS (570) after starting
+#   bash recipe/miniature/h200_run.sh bench [SECONDS]    # benchmarks/h200_suite.sh into $MINI_ROOT/bench (~5 min)
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
 #
 # Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
@@ -85,10 +86,19 @@ EOF
     echo "pipeline launched"
 }
 
+bench() {  # bench SECONDS: the benchmark suite, its JSON reports and logs packed with the results
+    local model
+    model=$(python3 -m verl.utils.smollm 2>/dev/null | tail -1)
+    mkdir -p "$MINI_ROOT/bench"
+    OUT="$MINI_ROOT/bench" timeout -k 10 "$(( $1 - SECONDS ))" bash benchmarks/h200_suite.sh "$model" \
+        2>&1 | tee "$MINI_ROOT/bench/suite.log" | tail -n 80
+}
+
 case "${1:-wait}" in
     start) start && wait_for "${2:-540}" ;;
     wait) wait_for "${2:-570}" ;;
+    bench) bench "${2:-570}" ;;
     collect) status ;;
-    *) echo "usage: $0 start|wait|collect [SECONDS]" >&2; exit 2 ;;
+    *) echo "usage: $0 start|wait|bench|collect [SECONDS]" >&2; exit 2 ;;
 esac
 collect
