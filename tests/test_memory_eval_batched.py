@@ -24,8 +24,8 @@ class ScriptedEngine(RolloutEngine):
     """Memory turns answer "mem <turn index>"; final and direct prompts answer ``\\boxed{7}``; records every
     prompt and the size of every batch; raises on call ``fail_at`` (a crash mid-run)."""
 
-    def __init__(self, tok, fail_at: int | None = None):
-        self.tok, self.fail_at = tok, fail_at
+    def __init__(self, tok, fail_at: int | None = None, reject: str | None = None):
+        self.tok, self.fail_at, self.reject = tok, fail_at, reject
         self.prompts: list[str] = []
         self.calls = 0
 
@@ -34,6 +34,8 @@ class ScriptedEngine(RolloutEngine):
         if self.fail_at is not None and self.calls >= self.fail_at:
             raise RuntimeError("engine died")
         text = self.tok.decode(prompt_ids)
+        if self.reject is not None and self.reject in text:  # as vLLM's "prompt ... does not fit" check
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit")
         self.prompts.append(text)
         await asyncio.sleep(0)
         seen = re.findall(r"mem (\d+)", text)  # the memory so far, "mem k" after k + 1 turns
@@ -82,8 +84,8 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
     finally:
         engine.shutdown()
     # turn 1: 2 memory updates + 2 direct prompts; then 2 per turn; then the 2 final answers
-    assert {k: counts[k] for k in ("finished", "resumed", "remaining", "turns", "stopped")} == \
-        {"finished": 4, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
+    assert {k: counts[k] for k in ("finished", "failed", "resumed", "remaining", "turns", "stopped")} == \
+        {"finished": 4, "failed": 0, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
     assert counts["prepare_s"] >= 0 and counts["tokenize_s"] > 0 and counts["generate_s"] > 0
     assert engine.calls == 2 * (n_chunks + 1) + 2
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
@@ -175,3 +177,20 @@ def test_a_failed_preparation_keeps_the_saved_state(tmp_path, tok):
         engine.shutdown()
     assert engine.calls == 0
     assert state.read_text() == '{"0": {"next_chunk": 2, "memory": "mem 1", "requests": 2}}'
+
+
+def test_a_rejected_request_fails_its_item_only(tmp_path, tok):
+    """The engine refuses the direct baseline's long prompts (ValueError): those items are recorded as
+    errors (redone by the next run) and the memory agent's items finish."""
+    cells, n_chunks = _cells(tmp_path, tok)
+    engine = ScriptedEngine(tok, reject="Put the answer in")  # the direct baseline's prompt
+    try:
+        counts = run_batched(cells, engine, tok, CONFIG)
+    finally:
+        engine.shutdown()
+    assert (counts["finished"], counts["failed"], counts["remaining"]) == (2, 2, 0)
+    direct = read_records(tmp_path / "niah_3" / "m-direct.jsonl")
+    assert {r["status"] for r in direct.values()} == {"error"}
+    assert all("does not fit" in r["error"] for r in direct.values())
+    memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
+    assert {r["status"] for r in memory.values()} == {"ok"} and all(r["num_chunks"] == n_chunks for r in memory.values())

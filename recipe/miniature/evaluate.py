@@ -204,7 +204,7 @@ def main_batched(args: argparse.Namespace) -> int:
     (root / "meta").mkdir(parents=True, exist_ok=True)
     with (root / "meta" / f"eval_{args.system}_runs.jsonl").open("a") as fh:
         fh.write(json.dumps(meta) + "\n")
-    print(f"[miniature.eval] {args.system}: {eval_s:.0f} s, {counts['finished']} finished, "
+    print(f"[miniature.eval] {args.system}: {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
           f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['turns']} turns")
     return 3 if counts["remaining"] else 0
 

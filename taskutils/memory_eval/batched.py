@@ -125,14 +125,15 @@ def run_batched(
         log_every_s: seconds between progress lines (turn, items in flight, tokenizing vs generating time).
 
     Returns:
-        ``{"finished", "resumed", "remaining", "turns", "stopped"}`` (counts) and ``{"prepare_s",
+        ``{"finished", "failed", "resumed", "remaining", "turns", "stopped"}`` (counts; ``failed``: items
+        whose request the engine rejected, recorded with ``status="error"``) and ``{"prepare_s",
         "tokenize_s", "generate_s"}`` (seconds: chunking the documents, tokenizing the prompts, the engine).
     """
     template = load_chat_template(tokenizer, chat_template)
     spanner = HFTokenizer(tokenizer)
     stores: list[ResultStore] = []
     todo: list[tuple[int, EvalItem, dict | None]] = []
-    counts: dict[str, float] = {"finished": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
+    counts: dict[str, float] = {"finished": 0, "failed": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
     for k, cell in enumerate(cells):
         if cell.info.method not in MEMORY_METHODS and cell.info.method not in DIRECT_METHODS:
             raise ValueError(f"cell {cell.info.task}_{cell.info.length}: unknown method {cell.info.method!r}")
@@ -184,11 +185,19 @@ def run_batched(
         return tokenize_conversation(tokenizer, template, [{"role": "user", "content": message}], True, None).ids
 
     def generate(requests: list[tuple[list[int], Any]]) -> list[Any]:
+        """One output per request, or the ``ValueError`` with which the engine rejected that request
+        (e.g. a prompt longer than its window); any other failure is raised (the engine is broken)."""
+
         async def _all() -> list[Any]:
-            return list(await asyncio.gather(*(engine.generate(p, params) for p, params in requests)))
+            return list(await asyncio.gather(*(engine.generate(p, params) for p, params in requests),
+                                             return_exceptions=True))
 
         # all at once on the engine's own loop, so that it batches them (as RolloutEngine.generate_batch)
-        return [outs[0] for outs in engine._engine_loop().run(_all())]
+        outputs = engine._engine_loop().run(_all())
+        for out in outputs:
+            if isinstance(out, BaseException) and not isinstance(out, ValueError):
+                raise out
+        return [out if isinstance(out, ValueError) else out[0] for out in outputs]
 
     turn_ends = turn_end_token_ids(tokenizer)
 
@@ -209,6 +218,19 @@ def run_batched(
                   "truncated_from_tokens": job.truncated_from, "memory": job.memory if job.chunks else None}  # fmt: skip
         stores[job.cell].append(record)
         counts["finished"] += 1
+
+    def fail(job: _Job, error: ValueError) -> None:
+        """A request the engine rejected: the item is recorded as failed (redone by the next run)."""
+        cell = cells[job.cell]
+        message = f"{type(error).__name__}: {error}"
+        stores[job.cell].append({**{k: v for k, v in job.item.meta.items() if not k.startswith("_")},
+                                 **_base_record(cell.info, job.item.id), "question": job.item.question,
+                                 "answers": job.item.answers, "status": "error", "error": message,
+                                 "requests": job.requests, "retries": 0,
+                                 "elapsed_s": round(time.perf_counter() - job.started, 3)})  # fmt: skip
+        counts["failed"] += 1
+        if counts["failed"] <= 3:
+            logger.warning("batched eval: %s item %s failed: %s", cell.info.label, job.item.id, message)
 
     memory_params, final_params = _params(config, config.max_memory_tokens), _params(config, config.max_final_tokens)
     direct_params = _params(config, config.max_output_tokens)
@@ -247,7 +269,9 @@ def run_batched(
             still = []
             for (job, kind, _), output in zip(batch, outputs, strict=True):
                 job.requests += 1
-                if kind == "memory":
+                if isinstance(output, ValueError):
+                    fail(job, output)
+                elif kind == "memory":
                     job.memory = _strip_think(text_of(output)) or NO_MEMORY
                     job.next_chunk += 1
                     still.append(job)
