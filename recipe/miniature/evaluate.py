@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, default=64, help="items in flight per cell")
     p.add_argument("--runner", choices=["batched", "http"], default="batched", help="see the module docstring")
     p.add_argument("--deadline-s", type=float, help="batched: stop after this many seconds, saving state (exit 3)")
+    p.add_argument("--workers", type=int, help="batched: threads that tokenize documents and prompts (default: all cores)")
     s = p.add_argument_group("server / engine")
     s.add_argument("--port", type=int, default=8100)
     s.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
@@ -192,7 +193,8 @@ def main_batched(args: argparse.Namespace) -> int:
     deadline = started + args.deadline_s if args.deadline_s else None
     t0 = time.time()
     try:
-        counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline)
+        counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline,
+                             workers=args.workers)
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
