@@ -29,12 +29,8 @@ import torch  # noqa: E402
 SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
-    "qwen2-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -43,6 +39,7 @@ SHAPES: dict[str, dict[str, Any]] = {
     "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
 }
+SHAPES["qwen2-0.5b"], SHAPES["qwen2-1.5b"] = SHAPES["qwen2.5-0.5b"], SHAPES["qwen2.5-1.5b"]  # same shapes
 LLAMA_SHAPES = {"smollm2-135m": dict(rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5)}
 
 

@@ -16,59 +16,54 @@ cells with 1 tokenizing thread and with N (default: all cores), side by side, an
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks.bench_common import (
-    environment,
-    haystack_files,
-    markdown_table,
-    tiny_model_path,
-    write_json,
-)
+import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
+from verl.workers.rollout.base import GenerationOutput, RolloutEngine  # noqa: E402
 
 
-class InstantEngine:
+class InstantEngine(RolloutEngine):
     """A rollout engine that answers every request at once with the same ``reply`` tokens."""
 
     def __init__(self, reply: list[int]):
         self.reply = reply
-        self.loop = asyncio.new_event_loop()
-
-    def _engine_loop(self):
-        engine = self
-
-        class _Loop:
-            def run(self, coro):
-                return engine.loop.run_until_complete(coro)
-
-        return _Loop()
 
     async def generate(self, prompt_ids, params, request_id=None):
-        from verl.workers.rollout.base import GenerationOutput
-
         return [GenerationOutput(list(self.reply[: params.max_tokens]), None, "length")]
+
+    def update_weights(self, named_tensors):
+        pass
+
+    def sleep(self):
+        pass
+
+    def wake_up(self):
+        pass
+
+    def shutdown(self):
+        self._stop_engine_loop()
 
 
 def default_tokenizer() -> str:
     from verl.utils.smollm import smollm2_path
 
     path = smollm2_path()
-    return str(path) if (path / "tokenizer.json").exists() else str(tiny_model_path())
+    return str(path) if (path / "tokenizer.json").exists() else str(bc.tiny_model_path())
 
 
-def make_cells(tok, out_dir: Path, items: int, chunks: list[int], chunk_tokens: int, methods: list[str]):
+def make_cells(out_dir: Path, items: int, chunks: list[int], chunk_tokens: int, methods: list[str]):
     """``items`` documents of each length (English text, ~4 characters per token), one cell per method."""
     from taskutils.memory_eval.batched import BatchCell
     from taskutils.memory_eval.data import EvalItem
     from taskutils.memory_eval.runner import CellInfo
 
-    text = "\n\n".join(Path(f).read_text(encoding="utf-8", errors="replace") for f in haystack_files())
+    text = "\n\n".join(Path(f).read_text(encoding="utf-8", errors="replace") for f in bc.haystack_files())
     cells = []
     for n in chunks:
         size = n * chunk_tokens * 4
@@ -81,8 +76,6 @@ def make_cells(tok, out_dir: Path, items: int, chunks: list[int], chunk_tokens: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokenizer", help="HF folder with a fast tokenizer (default: SmolLM2-135M if converted, else tiny)")
     p.add_argument("--items", type=int, default=16, help="documents per length")
@@ -106,9 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     rows, runs = [], []
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
-            cells = make_cells(tok, Path(tmp), args.items, args.chunks, args.chunk_tokens, args.methods)
+            cells = make_cells(Path(tmp), args.items, args.chunks, args.chunk_tokens, args.methods)
+            engine = InstantEngine(reply)
             t0 = time.perf_counter()
-            counts = run_batched(cells, InstantEngine(reply), tok, config, workers=workers, force=True)
+            try:
+                counts = run_batched(cells, engine, tok, config, workers=workers, force=True)
+            finally:
+                engine.shutdown()
             total = time.perf_counter() - t0
         turns = max(1, int(counts["turns"]))
         runs.append({"workers": workers, "total_s": total, **counts})
@@ -116,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                      runs[0]["total_s"] / total])
     print(f"items {args.items} x lengths {args.chunks} chunks of {args.chunk_tokens} tokens x methods {args.methods}; "
           f"{runs[0]['turns']} turns")
-    print(markdown_table(["threads", "prepare s", "tokenize s", "tokenize ms/turn", "total s", "speed-up"], rows))
-    write_json(args.out, {"args": vars(args), "runs": runs, "speedup": runs[0]["total_s"] / runs[-1]["total_s"],
-                          "environment": environment()})
+    print(bc.markdown_table(["threads", "prepare s", "tokenize s", "tokenize ms/turn", "total s", "speed-up"], rows))
+    bc.write_json(args.out, {"args": vars(args), "runs": runs, "speedup": runs[0]["total_s"] / runs[-1]["total_s"],
+                          "environment": bc.environment()})
     return 0
 
 

@@ -20,19 +20,13 @@ from pathlib import Path
 
 import torch
 
-# Random-init shapes (Qwen2 architecture); "tiny" is the test model of verl.utils.tiny_model.
-SHAPES = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
-    "qwen2-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import SHAPES, shape_config  # noqa: E402  (also puts the repository root on sys.path)
 
 
 def build_model(args: argparse.Namespace, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if args.model:
         return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
@@ -41,11 +35,9 @@ def build_model(args: argparse.Namespace, dtype: torch.dtype) -> torch.nn.Module
 
         path = tiny_model_cached(Path(tempfile.gettempdir()) / "memagent-bench")
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
     with torch.device(args.device):
-        model = Qwen2ForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(shape_config(args.shape))
     return model.to(dtype)
 
 

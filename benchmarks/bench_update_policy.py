@@ -50,25 +50,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import SHAPES, shape_config  # noqa: E402  (also puts the repository root on sys.path)
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
 from verl.utils.model_loading import build_causal_lm_from_config, count_parameters, load_causal_lm  # noqa: E402
 from verl.workers.actor import DataParallelPPOActor  # noqa: E402
-
-# Qwen2-architecture shapes (hidden, intermediate, layers, heads, kv heads, vocab, tied embeddings).
-SHAPES = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
-}
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -114,10 +102,7 @@ def build_model(args, device: torch.device):
     if args.model_path:
         return load_causal_lm(args.model_path, dtype="float32", attn_implementation=args.attn, device=device,
                               gradient_checkpointing=args.grad_ckpt)
-    from transformers import Qwen2Config
-
-    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, rope_theta=1e6)
-    return build_causal_lm_from_config(config, dtype="float32", attn_implementation=args.attn, device=device,
+    return build_causal_lm_from_config(shape_config(args.shape), dtype="float32", attn_implementation=args.attn, device=device,
                                        gradient_checkpointing=args.grad_ckpt, seed=0)
 
 

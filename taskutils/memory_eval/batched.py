@@ -47,7 +47,7 @@ from taskutils.memory_eval.agents import (
 from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks, middle_truncate
 from taskutils.memory_eval.data import EvalItem
 from taskutils.memory_eval.results import ResultStore, result_paths, write_meta
-from taskutils.memory_eval.runner import CellInfo, _base_record
+from taskutils.memory_eval.runner import CellInfo, item_record
 from taskutils.memory_eval.scoring import score_response
 
 __all__ = ["BatchCell", "run_batched"]
@@ -210,22 +210,19 @@ def run_batched(
     def finish(job: _Job, response: str) -> None:
         cell = cells[job.cell]
         scores = score_response(response.strip(), job.item.answers, cell.info.method)
-        record = {**{k: v for k, v in job.item.meta.items() if not k.startswith("_")},
-                  **_base_record(cell.info, job.item.id), "question": job.item.question, "answers": job.item.answers,
-                  "status": "ok", "error": None, "response": response, "pred": scores.pop("pred"),
-                  **{f"judge_{k}": v for k, v in scores.items()}, "num_chunks": job.next_chunk if job.chunks else 0,
-                  "requests": job.requests, "retries": 0, "elapsed_s": round(time.perf_counter() - job.started, 3),
-                  "truncated_from_tokens": job.truncated_from, "memory": job.memory if job.chunks else None}  # fmt: skip
-        stores[job.cell].append(record)
+        stores[job.cell].append({
+            **item_record(job.item, cell.info), "status": "ok", "error": None, "response": response,
+            "pred": scores.pop("pred"), **{f"judge_{k}": v for k, v in scores.items()},
+            "num_chunks": job.next_chunk if job.chunks else 0, "requests": job.requests, "retries": 0,
+            "elapsed_s": round(time.perf_counter() - job.started, 3), "truncated_from_tokens": job.truncated_from,
+            "memory": job.memory if job.chunks else None})  # fmt: skip
         counts["finished"] += 1
 
     def fail(job: _Job, error: ValueError) -> None:
         """A request the engine rejected: the item is recorded as failed (redone by the next run)."""
         cell = cells[job.cell]
         message = f"{type(error).__name__}: {error}"
-        stores[job.cell].append({**{k: v for k, v in job.item.meta.items() if not k.startswith("_")},
-                                 **_base_record(cell.info, job.item.id), "question": job.item.question,
-                                 "answers": job.item.answers, "status": "error", "error": message,
+        stores[job.cell].append({**item_record(job.item, cell.info), "status": "error", "error": message,
                                  "requests": job.requests, "retries": 0,
                                  "elapsed_s": round(time.perf_counter() - job.started, 3)})  # fmt: skip
         counts["failed"] += 1

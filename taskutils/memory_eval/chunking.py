@@ -194,7 +194,7 @@ def count_tokens(
     """Number of tokens of ``text``, counted window by window (approximate without a tokenizer)."""
     if tokenizer is None:
         return round(len(text) / chars_per_token)
-    return sum(n for _, n in _iter_token_chunks(text, 1 << 14, tokenizer, None))
+    return sum(n for _, _, n in _token_spans(text, tokenizer))
 
 
 _SPAN_TOKENS = 4096

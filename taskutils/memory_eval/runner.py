@@ -15,7 +15,7 @@ from taskutils.memory_eval.data import EvalItem
 from taskutils.memory_eval.results import ResultStore, write_meta
 from taskutils.memory_eval.scoring import score_response
 
-__all__ = ["CellInfo", "CellResult", "run_cell"]
+__all__ = ["CellInfo", "CellResult", "item_record", "run_cell"]
 
 
 @dataclass
@@ -55,11 +55,18 @@ def _base_record(info: CellInfo, item_id: int) -> dict[str, Any]:
     }
 
 
+def item_record(item: EvalItem, info: CellInfo) -> dict[str, Any]:
+    """The fields every result record of ``item`` starts with: its public meta, the cell, the question
+    and the gold answers (status, response and scores are added by the runner)."""
+    record = {**{k: v for k, v in item.meta.items() if not k.startswith("_")}, **_base_record(info, item.id)}
+    record.update(question=item.question, answers=item.answers)
+    return record
+
+
 async def _run_item(
     item: EvalItem, agent: MemoryAgent | DirectAgent, info: CellInfo, result: CellResult
 ) -> dict[str, Any]:
-    record = {**{k: v for k, v in item.meta.items() if not k.startswith("_")}, **_base_record(info, item.id)}
-    record.update(question=item.question, answers=item.answers)
+    record = item_record(item, info)
     start = time.perf_counter()
     stats = RequestStats()
     try:
