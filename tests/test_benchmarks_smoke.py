@@ -178,3 +178,17 @@ def test_eval_host_benchmark_runs_both_thread_counts(tiny_model_path, tmp_path):
     for run in report["runs"]:  # 2 memory + 2 direct items per length, all finished, the same turns
         assert run["finished"] == 8 and run["remaining"] == 0 and run["turns"] == report["runs"][0]["turns"] >= 3
         assert run["prepare_s"] > 0 and run["tokenize_s"] > 0
+
+
+def test_eval_schedule_benchmark_runs_both_schedules(tiny_model_path, tmp_path):
+    from bench_eval_schedule import main
+
+    out = tmp_path / "eval_schedule.json"
+    assert main(["--model", str(tiny_model_path), "--engine", "hf", "--items", "2", "--chunks", "1", "3",
+                 "--chunk-tokens", "32", "--memory-tokens", "4", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["schedule"] for r in report["runs"]] == ["items", "turns"]
+    items, turns = report["runs"]  # the same 4 documents read the same number of chunks under both
+    assert (items["finished"], items["remaining"]) == (4, 0) and items["turns"] >= 3
+    assert (items["requests"], items["turns"]) == (turns["requests"], turns["turns"])
+    assert report["speedup"] > 0

@@ -4,6 +4,8 @@ turns per item, prompts carry the memory, records in the harness's format, resum
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import time
 
@@ -23,10 +25,12 @@ CHUNK = 16
 
 class ScriptedEngine(RolloutEngine):
     """Memory turns answer "mem <turn index>"; final and direct prompts answer ``\\boxed{7}``; records every
-    prompt and the size of every batch; raises on call ``fail_at`` (a crash mid-run)."""
+    prompt; raises on call ``fail_at`` or on a prompt holding ``fail_on`` (a crash mid-run), rejects
+    prompts holding ``reject`` (ValueError) and answers prompts holding ``slow`` after 50 ms."""
 
-    def __init__(self, tok, fail_at: int | None = None, reject: str | None = None):
-        self.tok, self.fail_at, self.reject = tok, fail_at, reject
+    def __init__(self, tok, fail_at: int | None = None, reject: str | None = None, fail_on: str | None = None,
+                 slow: str | None = None):
+        self.tok, self.fail_at, self.reject, self.fail_on, self.slow = tok, fail_at, reject, fail_on, slow
         self.prompts: list[str] = []
         self.calls = 0
 
@@ -35,10 +39,12 @@ class ScriptedEngine(RolloutEngine):
         if self.fail_at is not None and self.calls >= self.fail_at:
             raise RuntimeError("engine died")
         text = self.tok.decode(prompt_ids)
+        if self.fail_on is not None and self.fail_on in text:
+            raise RuntimeError("engine died")
         if self.reject is not None and self.reject in text:  # as vLLM's "prompt ... does not fit" check
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit")
         self.prompts.append(text)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.05 if self.slow is not None and self.slow in text else 0)
         seen = re.findall(r"mem (\d+)", text)  # the memory so far, "mem k" after k + 1 turns
         reply = "\\boxed{7}" if ("Your answer:" in text or "Put the answer" in text) else \
             f"mem {int(seen[-1]) + 1 if seen else 0}"
@@ -86,12 +92,14 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
     finally:
         engine.shutdown()
     wall = time.perf_counter() - started
-    # turn 1: 2 memory updates + 2 direct prompts; then 2 per turn; then the 2 final answers
-    assert {k: counts[k] for k in ("finished", "failed", "resumed", "remaining", "turns", "stopped")} == \
-        {"finished": 4, "failed": 0, "resumed": 0, "remaining": 0, "turns": n_chunks + 1, "stopped": 0}
+    # 2 memory items: n_chunks updates + the final answer each; 2 direct items: one prompt each
+    assert {k: counts[k] for k in ("finished", "failed", "resumed", "remaining", "requests", "turns", "stopped")} == \
+        {"finished": 4, "failed": 0, "resumed": 0, "remaining": 0, "requests": 2 * (n_chunks + 1) + 2,
+         "turns": n_chunks + 1, "stopped": 0}
     assert counts["prepare_s"] >= 0 and counts["tokenize_s"] > 0 and counts["generate_s"] > 0
-    # the three phases are disjoint parts of the call
-    assert counts["prepare_s"] + counts["tokenize_s"] + counts["generate_s"] <= wall + 3e-3
+    # preparing and requesting are disjoint parts of the call; tokenizing happens while requesting
+    assert counts["prepare_s"] + counts["generate_s"] <= wall + 3e-3
+    assert counts["tokenize_s"] <= counts["generate_s"] * (os.cpu_count() or 1) + 3e-3
     assert engine.calls == 2 * (n_chunks + 1) + 2
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
     direct = read_records(tmp_path / "niah_3" / "m-direct.jsonl")
@@ -105,28 +113,33 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
     assert not (tmp_path / "niah_3" / "m-memory.state.json").exists()
 
 
-def test_a_stopped_run_resumes_mid_document(tmp_path, tok):
+@pytest.mark.parametrize("schedule", ["items", "turns"])
+def test_a_stopped_run_resumes_mid_document(tmp_path, tok, schedule):
     cells, n_chunks = _cells(tmp_path, tok)
-    crashing = ScriptedEngine(tok, fail_at=2 + 2 + 1)  # turn 1 = calls 1-4; dies at the first call of turn 2
+    crashing = ScriptedEngine(tok, fail_on="mem 0")  # dies at the first second-chunk update
     try:
         with pytest.raises(RuntimeError, match="engine died"):
-            run_batched(cells, crashing, tok, CONFIG, save_every=1)
+            run_batched(cells, crashing, tok, CONFIG, schedule=schedule)
     finally:
         crashing.shutdown()
     state = tmp_path / "niah_3" / "m-memory.state.json"
-    assert state.exists()  # memory after turn 1 was saved
-    assert len(read_records(tmp_path / "niah_3" / "m-direct.jsonl")) == 2  # direct items finished in turn 1
+    saved = json.loads(state.read_text())  # the memory of every started item was saved
+    assert {v["next_chunk"] for v in saved.values()} <= {0, 1} and any(v["memory"] == "mem 0" for v in saved.values())
+    if schedule == "turns":  # lockstep: the crash is in turn 2, after every turn-1 request
+        assert len(read_records(tmp_path / "niah_3" / "m-direct.jsonl")) == 2
 
     engine = ScriptedEngine(tok)
     try:
-        counts = run_batched(cells, engine, tok, CONFIG)
+        counts = run_batched(cells, engine, tok, CONFIG, schedule=schedule)
     finally:
         engine.shutdown()
-    assert counts["resumed"] == 2 and counts["finished"] == 2 and counts["turns"] == n_chunks
-    # no item started over: the first prompt after resuming already holds turn 1's memory
-    assert "mem 0" in engine.prompts[0]
+    resumed = [int(k) for k, v in saved.items() if v["next_chunk"] == 1]
+    assert counts["resumed"] == len(saved) and counts["remaining"] == 0
+    # no item started over: a resumed item's first prompt already holds the memory of its first chunk
+    for i in resumed:
+        assert "mem 0" in next(p for p in engine.prompts if f"number {i}?" in p)
     for r in read_records(tmp_path / "niah_3" / "m-memory.jsonl").values():
-        assert r["requests"] == n_chunks + 1 and r["num_chunks"] == n_chunks
+        assert r["status"] == "ok" and r["requests"] == n_chunks + 1 and r["num_chunks"] == n_chunks
     assert not state.exists()
 
 
@@ -138,8 +151,6 @@ def test_deadline_stops_and_saves(tmp_path, tok):
     finally:
         engine.shutdown()
     assert counts["stopped"] == 1 and counts["remaining"] == 4 and engine.calls == 0
-    import json
-
     state = json.loads((tmp_path / "niah_3" / "m-memory.state.json").read_text())
     assert {k: v["next_chunk"] for k, v in state.items()} == {"0": 0, "1": 0}  # saved, nothing read yet
 
@@ -148,21 +159,53 @@ def _outputs(path):
     return {k: (r["memory"], r["response"], r["requests"], r["num_chunks"]) for k, r in read_records(path).items()}
 
 
-def test_tokenizing_threads_do_not_change_the_results(tmp_path, tok):
+@pytest.mark.parametrize("schedule", ["items", "turns"])
+def test_tokenizing_threads_do_not_change_the_results(tmp_path, tok, schedule):
     results = []
     for workers in (1, 4):
         out = tmp_path / f"w{workers}"
         cells, n_chunks = _cells(out, tok)
         engine = ScriptedEngine(tok)
         try:
-            counts = run_batched(cells, engine, tok, CONFIG, workers=workers)
+            counts = run_batched(cells, engine, tok, CONFIG, workers=workers, schedule=schedule)
         finally:
             engine.shutdown()
         assert counts["finished"] == 4
         results.append((_outputs(out / "niah_3" / "m-memory.jsonl"), _outputs(out / "niah_3" / "m-direct.jsonl"),
-                        engine.prompts))
-    assert results[0] == results[1]  # same memories, responses and prompts, in the same order
+                        sorted(engine.prompts)))  # requests are sent as their prompts are tokenized: any order
+    assert results[0] == results[1]  # same memories, responses and prompts
     assert [m for m, *_ in results[0][0].values()] == [f"mem {n_chunks - 1}"] * 2
+
+
+def test_the_two_schedules_give_the_same_records(tmp_path, tok):
+    outputs = {}
+    for schedule in ("items", "turns"):
+        cells, _ = _cells(tmp_path / schedule, tok)
+        engine = ScriptedEngine(tok)
+        try:
+            run_batched(cells, engine, tok, CONFIG, schedule=schedule)
+        finally:
+            engine.shutdown()
+        outputs[schedule] = [_outputs(tmp_path / schedule / "niah_3" / f"{label}.jsonl") for label in ("m-memory", "m-direct")]
+    assert outputs["items"] == outputs["turns"]
+    with pytest.raises(ValueError, match="schedule='fast'"):
+        run_batched(cells, ScriptedEngine(tok), tok, CONFIG, schedule="fast")
+
+
+@pytest.mark.parametrize("schedule", ["items", "turns"])
+def test_items_do_not_wait_for_the_slowest_update(tmp_path, tok, schedule):
+    """Item 0's updates take 50 ms, item 1's none. Free-running, item 1 reads its whole document while
+    item 0 is on its first chunk; in lockstep, each of item 1's updates waits for item 0's."""
+    cells, n_chunks = _cells(tmp_path, tok)
+    engine = ScriptedEngine(tok, slow="number 0?")
+    try:
+        run_batched(cells[:1], engine, tok, CONFIG, schedule=schedule)
+    finally:
+        engine.shutdown()
+    order = [0 if "number 0?" in p else 1 for p in engine.prompts]
+    assert order.count(0) == order.count(1) == n_chunks + 1
+    item1_done_before_item0_second = order.index(0, order.index(0) + 1) > max(i for i, o in enumerate(order) if o == 1)
+    assert item1_done_before_item0_second == (schedule == "items")
 
 
 def test_a_failed_preparation_keeps_the_saved_state(tmp_path, tok):

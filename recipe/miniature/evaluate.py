@@ -13,9 +13,10 @@ Systems and what they run (the evaluation harness, ``taskutils.memory_eval``):
 Two runners, same prompts, sampling, scoring and record files:
 
 * ``--runner batched`` (default): the project's in-process vLLM engine (as in training) and
-  :mod:`taskutils.memory_eval.batched`: every unfinished item's next turn goes to the engine in one
-  batch; the memory of unfinished items is saved, so ``--deadline-s`` can stop a run that the next
-  command resumes mid-document (exit code 3 while items remain);
+  :mod:`taskutils.memory_eval.batched`: every unfinished item is in flight at once, each sending its
+  next request as soon as its previous one returns (``--schedule items``; ``turns`` = lockstep); the
+  memory of unfinished items is saved, so ``--deadline-s`` can stop a run that the next command
+  resumes mid-document (exit code 3 while items remain);
 * ``--runner http``: one server (``serve.inproc_server``) and the HTTP evaluation harness, all
   seeds, labels, tasks and lengths at once (the path users take against any endpoint).
 
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, default=64, help="items in flight per cell")
     p.add_argument("--runner", choices=["batched", "http"], default="batched", help="see the module docstring")
     p.add_argument("--deadline-s", type=float, help="batched: stop after this many seconds, saving state (exit 3)")
+    p.add_argument("--schedule", choices=["items", "turns"], default="items",
+                   help="batched: items = each item sends its next request when the last returns; turns = lockstep")
     p.add_argument("--workers", type=int, help="batched: threads that tokenize documents and prompts (default: all cores)")
     s = p.add_argument_group("server / engine")
     s.add_argument("--port", type=int, default=8100)
@@ -82,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.15)
     s.add_argument("--max-num-seqs", type=int, default=512)
+    s.add_argument("--max-num-batched-tokens", type=int, default=32768,
+                   help="vLLM: tokens per scheduler step (its in-process default, 2048, makes the ~100K prompt "
+                        "tokens of 128 memory updates take 50 steps)")
     s.add_argument("--enforce-eager", action="store_true")
     s.add_argument("--serve-timeout", type=float, default=900.0)
     s.add_argument("--wait-for", help="after the server is up, wait until this file exists (data still being made)")
@@ -171,7 +177,7 @@ def _wait_for(args: argparse.Namespace, started: float, alive=lambda: True) -> N
 
 
 def main_batched(args: argparse.Namespace) -> int:
-    """The batched runner: one in-process engine, every item's turn in one batch."""
+    """The batched runner: one in-process engine, every unfinished item in flight at once."""
     from transformers import AutoTokenizer
 
     from serve.inproc_server import build_engine
@@ -182,7 +188,7 @@ def main_batched(args: argparse.Namespace) -> int:
     engine_args = argparse.Namespace(
         engine=args.engine, model=str(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=None, enforce_eager=args.enforce_eager, seed=0,
+        max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager, seed=0,
     )  # fmt: skip
     engine = build_engine(engine_args)
     ready_s = time.time() - started
@@ -194,7 +200,7 @@ def main_batched(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline,
-                             workers=args.workers)
+                             workers=args.workers, schedule=args.schedule)
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
@@ -207,7 +213,7 @@ def main_batched(args: argparse.Namespace) -> int:
     with (root / "meta" / f"eval_{args.system}_runs.jsonl").open("a") as fh:
         fh.write(json.dumps(meta) + "\n")
     print(f"[miniature.eval] {args.system}: {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
-          f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['turns']} turns")
+          f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['requests']} requests (at most {counts['turns']} per item)")
     return 3 if counts["remaining"] else 0
 
 
@@ -224,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         model_path=str(args.model), served_model_name=name, port=args.port, device=args.device,
         max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization if args.device != "cpu" else None,
-        backend="inproc", extra_args=["--engine", args.engine, "--max-num-seqs", str(args.max_num_seqs)],
+        backend="inproc", extra_args=["--engine", args.engine, "--max-num-seqs", str(args.max_num_seqs),
+                                       "--max-num-batched-tokens", str(args.max_num_batched_tokens)],
         env={"VLLM_USE_FLASHINFER_SAMPLER": "0"},
     )  # fmt: skip
     started = time.time()

@@ -3,15 +3,22 @@
 The HTTP agents (:mod:`taskutils.memory_eval.agents`) send one request per turn per item; with a
 small model and long documents the per-request work (HTTP, JSON, chat templating under one GIL)
 can outweigh the generation (an H200 run measured 1.4-6 s per memory turn through the HTTP endpoint
-with ~1,500 items in flight). Here every unfinished item's next turn goes to the engine in **one batch**, with the same
-prompts (:mod:`recurrent.prompts`), chunking (:func:`~taskutils.memory_eval.chunking.iter_chunks`),
-chat template (:func:`recurrent.chat_template.load_chat_template`, as ``serve.inproc_server``),
-sampling and scoring (:func:`~taskutils.memory_eval.scoring.score_response`), and the same record
-and meta files (:mod:`~taskutils.memory_eval.results`), so summaries and reports read them unchanged.
+with ~1,500 items in flight). Here every unfinished item is in flight at once on the engine's own
+event loop, so the engine batches their requests, with the same prompts (:mod:`recurrent.prompts`),
+chunking (:func:`~taskutils.memory_eval.chunking.iter_chunks`), chat template
+(:func:`recurrent.chat_template.load_chat_template`, as ``serve.inproc_server``), sampling and
+scoring (:func:`~taskutils.memory_eval.scoring.score_response`), and the same record and meta files
+(:mod:`~taskutils.memory_eval.results`), so summaries and reports read them unchanged.
+
+Schedule: by default each item sends its next request as soon as its previous one returns
+(``schedule="items"``). A 512-chunk document is 513 requests in a row, so its time is the sum of its
+own memory updates; in lockstep (``schedule="turns"``) every turn would last as long as the longest
+update of the turn (up to ``max_memory_tokens`` decode steps) and short items would wait for it.
 
 Resume: finished items are skipped (their records exist); the memory of unfinished memory-agent
-items is saved to ``{label}.state.json`` beside the records every ``save_every`` turns and when the
-``deadline`` passes, so a run stopped by a time limit continues mid-document next time.
+items is saved to ``{label}.state.json`` beside the records every ``save_every_s`` seconds, at the
+end, on a failure and when the ``deadline`` passes, so a run stopped by a time limit continues
+mid-document next time.
 
     cells = [BatchCell(info, items, out_dir) ...]
     run_batched(cells, engine, tokenizer, AgentConfig(chunk_tokens=512, ...), deadline=time.time() + 500)
@@ -84,6 +91,8 @@ class _Job:
     requests: int = 0
     truncated_from: int | None = None
     prompt: str | None = None  # the direct baseline's single prompt
+    requests_before: int = 0  # requests made by earlier runs (resumed state)
+    done: bool = False  # finished or failed (its record is written)
 
 
 def _params(config: AgentConfig, max_tokens: int):
@@ -99,6 +108,9 @@ def _save_state(path: Path, jobs: list[_Job]) -> None:
     os.replace(tmp, path)
 
 
+SCHEDULES = ("items", "turns")
+
+
 def run_batched(
     cells: Sequence[BatchCell],
     engine: Any,
@@ -106,34 +118,46 @@ def run_batched(
     config: AgentConfig,
     *,
     chat_template: str | None = None,
-    save_every: int = 8,
+    schedule: str = "items",
+    save_every_s: float = 30.0,
     deadline: float | None = None,
     force: bool = False,
     workers: int | None = None,
     log_every_s: float = 30.0,
 ) -> dict[str, float]:
-    """Run every unfinished item of ``cells`` turn by turn in batches; return counts.
+    """Run every unfinished item of ``cells`` on ``engine``, all items in flight at once; return counts.
 
     Args:
         engine: a :class:`~verl.workers.rollout.base.RolloutEngine` (vLLM in-process or HF).
         tokenizer: the model's Hugging Face (fast) tokenizer.
         config: chunk size, token budgets and sampling (as for the HTTP agents).
-        save_every: memory turns between state saves.
-        deadline: ``time.time()`` after which the run saves its state and returns (``stopped=1``).
+        schedule: ``"items"`` (default): each item sends its next request as soon as its previous one
+            returns, so the engine never waits for the slowest memory update of a turn; ``"turns"``:
+            lockstep, every item's turn k before any item's turn k + 1 (the same results; kept to
+            measure the difference, see ``benchmarks/bench_eval_schedule.py``).
+        save_every_s: seconds between saves of the unfinished items' memory (also saved at the end,
+            on a failure and at the deadline).
+        deadline: ``time.time()`` after which no new request starts; the run saves its state and
+            returns (``stopped=1``).
         force: redo every item (records and saved state are discarded).
-        workers: threads that tokenize (documents at the start, prompts every turn); default: all cores.
-        log_every_s: seconds between progress lines (turn, items in flight, tokenizing vs generating time).
+        workers: threads that tokenize (documents at the start, prompts of every request); default: all cores.
+        log_every_s: seconds between progress lines.
 
     Returns:
-        ``{"finished", "failed", "resumed", "remaining", "turns", "stopped"}`` (counts; ``failed``: items
-        whose request the engine rejected, recorded with ``status="error"``) and ``{"prepare_s",
-        "tokenize_s", "generate_s"}`` (seconds: chunking the documents, tokenizing the prompts, the engine).
+        Counts: ``finished``, ``failed`` (items whose request the engine rejected, recorded with
+        ``status="error"``), ``resumed``, ``remaining``, ``requests``, ``turns`` (the most requests one
+        item made in this run), ``stopped``; seconds: ``prepare_s`` (chunking the documents),
+        ``generate_s`` (wall time from the first request to the last) and ``tokenize_s`` (thread
+        seconds spent tokenizing prompts, overlapping ``generate_s``).
     """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: expected one of {SCHEDULES}")
     template = load_chat_template(tokenizer, chat_template)
     spanner = HFTokenizer(tokenizer)
     stores: list[ResultStore] = []
     todo: list[tuple[int, EvalItem, dict | None]] = []
-    counts: dict[str, float] = {"finished": 0, "failed": 0, "resumed": 0, "remaining": 0, "turns": 0, "stopped": 0}
+    counts: dict[str, float] = {"finished": 0, "failed": 0, "resumed": 0, "remaining": 0, "requests": 0,
+                                "turns": 0, "stopped": 0}  # fmt: skip
     for k, cell in enumerate(cells):
         if cell.info.method not in MEMORY_METHODS and cell.info.method not in DIRECT_METHODS:
             raise ValueError(f"cell {cell.info.task}_{cell.info.length}: unknown method {cell.info.method!r}")
@@ -162,9 +186,10 @@ def run_batched(
             document, before, after = middle_truncate(context, config.max_input_tokens, spanner)
             job.truncated_from = before if after < before else None
             job.prompt = render_template(DIRECT_METHODS[cells[k].info.method], prompt=item.question, chunk=document)
+        job.requests_before = job.requests
         return job
 
-    # Tokenizing is the host's work (chunking whole documents, then every turn's prompt); the Rust
+    # Tokenizing is the host's work (chunking whole documents, then every request's prompt); the Rust
     # tokenizer releases the GIL, so a thread pool spreads it over the cores.
     n_workers = max(1, workers or os.cpu_count() or 1)
     pool = ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="eval-tok")
@@ -178,26 +203,13 @@ def run_batched(
         raise
     counts["resumed"] = sum(1 for k, _, state in todo if state and cells[k].info.method in MEMORY_METHODS)
     counts["prepare_s"] = round(time.perf_counter() - t_prepare, 3)
-    logger.info("batched eval: %d unfinished items of %d cells prepared in %.1f s (%d threads)", len(jobs),
-                len(cells), counts["prepare_s"], n_workers)
+    logger.info("batched eval: %d unfinished items of %d cells prepared in %.1f s (%d threads), schedule=%s",
+                len(jobs), len(cells), counts["prepare_s"], n_workers, schedule)  # fmt: skip
 
-    def ids_of(message: str) -> list[int]:
-        return tokenize_conversation(tokenizer, template, [{"role": "user", "content": message}], True, None).ids
-
-    def generate(requests: list[tuple[list[int], Any]]) -> list[Any]:
-        """One output per request, or the ``ValueError`` with which the engine rejected that request
-        (e.g. a prompt longer than its window); any other failure is raised (the engine is broken)."""
-
-        async def _all() -> list[Any]:
-            return list(await asyncio.gather(*(engine.generate(p, params) for p, params in requests),
-                                             return_exceptions=True))
-
-        # all at once on the engine's own loop, so that it batches them (as RolloutEngine.generate_batch)
-        outputs = engine._engine_loop().run(_all())
-        for out in outputs:
-            if isinstance(out, BaseException) and not isinstance(out, ValueError):
-                raise out
-        return [out if isinstance(out, ValueError) else out[0] for out in outputs]
+    def ids_of(message: str) -> tuple[list[int], float]:
+        started = time.perf_counter()
+        ids = tokenize_conversation(tokenizer, template, [{"role": "user", "content": message}], True, None).ids
+        return ids, time.perf_counter() - started
 
     turn_ends = turn_end_token_ids(tokenizer)
 
@@ -216,6 +228,7 @@ def run_batched(
             "num_chunks": job.next_chunk if job.chunks else 0, "requests": job.requests, "retries": 0,
             "elapsed_s": round(time.perf_counter() - job.started, 3), "truncated_from_tokens": job.truncated_from,
             "memory": job.memory if job.chunks else None})  # fmt: skip
+        job.done = True
         counts["finished"] += 1
 
     def fail(job: _Job, error: ValueError) -> None:
@@ -225,71 +238,110 @@ def run_batched(
         stores[job.cell].append({**item_record(job.item, cell.info), "status": "error", "error": message,
                                  "requests": job.requests, "retries": 0,
                                  "elapsed_s": round(time.perf_counter() - job.started, 3)})  # fmt: skip
+        job.done = True
         counts["failed"] += 1
         if counts["failed"] <= 3:
             logger.warning("batched eval: %s item %s failed: %s", cell.info.label, job.item.id, message)
 
     memory_params, final_params = _params(config, config.max_memory_tokens), _params(config, config.max_final_tokens)
     direct_params = _params(config, config.max_output_tokens)
-    counts["tokenize_s"] = counts["generate_s"] = 0.0
-    last_log = time.perf_counter()
+
+    def next_request(job: _Job) -> tuple[str, str, Any]:
+        """The job's next request: a memory update, the final answer or the direct baseline's prompt."""
+        if job.prompt is not None:
+            return "direct", job.prompt, direct_params
+        if job.next_chunk < len(job.chunks):
+            return "memory", render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]), memory_params
+        style = MEMORY_METHODS[cells[job.cell].info.method]
+        return "final", render_final_prompt(job.item.question, job.memory, style=style), final_params
+
+    async def step(job: _Job) -> bool:
+        """Send the job's next request and take in the answer; True while the job has more to do. An
+        engine ``ValueError`` (e.g. a prompt longer than its window) fails this item only; any other
+        failure is raised (the engine is broken)."""
+        if deadline is not None and time.time() > deadline:
+            counts["stopped"] = 1
+            return False
+        kind, message, params = next_request(job)
+        ids, seconds = await asyncio.get_running_loop().run_in_executor(pool, ids_of, message)
+        counts["tokenize_s"] += seconds
+        try:
+            output = (await engine.generate(ids, params))[0]
+        except ValueError as error:
+            job.requests += 1
+            fail(job, error)
+            return False
+        job.requests += 1
+        counts["requests"] += 1
+        if kind != "memory":
+            finish(job, text_of(output))
+            return False
+        job.memory = _strip_think(text_of(output)) or NO_MEMORY
+        job.next_chunk += 1
+        return True
+
+    async def run_item(job: _Job) -> None:
+        while await step(job):
+            pass
+
+    def unfinished() -> list[_Job]:
+        return [job for job in jobs if not job.done]
+
+    def progress() -> None:
+        logger.info("batched eval: %d requests, %d items in flight (the furthest at request %d), %d finished, "
+                    "%d failed; %.0f s running, %.0f thread-s tokenizing", counts["requests"], len(unfinished()),
+                    max((j.requests for j in jobs), default=0), counts["finished"], counts["failed"],
+                    time.perf_counter() - t_requests, counts["tokenize_s"])  # fmt: skip
+
+    async def every(seconds: float, action) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            action()
+
+    async def run_all() -> None:
+        background = [asyncio.ensure_future(every(save_every_s, lambda: _save_states(cells, unfinished()))),
+                      asyncio.ensure_future(every(log_every_s, progress))]  # fmt: skip
+        try:
+            if schedule == "items":
+                await _all_or_cancel([run_item(job) for job in jobs])
+            else:
+                active = list(jobs)
+                while active:
+                    more = await _all_or_cancel([step(job) for job in active])
+                    active = [job for job, again in zip(active, more, strict=True) if again]
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    counts["tokenize_s"] = 0.0
+    t_requests = time.perf_counter()
     try:
-        while jobs:
-            if deadline is not None and time.time() > deadline:
-                counts["stopped"] = 1
-                break
-            # one turn of every unfinished item: a memory update, a final answer or the direct prompt
-            batch: list[tuple[_Job, str, Any]] = []
-            for job in jobs:
-                if job.prompt is not None:
-                    batch.append((job, "direct", direct_params))
-                elif job.next_chunk < len(job.chunks):
-                    batch.append((job, "memory", memory_params))
-                else:
-                    batch.append((job, "final", final_params))
-            messages = []
-            for job, kind, _ in batch:
-                if kind == "direct":
-                    messages.append(job.prompt)
-                elif kind == "memory":
-                    messages.append(render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]))
-                else:
-                    messages.append(render_final_prompt(job.item.question, job.memory,
-                                                        style=MEMORY_METHODS[cells[job.cell].info.method]))
-            t_host = time.perf_counter()
-            prompts = list(pool.map(ids_of, messages))
-            t_engine = time.perf_counter()
-            outputs = generate([(ids, params) for ids, (_, _, params) in zip(prompts, batch, strict=True)])
-            counts["tokenize_s"] += t_engine - t_host
-            counts["generate_s"] += time.perf_counter() - t_engine
-            counts["turns"] += 1
-            still = []
-            for (job, kind, _), output in zip(batch, outputs, strict=True):
-                job.requests += 1
-                if isinstance(output, ValueError):
-                    fail(job, output)
-                elif kind == "memory":
-                    job.memory = _strip_think(text_of(output)) or NO_MEMORY
-                    job.next_chunk += 1
-                    still.append(job)
-                else:
-                    finish(job, text_of(output))
-            jobs = still
-            if counts["turns"] % max(1, save_every) == 0:
-                _save_states(cells, jobs)
-            if time.perf_counter() - last_log >= log_every_s or not jobs:
-                last_log = time.perf_counter()
-                logger.info("batched eval: turn %d, %d items in flight, %d finished; %.0f s tokenizing, "
-                            "%.0f s generating so far", counts["turns"], len(jobs), counts["finished"],
-                            counts["tokenize_s"], counts["generate_s"])  # fmt: skip
+        if jobs:
+            engine.run_on_loop(run_all())
     finally:
+        counts["generate_s"] = round(time.perf_counter() - t_requests, 3)
         pool.shutdown(wait=False, cancel_futures=True)
-        _save_states(cells, jobs)
+        _save_states(cells, unfinished())
         for store in stores:
             store.close()
-    counts["remaining"] = len(jobs)
-    counts["tokenize_s"], counts["generate_s"] = round(counts["tokenize_s"], 3), round(counts["generate_s"], 3)
+    progress()
+    counts["remaining"] = len(unfinished())
+    counts["turns"] = max((job.requests - job.requests_before for job in jobs), default=0)
+    counts["tokenize_s"] = round(counts["tokenize_s"], 3)
     return counts
+
+
+async def _all_or_cancel(coros: list) -> list:
+    """``asyncio.gather`` that, when one awaitable fails, cancels the others before raising."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _save_states(cells: Sequence[BatchCell], jobs: list[_Job]) -> None:

@@ -187,7 +187,7 @@ class ActorRolloutRefWorker(TrainingWorker):
 
             return await asyncio.gather(*[self.rollout.generate(p, replace(sp, seed=s)) for p, s in zip(prompts, seeds)])
 
-        return self.rollout._engine_loop().run(_all())
+        return self.rollout.run_on_loop(_all())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> float:

@@ -169,7 +169,12 @@ class RolloutEngine(ABC):
         async def _all() -> list[list[GenerationOutput]]:
             return list(await asyncio.gather(*(self.generate(list(p), params) for p in prompts)))
 
-        return self._engine_loop().run(_all())
+        return self.run_on_loop(_all())
+
+    def run_on_loop(self, coro: Any) -> Any:
+        """Run ``coro`` on the engine's own event loop (where concurrent :meth:`generate` calls are
+        batched together) and return its result; for callers that schedule many requests themselves."""
+        return self._engine_loop().run(coro)
 
     def _engine_loop(self) -> _LoopThread:
         if self._loop_thread is None:
