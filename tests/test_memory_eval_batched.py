@@ -240,3 +240,34 @@ def test_a_rejected_request_fails_its_item_only(tmp_path, tok):
     assert all("does not fit" in r["error"] for r in direct.values())
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
     assert {r["status"] for r in memory.values()} == {"ok"} and all(r["num_chunks"] == n_chunks for r in memory.values())
+
+
+def test_a_stop_event_ends_the_run_with_the_memory_saved(tmp_path, tok):
+    """``stop`` (set by evaluate.py's SIGTERM handler) ends the run like a deadline: requests in flight
+    finish, no new one starts, the memory of unfinished items is saved and the next run resumes it."""
+    import threading
+
+    cells, n_chunks = _cells(tmp_path, tok)
+    stop = threading.Event()
+
+    class StoppingEngine(ScriptedEngine):
+        async def generate(self, prompt_ids, params, request_id=None):
+            out = await super().generate(prompt_ids, params, request_id)
+            if self.calls == 3:
+                stop.set()
+            return out
+
+    engine = StoppingEngine(tok)
+    try:
+        counts = run_batched(cells[:1], engine, tok, CONFIG, stop=stop, schedule="turns")
+    finally:
+        engine.shutdown()
+    assert counts["stopped"] == 1 and counts["remaining"] == 2 and engine.calls == 4  # turns 1 and 2 only
+    saved = json.loads((tmp_path / "niah_3" / "m-memory.state.json").read_text())
+    assert {v["next_chunk"] for v in saved.values()} == {2}
+    engine = ScriptedEngine(tok)
+    try:
+        counts = run_batched(cells[:1], engine, tok, CONFIG)
+    finally:
+        engine.shutdown()
+    assert counts["resumed"] == 2 and counts["finished"] == 2 and counts["requests"] == 2 * (n_chunks + 1 - 2)

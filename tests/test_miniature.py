@@ -179,3 +179,26 @@ def test_h200_driver_waits_for_a_finished_pipeline_and_packs_the_results(tmp_pat
     bad = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "nonsense"], capture_output=True,
                          text=True, timeout=60, env=env)
     assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
+    """h200_run.sh resume-untrained DIR copies an earlier run's untrained-* records and saved memories
+    (the same untrained model on the same questions), never the RL model's."""
+    src, root = tmp_path / "old_eval", tmp_path / "mini"
+    files = ["seed1/niah_single_512/untrained-memory.jsonl", "seed1/niah_single_512/untrained-memory.state.json",
+             "seed2/multidoc_qa_8/untrained-direct.meta.json", "seed1/niah_single_512/rl-memory.state.json",
+             "seed1/niah_single_512/rl-memory.jsonl"]
+    for rel in files:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(src)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "resume-untrained: 3 files" in proc.stdout
+    copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
+    assert copied == sorted(files[:3])
+    assert (root / "eval" / files[1]).read_text() == files[1]
+    missing = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained",
+                              str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60, env=env)
+    assert missing.returncode == 2 and "no folder" in missing.stderr

@@ -30,7 +30,9 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -197,10 +199,12 @@ def main_batched(args: argparse.Namespace) -> int:
     _wait_for(args, started)
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     deadline = started + args.deadline_s if args.deadline_s else None
+    stop = threading.Event()  # SIGTERM (e.g. h200_run.sh stop): no new requests, memory saved, exit 3
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.time()
     try:
         counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline,
-                             workers=args.workers, schedule=args.schedule)
+                             stop=stop, workers=args.workers, schedule=args.schedule)
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):

@@ -7,11 +7,14 @@
 #   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait; return SECONDS (540) after starting
 #   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline; return SECONDS (570) after starting
 #   bash recipe/miniature/h200_run.sh bench [SECONDS]    # benchmarks/h200_suite.sh into $MINI_ROOT/bench (~5 min)
+#   bash recipe/miniature/h200_run.sh stop               # SIGTERM the evaluations (they save their memory), pack
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
+#   bash recipe/miniature/h200_run.sh resume-untrained DIR   # copy DIR's untrained-* records/states into the run
 #
 # Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
 # docs/results/README.md for the install line). Environment: MINI_ROOT [/tmp/mini], STEPS [60],
-# MAX_WALL [360] (training seconds), plus anything pipeline.sh reads.
+# MAX_WALL [360] (training seconds), RESUME_UNTRAINED (an earlier run's eval/ folder: `start` first copies
+# its untrained-* files, so the untrained evaluation resumes where it stopped), plus anything pipeline.sh reads.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MINI_ROOT="${MINI_ROOT:-/tmp/mini}"
@@ -57,8 +60,26 @@ wait_for() {  # wait_for SECONDS: until SECONDS after this script started (setup
     status
 }
 
+resume_untrained() {  # resume_untrained DIR: DIR/seed*/CELL/untrained-* -> $MINI_ROOT/eval/seed*/CELL/
+    local src=$1 dst n
+    [ -d "$src" ] || { echo "resume-untrained: no folder $src" >&2; return 2; }
+    dst=$(mkdir -p "$MINI_ROOT/eval" && cd "$MINI_ROOT/eval" && pwd)
+    n=$(cd "$src" && find . -type f -name 'untrained-*' -exec cp --parents {} "$dst/" \; -print | wc -l)
+    echo "resume-untrained: $n files from $src"
+}
+
+stop_evaluations() {  # SIGTERM: no new requests; the batched runner saves the memory of unfinished items
+    pkill -TERM -f "[r]ecipe.miniature.evaluate" || { echo "no evaluation running"; return 0; }
+    local t0=$SECONDS
+    while pgrep -f "[r]ecipe.miniature.evaluate" >/dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 2; done
+    echo "evaluations stopped after $((SECONDS - t0)) s"
+    local t1=$SECONDS  # the pipeline then writes its report
+    while pgrep -f "[r]ecipe/miniature/pipeline.sh" >/dev/null && [ $((SECONDS - t1)) -lt 30 ]; do sleep 2; done
+}
+
 start() {
     mkdir -p "$MINI_ROOT/meta" "$MINI_ROOT/logs"
+    [ -n "${RESUME_UNTRAINED:-}" ] && { resume_untrained "$RESUME_UNTRAINED" || return 1; }
     rm -rf "$CODE" && mkdir -p "$CODE" && cp -r . "$CODE/"  # the pipeline runs from a copy: later syncs can't touch it
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -74,6 +95,7 @@ start() {
 # on the GPU machine, after installing the wheels (docs/results/README.md):
 export PYTHONPATH=/tmp/site:\$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
 MODEL_PATH=\$(python3 -m verl.utils.smollm)
+${RESUME_UNTRAINED:+bash recipe/miniature/h200_run.sh resume-untrained $RESUME_UNTRAINED  # untrained-* records and memories of an earlier run}
 ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-360} bash recipe/miniature/pipeline.sh all
 #   = make_data; evaluate --system untrained (background); run_memory_smollm2.sh (training);
 #     model_merger; evaluate --system rl; report
@@ -98,7 +120,9 @@ case "${1:-wait}" in
     start) start && wait_for "${2:-540}" ;;
     wait) wait_for "${2:-570}" ;;
     bench) bench "${2:-570}" ;;
+    stop) stop_evaluations; status ;;
     collect) status ;;
-    *) echo "usage: $0 start|wait|bench|collect [SECONDS]" >&2; exit 2 ;;
+    resume-untrained) resume_untrained "${2:?resume-untrained DIR}" || exit 2 ;;
+    *) echo "usage: $0 start|wait|bench|stop|collect [SECONDS] | resume-untrained DIR" >&2; exit 2 ;;
 esac
 collect

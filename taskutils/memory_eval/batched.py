@@ -30,6 +30,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,7 @@ def run_batched(
     schedule: str = "items",
     save_every_s: float = 30.0,
     deadline: float | None = None,
+    stop: threading.Event | None = None,
     force: bool = False,
     workers: int | None = None,
     log_every_s: float = 30.0,
@@ -139,6 +141,7 @@ def run_batched(
             on a failure and at the deadline).
         deadline: ``time.time()`` after which no new request starts; the run saves its state and
             returns (``stopped=1``).
+        stop: once set (e.g. by a signal handler), the same as a passed deadline.
         force: redo every item (records and saved state are discarded).
         workers: threads that tokenize (documents at the start, prompts of every request); default: all cores.
         log_every_s: seconds between progress lines.
@@ -259,7 +262,7 @@ def run_batched(
         """Send the job's next request and take in the answer; True while the job has more to do. An
         engine ``ValueError`` (e.g. a prompt longer than its window) fails this item only; any other
         failure is raised (the engine is broken)."""
-        if deadline is not None and time.time() > deadline:
+        if (deadline is not None and time.time() > deadline) or (stop is not None and stop.is_set()):
             counts["stopped"] = 1
             return False
         kind, message, params = next_request(job)
