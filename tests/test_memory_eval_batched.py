@@ -26,7 +26,7 @@ CHUNK = 16
 class ScriptedEngine(RolloutEngine):
     """Memory turns answer "mem <turn index>"; final and direct prompts answer ``\\boxed{7}``; records every
     prompt; raises on call ``fail_at`` or on a prompt holding ``fail_on`` (a crash mid-run), rejects
-    prompts holding ``reject`` (ValueError) and answers prompts holding ``slow`` after 50 ms."""
+    prompts holding ``reject`` (ValueError) and answers prompts holding ``slow`` after 250 ms."""
 
     def __init__(self, tok, fail_at: int | None = None, reject: str | None = None, fail_on: str | None = None,
                  slow: str | None = None):
@@ -44,7 +44,7 @@ class ScriptedEngine(RolloutEngine):
         if self.reject is not None and self.reject in text:  # as vLLM's "prompt ... does not fit" check
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit")
         self.prompts.append(text)
-        await asyncio.sleep(0.05 if self.slow is not None and self.slow in text else 0)
+        await asyncio.sleep(0.25 if self.slow is not None and self.slow in text else 0)
         seen = re.findall(r"mem (\d+)", text)  # the memory so far, "mem k" after k + 1 turns
         reply = "\\boxed{7}" if ("Your answer:" in text or "Put the answer" in text) else \
             f"mem {int(seen[-1]) + 1 if seen else 0}"
@@ -194,7 +194,7 @@ def test_the_two_schedules_give_the_same_records(tmp_path, tok):
 
 @pytest.mark.parametrize("schedule", ["items", "turns"])
 def test_items_do_not_wait_for_the_slowest_update(tmp_path, tok, schedule):
-    """Item 0's updates take 50 ms, item 1's none. Free-running, item 1 reads its whole document while
+    """Item 0's updates take 250 ms, item 1's none. Free-running, item 1 reads its whole document while
     item 0 is on its first chunk; in lockstep, each of item 1's updates waits for item 0's."""
     cells, n_chunks = _cells(tmp_path, tok)
     engine = ScriptedEngine(tok, slow="number 0?")
@@ -252,8 +252,9 @@ def test_a_stop_event_ends_the_run_with_the_memory_saved(tmp_path, tok):
 
     class StoppingEngine(ScriptedEngine):
         async def generate(self, prompt_ids, params, request_id=None):
+            index = self.calls + 1  # super() counts this call before its first await
             out = await super().generate(prompt_ids, params, request_id)
-            if self.calls == 3:
+            if index == 3:
                 stop.set()
             return out
 
