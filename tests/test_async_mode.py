@@ -32,7 +32,7 @@ from recurrent.impls.memory import MemoryAgent, MemoryConfig, MemoryDataset
 from recurrent.tool import INVALID_TOOL, ToolSchema, merge_system_prompt, toolcall_extract, toolcall_system_prompt
 from verl.protocol import DataProto
 from verl.utils.dataset.rl_dataset import collate_fn
-from verl.workers.rollout.base import GenerationOutput, RolloutEngine
+from verl.workers.rollout.base import FixedWeightsEngine, GenerationOutput
 from verl.workers.rollout.hf_engine import HFRolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def proxy(engine, tok):
     p.close()
 
 
-class ScriptedEngine(RolloutEngine):
+class ScriptedEngine(FixedWeightsEngine):
     """Answers with ``reply(prompt_text, call_no)`` tokenised canonically, honouring stop strings
     (cut after the stop string, finish "stop", no EOS), max_tokens (finish "length") and else
     appending EOS. Log-prob of every token is -0.5. Records prompts."""
@@ -86,17 +86,11 @@ class ScriptedEngine(RolloutEngine):
         await asyncio.sleep(0)
         return [GenerationOutput(ids, [-0.5] * len(ids), finish)]
 
-    def update_weights(self, named_tensors):
-        pass
-
     def sleep(self):
         self.events.append("sleep")
 
     def wake_up(self):
         self.events.append("wake")
-
-    def shutdown(self):
-        self._stop_engine_loop()
 
 
 def _memory_reply(prompt_text: str, _call: int) -> str:

@@ -178,6 +178,7 @@ def test_eval_host_benchmark_runs_both_thread_counts(tiny_model_path, tmp_path):
     for run in report["runs"]:  # 2 memory + 2 direct items per length, all finished, the same turns
         assert run["finished"] == 8 and run["remaining"] == 0 and run["turns"] == report["runs"][0]["turns"] >= 3
         assert run["prepare_s"] > 0 and run["tokenize_s"] > 0
+    assert report["speedup"] == pytest.approx(report["runs"][0]["total_s"] / report["runs"][1]["total_s"])
 
 
 def test_eval_schedule_benchmark_runs_both_schedules(tiny_model_path, tmp_path):
@@ -192,3 +193,4 @@ def test_eval_schedule_benchmark_runs_both_schedules(tiny_model_path, tmp_path):
     assert (items["finished"], items["remaining"]) == (4, 0) and items["turns"] >= 3
     assert (items["requests"], items["turns"]) == (turns["requests"], turns["turns"])
     assert report["speedup"] > 0
+    assert report["speedup"] == pytest.approx(turns["generate_s"] / items["generate_s"])  # median of 1 run each

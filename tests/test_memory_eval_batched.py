@@ -18,12 +18,12 @@ from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks
 from taskutils.memory_eval.data import EvalItem
 from taskutils.memory_eval.results import read_records
 from taskutils.memory_eval.runner import CellInfo
-from verl.workers.rollout.base import GenerationOutput, RolloutEngine
+from verl.workers.rollout.base import FixedWeightsEngine, GenerationOutput
 
 CHUNK = 16
 
 
-class ScriptedEngine(RolloutEngine):
+class ScriptedEngine(FixedWeightsEngine):
     """Memory turns answer "mem <turn index>"; final and direct prompts answer ``\\boxed{7}``; records every
     prompt; raises on call ``fail_at`` or on a prompt holding ``fail_on`` (a crash mid-run), rejects
     prompts holding ``reject`` (ValueError) and answers prompts holding ``slow`` after 250 ms."""
@@ -50,18 +50,6 @@ class ScriptedEngine(RolloutEngine):
             f"mem {int(seen[-1]) + 1 if seen else 0}"
         ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
         return [GenerationOutput(ids, None, "stop")]
-
-    def update_weights(self, named_tensors):
-        pass
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
-
-    def shutdown(self):
-        self._stop_engine_loop()
 
 
 @pytest.fixture(scope="module")

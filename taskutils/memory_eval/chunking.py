@@ -240,18 +240,19 @@ def middle_truncate(
     """
     if tokenizer is None:
         total = count_tokens(text, None, chars_per_token)
-        if max_tokens is None or total <= max_tokens:
-            return text, total, total
-        head = max_tokens // 2
-        head_end = min(len(text), round(head * chars_per_token))
-        tail_start = min(len(text), round((total - (max_tokens - head)) * chars_per_token))
-        return text[:head_end] + text[max(tail_start, head_end):], total, max_tokens
-    spans = _token_spans(text, tokenizer)  # one pass: the count, and where to look for the two cuts
-    total = sum(n for _, _, n in spans)
+
+        def prefix(n: int) -> int:
+            return min(len(text), round(max(0, n) * chars_per_token))
+    else:
+        spans = _token_spans(text, tokenizer)  # one pass: the count, and where to look for the two cuts
+        total = sum(n for _, _, n in spans)
+
+        def prefix(n: int) -> int:
+            return _prefix_chars(text, n, tokenizer, spans)
+
     if max_tokens is None or total <= max_tokens:
         return text, total, total
     head = max_tokens // 2
-    head_end = _prefix_chars(text, head, tokenizer, spans)
-    tail_start = _prefix_chars(text, total - (max_tokens - head), tokenizer, spans)
-    tail_start = max(tail_start, head_end)
+    head_end = prefix(head)
+    tail_start = max(prefix(total - (max_tokens - head)), head_end)
     return text[:head_end] + text[tail_start:], total, max_tokens

@@ -210,6 +210,24 @@ class RolloutEngine(ABC):
         self.shutdown()
 
 
+class FixedWeightsEngine(RolloutEngine):
+    """An engine whose weights never change (test doubles, benchmark stand-ins, a fixed external model):
+    the weight and memory hooks do nothing and :meth:`shutdown` stops the engine's event loop, so a
+    subclass implements :meth:`generate` only."""
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self._stop_engine_loop()
+
+
 def _make_hf(**kwargs: Any) -> RolloutEngine:
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 
