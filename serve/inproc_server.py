@@ -55,6 +55,7 @@ def build_engine(args: argparse.Namespace):
             gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
             enable_sleep_mode=False, seed=args.seed, logprobs_mode=None,
+            engine_kwargs=getattr(args, "engine_kwargs", None),
         )  # fmt: skip
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 

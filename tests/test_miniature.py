@@ -147,6 +147,55 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
         assert (meta["finished"], meta["remaining"]) == (2 * 2 * 4 * 2 * 2, 0)  # seeds x labels x kinds x lengths x items
 
 
+def test_shards_partition_the_seed_kind_groups():
+    from recipe.miniature.evaluate import build_parser, shard_groups
+
+    seeds, kinds = [1, 2], ["a", "b", "c", "d"]
+    shards = [shard_groups(seeds, kinds, (i, 4)) for i in range(4)]
+    assert shards[0] == [(1, "a"), (2, "a")] and shards[3] == [(1, "d"), (2, "d")]
+    assert sorted(g for shard in shards for g in shard) == [(s, k) for s in seeds for k in kinds]
+    assert shard_groups(seeds, kinds, (1, 3)) == [(1, "b"), (2, "a"), (2, "d")]
+    assert shard_groups(seeds, kinds, (0, 1)) == [(s, k) for s in seeds for k in kinds]
+    parser = build_parser()
+    base = ["--root", "r", "--system", "rl", "--model", "m"]
+    assert parser.parse_args([*base, "--shard", "2/4"]).shard == (2, 4)
+    for bad in ("4/4", "x", "1/0", "-1/2"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*base, "--shard", bad])
+
+
+def test_pipeline_runs_the_rl_evaluation_as_shards(data_dir, tiny_model_path, tmp_path):
+    """pipeline.sh eval_rl with RL_SHARDS=2: two evaluate processes side by side, each with its own
+    engine and log, together record every cell once; the stage fails if a shard fails."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "data").symlink_to(data_dir)
+    (root / "rl_model").symlink_to(tiny_model_path)
+    eval_args = (f"--device cpu --engine hf --dtype float32 --lengths 1,4 --chunk-tokens {CHUNK} "
+                 "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024")
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "ROOT": str(root), "MODEL_PATH": str(tiny_model_path),
+           "PYTHON": sys.executable, "RL_SHARDS": "2", "EVAL_ARGS": eval_args}
+    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=env)
+    logs = {p.name: p.read_text() for p in (root / "logs").glob("*.log")}
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + str(logs)[-3000:]
+    assert "shard 0/2: rc=0" in logs["eval_rl.log"] and "shard 1/2: rc=0" in logs["eval_rl.log"]
+    assert "(shard 0/2)" in logs["eval_rl_shard0.log"] and "(shard 1/2)" in logs["eval_rl_shard1.log"]
+    for seed in (1, 2):
+        for kind in make_data.DEFAULT_KINDS:
+            for length in (1, 4):
+                path = root / "eval" / f"seed{seed}" / f"{kind}_{length}" / "rl-memory.jsonl"
+                records = [json.loads(line) for line in path.read_text().splitlines()]
+                assert sorted(r["_id"] for r in records) == [0, 1], path
+    runs = [json.loads(line) for line in (root / "meta" / "eval_rl_runs.jsonl").read_text().splitlines()]
+    assert sorted((r["shard"], r["finished"]) for r in runs) == [("0/2", 16), ("1/2", 16)]
+    (root / "rl_model").unlink()  # no model: both shards fail, and so does the stage
+    (root / "eval").rename(root / "eval_done")
+    failed = subprocess.run(["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert failed.returncode != 0 and "rc=0" not in (root / "logs" / "eval_rl.log").read_text()
+
+
 def test_serve_cli_dry_run_with_the_inproc_backend(capsys):
     from serve.vllm_server import main as serve_main
 
@@ -202,3 +251,12 @@ def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
     missing = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained",
                               str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60, env=env)
     assert missing.returncode == 2 and "no folder" in missing.stderr
+    rl = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-rl", str(src)],
+                        capture_output=True, text=True, timeout=60, env=env)
+    assert rl.returncode == 0 and "resume-rl: 2 files" in rl.stdout
+    copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
+    assert copied == sorted(files)
+    # the RL model's memories only go with the same model: RESUME_RL without RL_MODEL_PARTS stops `start`
+    alone = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "start"], capture_output=True,
+                           text=True, timeout=60, env={**env, "RESUME_RL": str(src)})
+    assert "RESUME_RL needs RL_MODEL_PARTS" in alone.stderr and "pipeline launched" not in alone.stdout

@@ -56,6 +56,25 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N), with 0 <= I < N."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected I/N, e.g. 0/4") from None
+    if count < 1 or not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard {text!r}: expected 0 <= I < N")
+    return index, count
+
+
+def shard_groups(seeds: list[int], kinds: list[str], shard: tuple[int, int]) -> list[tuple[int, str]]:
+    """The (seed, kind) groups of one shard: group number g (seeds outer, kinds inner) goes to shard
+    g % N, so that every shard gets the same mix of lengths (each group holds one cell per length)."""
+    index, count = shard
+    groups = [(seed, kind) for seed in seeds for kind in kinds]
+    return [group for g, group in enumerate(groups) if g % count == index]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m recipe.miniature.evaluate", description=__doc__.split("\n")[0])
     p.add_argument("--root", required=True, help="experiment folder (data/eval/seed*/ inside, from make_data)")
@@ -66,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=list(DEFAULT_KINDS))
     p.add_argument("--labels", type=lambda s: [k for k in s.split(",") if k],
                    help="only these labels of the system (default: all)")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
+                   help="only the (seed, kind) groups g with g %% N == I: N processes side by side, each with its own "
+                        "engine, share the grid (one in-process engine is bound by its host thread at this model size)")
     g = p.add_argument_group("agent (defaults: the training settings of run_memory_smollm2.sh)")
     g.add_argument("--chunk-tokens", type=int, default=512)
     g.add_argument("--max-memory-tokens", type=int, default=128)
@@ -91,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vLLM: tokens per scheduler step (its in-process default, 2048, makes the ~100K prompt "
                         "tokens of 128 memory updates take 50 steps)")
     s.add_argument("--enforce-eager", action="store_true")
+    s.add_argument("--kv-cache-gib", type=float,
+                   help="vLLM on GPU: KV cache size in GiB (kv_cache_memory_bytes); skips vLLM's memory profiling, "
+                        "so engines started side by side (--shard) cannot disturb each other's measurement")
     s.add_argument("--serve-timeout", type=float, default=900.0)
     s.add_argument("--wait-for", help="after the server is up, wait until this file exists (data still being made)")
     s.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for --wait-for")
@@ -125,13 +150,17 @@ def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPl
     """One harness plan per (seed, label): every task x length cell at once."""
     root = Path(args.root)
     agent = asdict(_agent_config(args))
+    groups = shard_groups(args.seeds, args.kinds, args.shard)
     plans = []
     for seed in args.seeds:
+        kinds = [kind for s, kind in groups if s == seed]
+        if not kinds:
+            continue
         data_root = _data_root(args, seed)
         for label, method in _labels(args):
             model = ModelEntry(model=name, methods=[method], label=label, base_url=base_url, tokenizer=args.model,
                                concurrency=args.concurrency, agent=agent)
-            tasks = [TaskEntry(kind, list(args.lengths)) for kind in args.kinds]
+            tasks = [TaskEntry(kind, list(args.lengths)) for kind in kinds]
             plans.append(EvalPlan(models=[model], tasks=tasks, out=str(root / "eval" / f"seed{seed}"),
                                   data_root=str(data_root), progress=False,
                                   parallel_cells=len(tasks) * len(args.lengths)))
@@ -151,15 +180,14 @@ def batched_cells(args: argparse.Namespace, name: str) -> list:
 
     root = Path(args.root)
     cells = []
-    for seed in args.seeds:
+    for seed, kind in shard_groups(args.seeds, args.kinds, args.shard):
         data_root = _data_root(args, seed)
         for label, method in _labels(args):
-            for kind in args.kinds:
-                for length in args.lengths:
-                    path = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
-                    items, _ = load_eval_items(path)
-                    info = CellInfo(kind, length, label, name, method, str(path))
-                    cells.append(BatchCell(info, items, root / "eval" / f"seed{seed}"))
+            for length in args.lengths:
+                path = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
+                items, _ = load_eval_items(path)
+                info = CellInfo(kind, length, label, name, method, str(path))
+                cells.append(BatchCell(info, items, root / "eval" / f"seed{seed}"))
     return cells
 
 
@@ -191,6 +219,7 @@ def main_batched(args: argparse.Namespace) -> int:
         engine=args.engine, model=str(args.model), dtype=args.dtype, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager, seed=0,
+        engine_kwargs={"kv_cache_memory_bytes": int(args.kv_cache_gib * 2**30)} if args.kv_cache_gib else None,
     )  # fmt: skip
     engine = build_engine(engine_args)
     ready_s = time.time() - started
@@ -212,11 +241,11 @@ def main_batched(args: argparse.Namespace) -> int:
     eval_s = time.time() - t0
     meta = {"system": args.system, "runner": "batched", "model": str(args.model), "engine_ready_s": round(ready_s, 1),
             "eval_wall_s": round(eval_s, 1), **counts, "seeds": args.seeds, "lengths": args.lengths,
-            "kinds": args.kinds}  # fmt: skip
+            "kinds": args.kinds, "shard": "{}/{}".format(*args.shard)}  # fmt: skip
     (root / "meta").mkdir(parents=True, exist_ok=True)
     with (root / "meta" / f"eval_{args.system}_runs.jsonl").open("a") as fh:
         fh.write(json.dumps(meta) + "\n")
-    print(f"[miniature.eval] {args.system}: {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
+    print(f"[miniature.eval] {args.system} (shard {meta['shard']}): {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
           f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['requests']} requests (at most {counts['turns']} per item)")
     return 3 if counts["remaining"] else 0
 
@@ -257,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": args.seeds, "lengths": args.lengths, "kinds": args.kinds,
             "settings": {k: v for k, v in vars(args).items() if k not in ("root",)}}  # fmt: skip
     (root / "meta").mkdir(parents=True, exist_ok=True)
-    (root / "meta" / f"eval_{args.system}.json").write_text(json.dumps(meta, indent=1, default=str))
+    suffix = "" if args.shard[1] == 1 else f"_shard{args.shard[0]}"
+    (root / "meta" / f"eval_{args.system}{suffix}.json").write_text(json.dumps(meta, indent=1, default=str))
     print(f"[miniature.eval] {args.system}: {eval_s:.0f} s of evaluation, {failed} failed item(s)")
     return 1 if failed else 0
 

@@ -10,11 +10,22 @@
 #   bash recipe/miniature/h200_run.sh stop               # SIGTERM the evaluations (they save their memory), pack
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
 #   bash recipe/miniature/h200_run.sh resume-untrained DIR   # copy DIR's untrained-* records/states into the run
+#   bash recipe/miniature/h200_run.sh fetch-model        # only the next parts of the trained model (see below)
+#
+# Once $MINI_ROOT/rl_model exists, every command also packs it (recipe.miniature.pack_model: bf16, 9 MiB
+# parts) and returns the next 6 parts not yet returned, beside results.tgz, so the trained model can
+# outlive the session (FETCH_MODEL=0: never). A later session resumes its evaluation with the same weights:
+#   RL_MODEL_PARTS=DIR RESUME_RL=docs/results/runN/eval TRAIN=0 EVAL_UNTRAINED=0 RL_SHARDS=4 \
+#       bash recipe/miniature/h200_run.sh start     # DIR: the carried parts and manifest
 #
 # Expects PYTHONPATH to hold the packages the machine lacks (ray, hydra, vllm...; see
 # docs/results/README.md for the install line). Environment: MINI_ROOT [/tmp/mini], STEPS [60],
 # MAX_WALL [360] (training seconds), RESUME_UNTRAINED (an earlier run's eval/ folder: `start` first copies
-# its untrained-* files, so the untrained evaluation resumes where it stopped), plus anything pipeline.sh reads.
+# its untrained-* files, so the untrained evaluation resumes where it stopped), plus anything pipeline.sh reads
+# (EVAL_UNTRAINED=0 when those records are complete, RL_SHARDS=N for N side-by-side RL evaluations,
+# TRAIN=0 to evaluate $MINI_ROOT/rl_model as it is), RESUME_RL (like RESUME_UNTRAINED, for the rl-* files:
+# only with the same model, i.e. with RL_MODEL_PARTS), RL_MODEL_PARTS (folder of pack_model parts:
+# `start` unpacks them into $MINI_ROOT/rl_model).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MINI_ROOT="${MINI_ROOT:-/tmp/mini}"
@@ -25,6 +36,28 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARA
 export RAY_USAGE_STATS_ENABLED=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MEMAGENT_CACHE="${MEMAGENT_CACHE:-/tmp/memagent_cache}"
+
+PARTS="${PARTS_DIR:-/tmp/rl_model_parts}"
+fetch_model() {  # the next 6 parts of the packed RL model into $OUT (packed on first use)
+    [ "${FETCH_MODEL:-1}" != 0 ] && [ -f "$MINI_ROOT/rl_model/config.json" ] || return 0
+    [ -f "$MINI_ROOT/meta/.rl_model_from_parts" ] && return 0  # it came from parts: nothing to return
+    pgrep -f "[r]ecipe/miniature/pipeline.sh" >/dev/null && [ ! -f "$MINI_ROOT/meta/rl_checkpoint.txt" ] \
+        && return 0  # merge still writing
+    if [ ! -f "$PARTS/rl_model.manifest.json" ]; then
+        python3 -m recipe.miniature.pack_model pack --model "$MINI_ROOT/rl_model" --out "$PARTS" \
+            --part-mib "${MODEL_PART_MIB:-9}" || return 0
+        cp "$MINI_ROOT/meta/rl_checkpoint.txt" "$PARTS/" 2>/dev/null
+    fi
+    touch "$PARTS/.fetched"
+    local part n=0
+    for part in "$PARTS"/rl_model.tar.part*; do
+        grep -qxF "$(basename "$part")" "$PARTS/.fetched" && continue
+        [ "$n" -ge 6 ] && break
+        cp "$part" "$OUT/" && basename "$part" >>"$PARTS/.fetched" && n=$((n + 1))
+    done
+    cp "$PARTS/rl_model.manifest.json" "$OUT/"
+    echo "model parts: $n returned now, $(wc -l <"$PARTS/.fetched") of $(ls "$PARTS"/rl_model.tar.part* | wc -l) in all"
+}
 
 collect() {
     [ -d "$MINI_ROOT" ] || return 0
@@ -60,12 +93,12 @@ wait_for() {  # wait_for SECONDS: until SECONDS after this script started (setup
     status
 }
 
-resume_untrained() {  # resume_untrained DIR: DIR/seed*/CELL/untrained-* -> $MINI_ROOT/eval/seed*/CELL/
-    local src=$1 dst n
-    [ -d "$src" ] || { echo "resume-untrained: no folder $src" >&2; return 2; }
+resume_records() {  # resume_records DIR SYSTEM: DIR/seed*/CELL/SYSTEM-* -> $MINI_ROOT/eval/seed*/CELL/
+    local src=$1 system=$2 dst n
+    [ -d "$src" ] || { echo "resume-$system: no folder $src" >&2; return 2; }
     dst=$(mkdir -p "$MINI_ROOT/eval" && cd "$MINI_ROOT/eval" && pwd)
-    n=$(cd "$src" && find . -type f -name 'untrained-*' -exec cp --parents {} "$dst/" \; -print | wc -l)
-    echo "resume-untrained: $n files from $src"
+    n=$(cd "$src" && find . -type f -name "$system-*" -exec cp --parents {} "$dst/" \; -print | wc -l)
+    echo "resume-$system: $n files from $src"
 }
 
 stop_evaluations() {  # SIGTERM: no new requests; the batched runner saves the memory of unfinished items
@@ -79,7 +112,16 @@ stop_evaluations() {  # SIGTERM: no new requests; the batched runner saves the m
 
 start() {
     mkdir -p "$MINI_ROOT/meta" "$MINI_ROOT/logs"
-    [ -n "${RESUME_UNTRAINED:-}" ] && { resume_untrained "$RESUME_UNTRAINED" || return 1; }
+    [ -n "${RESUME_UNTRAINED:-}" ] && { resume_records "$RESUME_UNTRAINED" untrained || return 1; }
+    if [ -n "${RL_MODEL_PARTS:-}" ]; then
+        python3 -m recipe.miniature.pack_model unpack --parts "$RL_MODEL_PARTS" --out "$MINI_ROOT/rl_model" || return 1
+        cp "$RL_MODEL_PARTS/rl_checkpoint.txt" "$MINI_ROOT/meta/" 2>/dev/null
+        touch "$MINI_ROOT/meta/.rl_model_from_parts"
+    fi
+    if [ -n "${RESUME_RL:-}" ]; then
+        [ -n "${RL_MODEL_PARTS:-}" ] || { echo "RESUME_RL needs RL_MODEL_PARTS (the same model)" >&2; return 1; }
+        resume_records "$RESUME_RL" rl || return 1
+    fi
     rm -rf "$CODE" && mkdir -p "$CODE" && cp -r . "$CODE/"  # the pipeline runs from a copy: later syncs can't touch it
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -96,7 +138,9 @@ start() {
 export PYTHONPATH=/tmp/site:\$PWD VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_USE_FLASHINFER_SAMPLER=0
 MODEL_PATH=\$(python3 -m verl.utils.smollm)
 ${RESUME_UNTRAINED:+bash recipe/miniature/h200_run.sh resume-untrained $RESUME_UNTRAINED  # untrained-* records and memories of an earlier run}
-ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-360} bash recipe/miniature/pipeline.sh all
+${RL_MODEL_PARTS:+python3 -m recipe.miniature.pack_model unpack --parts $RL_MODEL_PARTS --out $MINI_ROOT/rl_model  # the RL model of an earlier session}
+${RESUME_RL:+MINI_ROOT=$MINI_ROOT bash recipe/miniature/h200_run.sh resume-rl $RESUME_RL  # its rl-* records and memories}
+${TRAIN:+TRAIN=$TRAIN }${EVAL_UNTRAINED:+EVAL_UNTRAINED=$EVAL_UNTRAINED }${RL_SHARDS:+RL_SHARDS=$RL_SHARDS }ROOT=$MINI_ROOT STEPS=${STEPS:-60} MAX_WALL=${MAX_WALL:-360} bash recipe/miniature/pipeline.sh all
 #   = make_data; evaluate --system untrained (background); run_memory_smollm2.sh (training);
 #     model_merger; evaluate --system rl; report
 EOF
@@ -122,7 +166,11 @@ case "${1:-wait}" in
     bench) bench "${2:-570}" ;;
     stop) stop_evaluations; status ;;
     collect) status ;;
-    resume-untrained) resume_untrained "${2:?resume-untrained DIR}" || exit 2 ;;
-    *) echo "usage: $0 start|wait|bench|stop|collect [SECONDS] | resume-untrained DIR" >&2; exit 2 ;;
+    fetch-model) ;;
+    resume-untrained) resume_records "${2:?resume-untrained DIR}" untrained || exit 2 ;;
+    resume-rl) resume_records "${2:?resume-rl DIR}" rl || exit 2 ;;
+    *) echo "usage: $0 start|wait|bench|stop|collect|fetch-model [SECONDS] | resume-untrained|resume-rl DIR" >&2
+       exit 2 ;;
 esac
+fetch_model
 collect

@@ -16,6 +16,12 @@
 #   STEPS [40], MAX_WALL [360]   training steps and the training command's wall-clock budget (seconds)
 #   REPORT_OUT [docs/results]    where the report goes
 #   EVAL_PORT [8100]             port of the untrained model's server (the RL model's uses +1)
+#   EVAL_UNTRAINED [1]           0: skip the untrained evaluation (its records already complete, e.g. copied
+#                                by h200_run.sh resume-untrained); training then starts right after data_train
+#   TRAIN [1]                    0: no training and no merge; evaluate the model already in $ROOT/rl_model
+#                                (e.g. unpacked by h200_run.sh from an earlier session's parts)
+#   RL_SHARDS [1]                the RL evaluation as N processes side by side (evaluate --shard I/N), each with
+#                                its own engine and RL_SHARD_KV_GIB [12] GiB of KV cache; logs/eval_rl_shardI.log
 # Every stage logs to $ROOT/logs/STAGE.log; stage wall times go to $ROOT/meta/stages.tsv; `all` ends
 # by writing $ROOT/DONE (or $ROOT/FAILED with the failing stage).
 set -uo pipefail
@@ -66,8 +72,25 @@ merge() {
         && echo "$last" >"$ROOT/meta/rl_checkpoint.txt"
 }
 eval_rl() {
-    "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
-        --port "$((EVAL_PORT + 1))" "${EVAL_EXTRA[@]}"
+    local shards="${RL_SHARDS:-1}"
+    if [ "$shards" -le 1 ]; then
+        "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
+            --port "$((EVAL_PORT + 1))" "${EVAL_EXTRA[@]}"
+        return
+    fi
+    local i rc=0 pids=() workers=$(( $(nproc) / shards > 1 ? $(nproc) / shards : 1 ))
+    for ((i = 0; i < shards; i++)); do
+        "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
+            --port "$((EVAL_PORT + 1 + i))" --shard "$i/$shards" --workers "$workers" \
+            --kv-cache-gib "${RL_SHARD_KV_GIB:-12}" "${EVAL_EXTRA[@]}" >"$ROOT/logs/eval_rl_shard$i.log" 2>&1 &
+        pids+=($!)
+    done
+    echo "eval_rl: $shards shards, pids ${pids[*]}"
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"; local r=$?
+        echo "shard $i/$shards: rc=$r"; [ "$r" -gt "$rc" ] && rc=$r
+    done
+    return $rc
 }
 report() {
     "${PY[@]}" -m recipe.miniature.report --root "$ROOT" --out "${REPORT_OUT:-docs/results}" \
@@ -89,17 +112,32 @@ all() {
     # after it (vLLM refuses to start while another process frees memory during its profiling)
     rm -f "$ROOT/meta/.untrained_engine_ready"
     (timed data_eval data_eval) &
-    (timed eval_untrained eval_untrained) &
-    local untrained=$!
-    wait_file "$ROOT/meta/.untrained_engine_ready" 900 "$untrained" | tee -a "$ROOT/logs/pipeline.log"
-    timed train train || fail train
-    if [ ! -f "$ROOT/FAILED" ]; then
-        timed merge merge || fail merge
+    local data_eval=$! untrained=""
+    if [ "${EVAL_UNTRAINED:-1}" != 0 ]; then
+        (timed eval_untrained eval_untrained) &
+        untrained=$!
+        wait_file "$ROOT/meta/.untrained_engine_ready" 900 "$untrained" | tee -a "$ROOT/logs/pipeline.log"
+    else
+        echo "[pipeline] EVAL_UNTRAINED=0: no untrained evaluation" | tee -a "$ROOT/logs/pipeline.log"
     fi
+    if [ "${TRAIN:-1}" != 0 ]; then
+        timed train train || fail train
+        if [ ! -f "$ROOT/FAILED" ]; then
+            timed merge merge || fail merge
+        fi
+    elif [ -f "$ROOT/rl_model/config.json" ]; then
+        echo "[pipeline] TRAIN=0: evaluating $ROOT/rl_model ($(cat "$ROOT/meta/rl_checkpoint.txt" 2>/dev/null))" \
+            | tee -a "$ROOT/logs/pipeline.log"
+    else
+        echo "TRAIN=0 but $ROOT/rl_model has no config.json" | tee -a "$ROOT/logs/pipeline.log"; fail train
+    fi
+    wait "$data_eval" || fail data_eval
     if [ ! -f "$ROOT/FAILED" ]; then
         timed eval_rl eval_rl || fail eval_rl
     fi
-    wait "$untrained" || echo "eval_untrained ended with an error (see $ROOT/logs/eval_untrained.log)"
+    if [ -n "$untrained" ]; then
+        wait "$untrained" || echo "eval_untrained ended with an error (see $ROOT/logs/eval_untrained.log)"
+    fi
     wait
     timed report report || fail report
     [ -f "$ROOT/FAILED" ] || date >"$ROOT/DONE"
