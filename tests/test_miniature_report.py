@@ -331,3 +331,19 @@ def test_cells_stopped_with_most_items_undone_are_not_reported(tmp_path):
     assert main[("`rl-memory`",)]["512 ch"] == "—"
     assert "unfinished, 4 of 16 items done (not reported)" in md
     assert "No rl-memory data at 512 chunks." in md
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED_RUNS = [("run4", "docs/results"), ("run3", "docs/results/run3"), ("run", "docs/results/run")]
+
+
+@pytest.mark.parametrize(("run", "out"), COMMITTED_RUNS)
+def test_committed_reports_regenerate_from_their_records(run, out, tmp_path):
+    """docs/results: every committed report's tables are what its listed command makes of its records."""
+    root = REPO / "docs" / "results" / run
+    argv = ["--root", str(root), "--out", str(tmp_path), "--commands", str(root / "meta" / "commands.txt"),
+            "--hardware", str(root / "meta" / "hardware.txt")]
+    assert report.main(argv) == 0
+    for name in ("results.md", "results.csv"):
+        assert (tmp_path / name).read_text() == (REPO / out / name).read_text(), f"{out}/{name} is stale"
+    assert f"--root docs/results/{run} --out {out}" in (root / "meta" / "commands.txt").read_text()
