@@ -21,7 +21,8 @@
 #   TRAIN [1]                    0: no training and no merge; evaluate the model already in $ROOT/rl_model
 #                                (e.g. unpacked by h200_run.sh from an earlier session's parts)
 #   RL_SHARDS [1]                the RL evaluation as N processes side by side (evaluate --shard I/N), each with
-#                                its own engine and RL_SHARD_KV_GIB [12] GiB of KV cache; logs/eval_rl_shardI.log
+#                                its own engine, RL_SHARD_KV_GIB [12] GiB of KV cache and vLLM cache folder
+#                                RL_SHARD_CACHE/shardI [/tmp/vllm_cache_rl/shardI]; logs/eval_rl_shardI.log
 # Every stage logs to $ROOT/logs/STAGE.log; stage wall times go to $ROOT/meta/stages.tsv; `all` ends
 # by writing $ROOT/DONE (or $ROOT/FAILED with the failing stage).
 set -uo pipefail
@@ -80,7 +81,9 @@ eval_rl() {
     fi
     local i rc=0 pids=() workers=$(( $(nproc) / shards > 1 ? $(nproc) / shards : 1 ))
     for ((i = 0; i < shards; i++)); do
-        "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
+        # each shard compiles into its own vLLM cache: the model is new, so nothing is lost, and engines that
+        # start together never write one cache folder at once (vllm-project/vllm#24601)
+        VLLM_CACHE_ROOT="${RL_SHARD_CACHE:-/tmp/vllm_cache_rl}/shard$i" "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
             --port "$((EVAL_PORT + 1 + i))" --shard "$i/$shards" --workers "$workers" \
             --kv-cache-gib "${RL_SHARD_KV_GIB:-12}" "${EVAL_EXTRA[@]}" >"$ROOT/logs/eval_rl_shard$i.log" 2>&1 &
         pids+=($!)
