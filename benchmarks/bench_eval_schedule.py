@@ -10,7 +10,7 @@ table. The memory text differs between the two (sampling), so compare requests/s
 
     python benchmarks/bench_eval_schedule.py                        # SmolLM2-135M if converted, CPU sizes
     python benchmarks/bench_eval_schedule.py --device cuda --items 32 --chunks 8 64 --chunk-tokens 512 \\
-        --memory-tokens 128 --max-num-batched-tokens 32768          # the miniature's sizes on a GPU
+        --memory-tokens 128 --max-num-batched-tokens 4096           # the miniature's sizes on a GPU
 
 ``--out`` writes the JSON report (``speedup`` = median wall time in lockstep / free-running).
 """
@@ -36,6 +36,7 @@ def build(args: argparse.Namespace, model: str):
         engine=args.engine, model=model, dtype=args.dtype, max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.device != "cuda", seed=0,
+        cudagraph_max_tokens=args.max_num_batched_tokens,  # graphs for every step size (see recipe.miniature.evaluate)
     )  # fmt: skip
     return build_engine(engine_args)
 

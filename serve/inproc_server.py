@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, help="vLLM: sequences batched at once")
     p.add_argument("--max-num-batched-tokens", type=int, help="vLLM: tokens per scheduler step")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM: no CUDA graphs")
+    p.add_argument("--cudagraph-max-tokens", type=int,
+                   help="vLLM: capture CUDA graphs for steps of up to this many tokens (default: vLLM's, 512)")
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     p.add_argument("--default-max-tokens", type=int, default=1024, help="when a request gives no max_tokens")
     return p
@@ -56,6 +58,7 @@ def build_engine(args: argparse.Namespace):
             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
             enable_sleep_mode=False, seed=args.seed, logprobs_mode=None,
             engine_kwargs=getattr(args, "engine_kwargs", None),
+            cudagraph_max_tokens=getattr(args, "cudagraph_max_tokens", None),
         )  # fmt: skip
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 

@@ -260,3 +260,30 @@ def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
     alone = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "start"], capture_output=True,
                            text=True, timeout=60, env={**env, "RESUME_RL": str(src)})
     assert "RESUME_RL needs RL_MODEL_PARTS" in alone.stderr and "pipeline launched" not in alone.stdout
+
+
+def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
+    """h200_run.sh eval-rl: relaunches pipeline.sh eval_rl (with RL_SHARDS) and report in the background,
+    keeps the earlier attempt's logs, notes the command, and ends in DONE."""
+    root, calls = tmp_path / "mini", tmp_path / "calls.log"
+    (root / "rl_model").mkdir(parents=True)
+    (root / "rl_model" / "config.json").write_text("{}")
+    (root / "logs").mkdir()
+    (root / "logs" / "eval_rl.log").write_text("first attempt\n")
+    (root / "meta").mkdir()
+    (root / "meta" / "commands.txt").write_text("# first\n")
+    (root / "FAILED").write_text("eval_rl\n")
+    stub = tmp_path / "py"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(tmp_path / "out"), "MINI_CODE": str(REPO),
+           "MODEL_PATH": str(root / "rl_model"), "PYTHON": str(stub), "RL_SHARDS": "2", "FETCH_MODEL": "0"}
+    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "eval-rl", "40"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "RL evaluation relaunched" in proc.stdout and (root / "DONE").is_file() and not (root / "FAILED").exists()
+    lines = calls.read_text().splitlines()
+    assert sum("recipe.miniature.evaluate" in line and "--system rl" in line for line in lines) == 2
+    assert any("--shard 1/2" in line for line in lines) and "recipe.miniature.report" in lines[-1]
+    assert [p.read_text() for p in (root / "logs").glob("eval_rl.before-*.log")] == ["first attempt\n"]
+    assert "RL_SHARDS=2 bash recipe/miniature/pipeline.sh eval_rl" in (root / "meta" / "commands.txt").read_text()

@@ -185,3 +185,30 @@ def test_async_llm_backend_generation_and_weight_sync(engine, varied_path, hf_mo
         _check_greedy_matches(eng, new_model, PROMPTS[:3], max_new=6)
     finally:
         eng.shutdown()
+
+
+def test_cudagraph_sizes_reach_the_step_budget():
+    """vLLM's own sizes up to 512 tokens, then every 64, ending at the budget: every step of up to
+    max_num_batched_tokens tokens (e.g. decodes beside a prefill chunk) has a graph to replay."""
+    from verl.workers.rollout.vllm_engine import VLLMRolloutEngine, cudagraph_capture_sizes
+
+    sizes = cudagraph_capture_sizes(4096)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-3:] == [3968, 4032, 4096]
+    assert 248 in sizes and 250 not in sizes and 272 in sizes and 520 not in sizes and 576 in sizes
+    assert sizes == sorted(set(sizes)) and len(sizes) == 3 + 31 + 17 + 56
+    assert cudagraph_capture_sizes(600)[-3:] == [512, 576, 600] and cudagraph_capture_sizes(3) == [1, 2, 3]
+    with pytest.raises(ValueError, match="must be >= 1"):
+        cudagraph_capture_sizes(0)
+    with pytest.raises(ValueError, match="cudagraph_max_tokens=8192 exceeds max_num_batched_tokens=4096"):
+        VLLMRolloutEngine("/nonexistent", max_num_batched_tokens=4096, cudagraph_max_tokens=8192)
+
+
+def test_evaluate_graph_tokens_default_to_the_step_budget():
+    from recipe.miniature.evaluate import _graph_tokens, build_parser
+
+    base = ["--root", "r", "--system", "rl", "--model", "m"]
+    parser = build_parser()
+    assert _graph_tokens(parser.parse_args(base)) == 4096
+    assert _graph_tokens(parser.parse_args([*base, "--max-num-batched-tokens", "2048"])) == 2048
+    assert _graph_tokens(parser.parse_args([*base, "--cudagraph-max-tokens", "1024"])) == 1024
+    assert _graph_tokens(parser.parse_args([*base, "--cudagraph-max-tokens", "0"])) is None

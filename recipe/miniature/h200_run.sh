@@ -11,6 +11,8 @@
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
 #   bash recipe/miniature/h200_run.sh resume-untrained DIR   # copy DIR's untrained-* records/states into the run
 #   bash recipe/miniature/h200_run.sh fetch-model        # only the next parts of the trained model (see below)
+#   bash recipe/miniature/h200_run.sh eval-rl [SECONDS]  # after a stop or a failed RL evaluation: run it again in
+#                                                        # the background (resuming its saved memories), then report
 #
 # Once $MINI_ROOT/rl_model exists, every command also packs it (recipe.miniature.pack_model: bf16, 9 MiB
 # parts) and returns the next 6 parts not yet returned, beside results.tgz, so the trained model can
@@ -29,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MINI_ROOT="${MINI_ROOT:-/tmp/mini}"
-CODE=/tmp/mini_code
+CODE="${MINI_CODE:-/tmp/mini_code}"  # `start` copies the tree here; the pipeline runs from the copy
 OUT="${OUT:-/tmp/mini_out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=offline
@@ -152,6 +154,27 @@ EOF
     echo "pipeline launched"
 }
 
+eval_rl_again() {  # the RL evaluation (resuming its saved memories) and the report, in the background
+    pgrep -f "[r]ecipe/miniature/pipeline.sh" >/dev/null && { echo "the pipeline is still running" >&2; return 1; }
+    [ -f "$MINI_ROOT/rl_model/config.json" ] || { echo "no $MINI_ROOT/rl_model" >&2; return 1; }
+    [ -d "$CODE" ] || CODE=$PWD
+    local model log
+    model=${MODEL_PATH:-$(cd "$CODE" && python3 -m verl.utils.smollm 2>/dev/null | tail -1)}
+    rm -f "$MINI_ROOT/DONE" "$MINI_ROOT/FAILED"
+    for log in "$MINI_ROOT"/logs/eval_rl*.log; do  # keep the earlier attempt's logs
+        [ -f "$log" ] && mv "$log" "${log%.log}.before-$(date +%H%M%S).log"
+    done
+    echo "# then, again: ${EVAL_ARGS:+EVAL_ARGS='$EVAL_ARGS' }${RL_SHARDS:+RL_SHARDS=$RL_SHARDS }bash recipe/miniature/pipeline.sh eval_rl; ... report" \
+        >>"$MINI_ROOT/meta/commands.txt"
+    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$model" REPORT_OUT="$MINI_ROOT/report" \
+        REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
+        setsid nohup bash -c 'bash recipe/miniature/pipeline.sh eval_rl || echo eval_rl >"$ROOT/FAILED"
+            bash recipe/miniature/pipeline.sh report || echo report >"$ROOT/FAILED"
+            [ -f "$ROOT/FAILED" ] || date >"$ROOT/DONE"' >>"$MINI_ROOT/logs/pipeline.out" 2>&1 </dev/null &)
+    sleep 5
+    echo "RL evaluation relaunched"
+}
+
 bench() {  # bench SECONDS: the benchmark suite, its JSON reports and logs packed with the results
     local model
     model=$(python3 -m verl.utils.smollm 2>/dev/null | tail -1)
@@ -166,10 +189,11 @@ case "${1:-wait}" in
     bench) bench "${2:-570}" ;;
     stop) stop_evaluations; status ;;
     collect) status ;;
+    eval-rl) eval_rl_again && wait_for "${2:-570}" ;;
     fetch-model) ;;
     resume-untrained) resume_records "${2:?resume-untrained DIR}" untrained || exit 2 ;;
     resume-rl) resume_records "${2:?resume-rl DIR}" rl || exit 2 ;;
-    *) echo "usage: $0 start|wait|bench|stop|collect|fetch-model [SECONDS] | resume-untrained|resume-rl DIR" >&2
+    *) echo "usage: $0 start|wait|eval-rl|bench|stop|collect|fetch-model [SECONDS] | resume-untrained|resume-rl DIR" >&2
        exit 2 ;;
 esac
 fetch_model
