@@ -422,6 +422,10 @@ BAD_OVERRIDES = [
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"], ["in recurrent mode"]),
     (["reward_model.reward_manager=prime"], ["reward_model.reward_manager must be one of [naive, thread]"]),
     (["trainer.save_freq=0"], ["trainer.save_freq must be an integer >= 1 or -1 (got 0)"]),
+    (["actor_rollout_ref.rollout.cudagraph_max_tokens=0"],
+     ["actor_rollout_ref.rollout.cudagraph_max_tokens must be an integer >= 1"]),
+    (["actor_rollout_ref.rollout.cudagraph_max_tokens=1000000"],
+     ["actor_rollout_ref.rollout.cudagraph_max_tokens (1000000) must be <= actor_rollout_ref.rollout.max_num_batched_tokens"]),
     (["actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.max_num_batched_tokens=4096"],
      ["actor_rollout_ref.rollout.max_num_batched_tokens (4096) must be >= the max model length (9216)"]),
 ]
@@ -476,3 +480,18 @@ def test_apply_config_aliases(overrides_7b: list[str]) -> None:
     validate_config(cfg)
     cfg = compose_config(overrides_7b + ["trainer.device=cpu"])
     assert apply_config_aliases(cfg).trainer.device == "cpu" and cfg.trainer.ray_num_cpus is None
+
+
+def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> None:
+    """actor_rollout_ref.rollout.cudagraph_max_tokens and engine_kwargs become VLLMRolloutEngine arguments;
+    null entries are dropped and the original scripts' swap_space (gone from vLLM) is ignored with a warning."""
+    from verl.workers.fsdp_workers import vllm_extra_options
+
+    defaults = compose_config([]).actor_rollout_ref.rollout
+    assert vllm_extra_options(defaults) == {}
+    rc = {"cudagraph_max_tokens": 4096, "engine_kwargs": {"swap_space": 4, "kv_cache_memory_bytes": 2**30,
+                                                          "async_scheduling": None}}
+    with caplog.at_level("WARNING"):
+        assert vllm_extra_options(rc) == {"cudagraph_max_tokens": 4096,
+                                          "engine_kwargs": {"kv_cache_memory_bytes": 2**30}}
+    assert "swap_space is ignored" in caplog.text

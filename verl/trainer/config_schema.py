@@ -361,6 +361,10 @@ def _check_rollout(c: _Checker) -> None:
     c.integer(f"{r}.response_length", 1)
     c.integer(f"{r}.max_model_len", 1, allow_none=True)
     c.integer(f"{r}.max_num_batched_tokens", 1)
+    c.integer(f"{r}.cudagraph_max_tokens", 1, allow_none=True)
+    graphs, step_budget = c.get(f"{r}.cudagraph_max_tokens"), c.get(f"{r}.max_num_batched_tokens")
+    if _is_int(graphs) and _is_int(step_budget) and graphs > step_budget:
+        c.error(f"{r}.cudagraph_max_tokens ({graphs}) must be <= {r}.max_num_batched_tokens ({step_budget})")
     c.integer(f"{r}.max_num_seqs", 1)
     c.integer(f"{r}.tensor_model_parallel_size", 1)
     c.number(f"{r}.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]")

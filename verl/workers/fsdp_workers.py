@@ -37,6 +37,19 @@ def memory_metrics(device: str) -> dict[str, float]:
     return out
 
 
+def vllm_extra_options(rc: Any) -> dict[str, Any]:
+    """``cudagraph_max_tokens`` and ``engine_kwargs`` of ``actor_rollout_ref.rollout`` as
+    :class:`~verl.workers.rollout.vllm_engine.VLLMRolloutEngine` arguments (null entries dropped;
+    ``swap_space``, which vLLM no longer has, dropped with a warning)."""
+    extra = {k: v for k, v in dict(rc.get("engine_kwargs") or {}).items() if v is not None}
+    if extra.pop("swap_space", None) is not None:
+        logger.warning("actor_rollout_ref.rollout.engine_kwargs.swap_space is ignored: vLLM has no swap space since 0.11")
+    options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
+    if rc.get("cudagraph_max_tokens"):
+        options["cudagraph_max_tokens"] = int(rc.get("cudagraph_max_tokens"))
+    return options
+
+
 class ActorRolloutRefWorker(TrainingWorker):
     """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``."""
 
@@ -128,6 +141,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 max_num_seqs=int(rc.get("max_num_seqs") or 256),
                 enable_sleep_mode=bool(rc.get("free_cache_engine", True)) if self.device_name == "cuda" else None,
                 seed=int(rc.get("seed", 0) or 0),
+                **vllm_extra_options(rc),
             )
 
     # ------------------------------------------------------------------ CPU offload (GPU only)
