@@ -194,3 +194,19 @@ def test_eval_schedule_benchmark_runs_both_schedules(tiny_model_path, tmp_path):
     assert (items["requests"], items["turns"]) == (turns["requests"], turns["turns"])
     assert report["speedup"] > 0
     assert report["speedup"] == pytest.approx(turns["generate_s"] / items["generate_s"])  # median of 1 run each
+
+
+def test_eval_schedule_benchmark_compares_graph_limits(tiny_model_path, tmp_path):
+    """--compare graphs: the same cells, free-running, on an engine per graph limit (the HF engine here,
+    which has no graphs: only the bookkeeping is checked)."""
+    from bench_eval_schedule import main
+
+    out = tmp_path / "eval_graphs.json"
+    assert main(["--model", str(tiny_model_path), "--engine", "hf", "--items", "2", "--chunks", "2",
+                 "--chunk-tokens", "32", "--memory-tokens", "4", "--max-num-batched-tokens", "1024",
+                 "--compare", "graphs", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    first, base = report["runs"]
+    assert (first["graph_tokens"], base["graph_tokens"]) == (1024, None)
+    assert first["schedule"] == base["schedule"] == "items" and first["requests"] == base["requests"] >= 6
+    assert report["speedup"] == pytest.approx(base["generate_s"] / first["generate_s"])

@@ -7,6 +7,7 @@
 #   bash recipe/miniature/h200_run.sh start [SECONDS]    # set up, launch, wait; return SECONDS (540) after starting
 #   bash recipe/miniature/h200_run.sh wait [SECONDS]     # wait for the pipeline; return SECONDS (570) after starting
 #   bash recipe/miniature/h200_run.sh bench [SECONDS]    # benchmarks/h200_suite.sh into $MINI_ROOT/bench (~5 min)
+#   bash recipe/miniature/h200_run.sh bench-eval [SECONDS]  # bench_eval_schedule.py --compare graphs, then schedule
 #   bash recipe/miniature/h200_run.sh stop               # SIGTERM the evaluations (they save their memory), pack
 #   bash recipe/miniature/h200_run.sh collect            # only pack $OUT/results.tgz
 #   bash recipe/miniature/h200_run.sh resume-untrained DIR   # copy DIR's untrained-* records/states into the run
@@ -183,17 +184,32 @@ bench() {  # bench SECONDS: the benchmark suite, its JSON reports and logs packe
         2>&1 | tee "$MINI_ROOT/bench/suite.log" | tail -n 80
 }
 
+bench_eval() {  # bench_eval SECONDS: the evaluation engine's graph limit, then its schedule, side by side
+    local model cmp
+    model=$(python3 -m verl.utils.smollm 2>/dev/null | tail -1)
+    mkdir -p "$MINI_ROOT/bench"
+    for cmp in graphs schedule; do
+        [ $(( $1 - SECONDS )) -gt 60 ] || { echo "bench-eval: no time left for --compare $cmp"; break; }
+        timeout -k 10 "$(( $1 - SECONDS ))" python3 benchmarks/bench_eval_schedule.py --compare "$cmp" \
+            --device cuda --model "$model" --items 32 --chunks 8 64 --chunk-tokens 512 --memory-tokens 128 \
+            --max-num-batched-tokens 4096 --out "$MINI_ROOT/bench/eval_$cmp.json" \
+            >"$MINI_ROOT/bench/eval_$cmp.log" 2>&1
+        echo "--compare $cmp: rc=$?"; tail -n 6 "$MINI_ROOT/bench/eval_$cmp.log"
+    done
+}
+
 case "${1:-wait}" in
     start) start && wait_for "${2:-540}" ;;
     wait) wait_for "${2:-570}" ;;
     bench) bench "${2:-570}" ;;
+    bench-eval) bench_eval "${2:-570}" ;;
     stop) stop_evaluations; status ;;
     collect) status ;;
     eval-rl) eval_rl_again && wait_for "${2:-570}" ;;
     fetch-model) ;;
     resume-untrained) resume_records "${2:?resume-untrained DIR}" untrained || exit 2 ;;
     resume-rl) resume_records "${2:?resume-rl DIR}" rl || exit 2 ;;
-    *) echo "usage: $0 start|wait|eval-rl|bench|stop|collect|fetch-model [SECONDS] | resume-untrained|resume-rl DIR" >&2
+    *) echo "usage: $0 start|wait|eval-rl|bench|bench-eval|stop|collect|fetch-model [SECONDS] | resume-untrained|resume-rl DIR" >&2
        exit 2 ;;
 esac
 fetch_model
