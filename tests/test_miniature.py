@@ -162,6 +162,10 @@ def test_shards_partition_the_seed_kind_groups():
     for bad in ("4/4", "x", "1/0", "-1/2"):
         with pytest.raises(SystemExit):
             parser.parse_args([*base, "--shard", bad])
+    from recipe.miniature.evaluate import main
+
+    with pytest.raises(SystemExit, match="--shard 8/9: no .seed, kind. group falls in it .8 groups."):
+        main([*base, "--shard", "8/9"])
 
 
 def test_pipeline_runs_the_rl_evaluation_as_shards(data_dir, tiny_model_path, tmp_path):

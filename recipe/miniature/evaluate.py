@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these labels of the system (default: all)")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
                    help="only the (seed, kind) groups g with g %% N == I: N processes side by side, each with its own "
-                        "engine, share the grid (one in-process engine is bound by its host thread at this model size)")
+                        "engine, share the grid (at this model size one engine leaves most of a GPU idle)")
     g = p.add_argument_group("agent (defaults: the training settings of run_memory_smollm2.sh)")
     g.add_argument("--chunk-tokens", type=int, default=512)
     g.add_argument("--max-memory-tokens", type=int, default=128)
@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "httpx2", "openai", "httpcore"):  # one INFO line per request otherwise (GBs at 512 chunks)
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
+    if not shard_groups(args.seeds, args.kinds, args.shard):
+        raise SystemExit(f"--shard {args.shard[0]}/{args.shard[1]}: no (seed, kind) group falls in it "
+                         f"({len(args.seeds) * len(args.kinds)} groups)")
     if args.runner == "batched":
         return main_batched(args)
     root = Path(args.root)

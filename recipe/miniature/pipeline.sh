@@ -83,7 +83,8 @@ eval_rl() {
     for ((i = 0; i < shards; i++)); do
         # each shard compiles into its own vLLM cache: the model is new, so nothing is lost, and engines that
         # start together never write one cache folder at once (vllm-project/vllm#24601)
-        VLLM_CACHE_ROOT="${RL_SHARD_CACHE:-/tmp/vllm_cache_rl}/shard$i" "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
+        VLLM_CACHE_ROOT="${RL_SHARD_CACHE:-/tmp/vllm_cache_rl}/shard$i" \
+            "${PY[@]}" -m recipe.miniature.evaluate --root "$ROOT" --system rl --model "$ROOT/rl_model" \
             --port "$((EVAL_PORT + 1 + i))" --shard "$i/$shards" --workers "$workers" \
             --kv-cache-gib "${RL_SHARD_KV_GIB:-12}" "${EVAL_EXTRA[@]}" >"$ROOT/logs/eval_rl_shard$i.log" 2>&1 &
         pids+=($!)
