@@ -51,7 +51,7 @@ def pack(model_dir: str | Path, out_dir: str | Path, part_bytes: int = DEFAULT_P
         for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
             data = _bf16_safetensors(path) if path.suffix == ".safetensors" else path.read_bytes()
             info = tarfile.TarInfo(str(path.relative_to(model_dir)))
-            info.size = len(data)
+            info.size, info.mtime = len(data), int(path.stat().st_mtime)
             tar.addfile(info, io.BytesIO(data))
     blob = buf.getvalue()
     out_dir.mkdir(parents=True, exist_ok=True)
