@@ -495,3 +495,20 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
         assert vllm_extra_options(rc) == {"cudagraph_max_tokens": 4096,
                                           "engine_kwargs": {"kv_cache_memory_bytes": 2**30}}
     assert "swap_space is ignored" in caplog.text
+
+
+def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ActorRolloutRefWorker._init_rollout passes the rollout config's graph limit and engine_kwargs on
+    (the engine factory is recorded here instead of starting vLLM)."""
+    import verl.workers.rollout.base as rollout_base
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    seen: dict = {}
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
+    cfg = compose_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.cudagraph_max_tokens=4096",
+                          "+actor_rollout_ref.rollout.engine_kwargs.max_logprobs=7"])
+    worker = object.__new__(ActorRolloutRefWorker)
+    worker.config, worker.model_path, worker.device_name = cfg.actor_rollout_ref, "/m", "cuda"
+    worker._init_rollout()
+    assert seen["name"] == "vllm" and seen["cudagraph_max_tokens"] == 4096
+    assert seen["engine_kwargs"] == {"max_logprobs": 7} and seen["max_num_batched_tokens"] == 8192

@@ -267,9 +267,11 @@ def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
 
 
 def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
-    """h200_run.sh eval-rl: relaunches pipeline.sh eval_rl (with RL_SHARDS) and report in the background,
-    keeps the earlier attempt's logs, notes the command, and ends in DONE."""
+    """h200_run.sh eval-rl: relaunches pipeline.sh all with TRAIN=0 EVAL_UNTRAINED=0 (with RL_SHARDS) in the
+    background: no training, no untrained evaluation, the RL shards, the report; keeps the earlier attempt's
+    logs, notes the command, and ends in DONE."""
     root, calls = tmp_path / "mini", tmp_path / "calls.log"
+    (root / "data").mkdir(parents=True)
     (root / "rl_model").mkdir(parents=True)
     (root / "rl_model" / "config.json").write_text("{}")
     (root / "logs").mkdir()
@@ -289,5 +291,7 @@ def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
     lines = calls.read_text().splitlines()
     assert sum("recipe.miniature.evaluate" in line and "--system rl" in line for line in lines) == 2
     assert any("--shard 1/2" in line for line in lines) and "recipe.miniature.report" in lines[-1]
+    assert not any("main_ppo" in line or "--system untrained" in line or "model_merger" in line for line in lines)
     assert [p.read_text() for p in (root / "logs").glob("eval_rl.before-*.log")] == ["first attempt\n"]
-    assert "RL_SHARDS=2 bash recipe/miniature/pipeline.sh eval_rl" in (root / "meta" / "commands.txt").read_text()
+    assert ("RL_SHARDS=2 TRAIN=0 EVAL_UNTRAINED=0 bash recipe/miniature/pipeline.sh all"
+            in (root / "meta" / "commands.txt").read_text())

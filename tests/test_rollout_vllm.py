@@ -187,20 +187,29 @@ def test_async_llm_backend_generation_and_weight_sync(engine, varied_path, hf_mo
         eng.shutdown()
 
 
-def test_cudagraph_sizes_reach_the_step_budget():
-    """vLLM's own sizes up to 512 tokens, then every 64, ending at the budget: every step of up to
-    max_num_batched_tokens tokens (e.g. decodes beside a prefill chunk) has a graph to replay."""
-    from verl.workers.rollout.vllm_engine import VLLMRolloutEngine, cudagraph_capture_sizes
+def test_cudagraph_limit_reaches_the_engine_args(monkeypatch):
+    """cudagraph_max_tokens becomes vLLM's max_cudagraph_capture_size (graphs for every step of up to the
+    step budget, e.g. decodes beside a prefill chunk); off with enforce_eager or None; never above the budget."""
+    from verl.workers.rollout import vllm_engine
+    from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
-    sizes = cudagraph_capture_sizes(4096)
-    assert sizes[:4] == [1, 2, 4, 8] and sizes[-3:] == [3968, 4032, 4096]
-    assert 248 in sizes and 250 not in sizes and 272 in sizes and 520 not in sizes and 576 in sizes
-    assert sizes == sorted(set(sizes)) and len(sizes) == 3 + 31 + 17 + 56
-    assert cudagraph_capture_sizes(600)[-3:] == [512, 576, 600] and cudagraph_capture_sizes(3) == [1, 2, 3]
-    with pytest.raises(ValueError, match="must be >= 1"):
-        cudagraph_capture_sizes(0)
+    seen: list[dict] = []
+
+    class RecordingDriver:
+        max_model_len, tokenizer = 1024, None
+
+        def __init__(self, args):
+            seen.append(args)
+
+    monkeypatch.setattr(vllm_engine, "_InprocDriver", RecordingDriver)
+    VLLMRolloutEngine("/m", max_num_batched_tokens=4096, cudagraph_max_tokens=4096)
+    VLLMRolloutEngine("/m", max_num_batched_tokens=4096, cudagraph_max_tokens=4096, enforce_eager=True)
+    VLLMRolloutEngine("/m", max_num_batched_tokens=4096)
+    assert seen[0]["max_cudagraph_capture_size"] == 4096 and seen[0]["max_num_batched_tokens"] == 4096
+    assert "max_cudagraph_capture_size" not in seen[1] and "max_cudagraph_capture_size" not in seen[2]
     with pytest.raises(ValueError, match="cudagraph_max_tokens=8192 exceeds max_num_batched_tokens=4096"):
         VLLMRolloutEngine("/nonexistent", max_num_batched_tokens=4096, cudagraph_max_tokens=8192)
+    assert len(seen) == 3  # the bad limit stops before an engine is made
 
 
 def test_evaluate_graph_tokens_default_to_the_step_budget():

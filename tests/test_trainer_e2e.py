@@ -252,8 +252,7 @@ def test_vllm_rollout_training_with_weight_sync(tiny_model_path, tmp_path, runs)
     hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "v"), 2, extra=[
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=True",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2", "actor_rollout_ref.rollout.cudagraph_max_tokens=1024",
-        "+actor_rollout_ref.rollout.engine_kwargs.max_logprobs=7",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
         "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.test_freq=-1"]))
     steps = {h["step"]: h for h in hist}
     assert steps[1]["actor/grad_norm"] > 0

@@ -147,32 +147,30 @@ ${TRAIN:+TRAIN=$TRAIN }${EVAL_UNTRAINED:+EVAL_UNTRAINED=$EVAL_UNTRAINED }${RL_SH
 #   = make_data; evaluate --system untrained (background); run_memory_smollm2.sh (training);
 #     model_merger; evaluate --system rl; report
 EOF
-    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$MODEL_PATH" STEPS="${STEPS:-60}" MAX_WALL="${MAX_WALL:-360}" \
-        REPORT_OUT="$MINI_ROOT/report" \
-        REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
-        setsid nohup bash recipe/miniature/pipeline.sh all >"$MINI_ROOT/logs/pipeline.out" 2>&1 < /dev/null &)
-    sleep 5
+    launch_pipeline "$MODEL_PATH"
     echo "pipeline launched"
 }
 
-eval_rl_again() {  # the RL evaluation (resuming its saved memories) and the report, in the background
+launch_pipeline() {  # launch_pipeline BASE_MODEL: pipeline.sh all from $CODE, in its own session (outlives the command)
+    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$1" STEPS="${STEPS:-60}" MAX_WALL="${MAX_WALL:-360}" \
+        REPORT_OUT="$MINI_ROOT/report" \
+        REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
+        setsid nohup bash recipe/miniature/pipeline.sh all >>"$MINI_ROOT/logs/pipeline.out" 2>&1 </dev/null &)
+    sleep 5
+}
+
+eval_rl_again() {  # pipeline.sh all with TRAIN=0 EVAL_UNTRAINED=0: the RL evaluation (resuming its memories), report
     pgrep -f "[r]ecipe/miniature/pipeline.sh" >/dev/null && { echo "the pipeline is still running" >&2; return 1; }
     [ -f "$MINI_ROOT/rl_model/config.json" ] || { echo "no $MINI_ROOT/rl_model" >&2; return 1; }
     [ -d "$CODE" ] || CODE=$PWD
     local model log
     model=${MODEL_PATH:-$(cd "$CODE" && python3 -m verl.utils.smollm 2>/dev/null | tail -1)}
-    rm -f "$MINI_ROOT/DONE" "$MINI_ROOT/FAILED"
     for log in "$MINI_ROOT"/logs/eval_rl*.log; do  # keep the earlier attempt's logs
         [ -f "$log" ] && mv "$log" "${log%.log}.before-$(date +%H%M%S).log"
     done
-    echo "# then, again: ${EVAL_ARGS:+EVAL_ARGS='$EVAL_ARGS' }${RL_SHARDS:+RL_SHARDS=$RL_SHARDS }bash recipe/miniature/pipeline.sh eval_rl; ... report" \
+    echo "# then, again: ${EVAL_ARGS:+EVAL_ARGS='$EVAL_ARGS' }${RL_SHARDS:+RL_SHARDS=$RL_SHARDS }TRAIN=0 EVAL_UNTRAINED=0 bash recipe/miniature/pipeline.sh all" \
         >>"$MINI_ROOT/meta/commands.txt"
-    (cd "$CODE" && ROOT="$MINI_ROOT" MODEL_PATH="$model" REPORT_OUT="$MINI_ROOT/report" \
-        REPORT_ARGS="--commands $MINI_ROOT/meta/commands.txt --hardware $MINI_ROOT/meta/hardware.txt" \
-        setsid nohup bash -c 'bash recipe/miniature/pipeline.sh eval_rl || echo eval_rl >"$ROOT/FAILED"
-            bash recipe/miniature/pipeline.sh report || echo report >"$ROOT/FAILED"
-            [ -f "$ROOT/FAILED" ] || date >"$ROOT/DONE"' >>"$MINI_ROOT/logs/pipeline.out" 2>&1 </dev/null &)
-    sleep 5
+    TRAIN=0 EVAL_UNTRAINED=0 launch_pipeline "$model"
     echo "RL evaluation relaunched"
 }
 

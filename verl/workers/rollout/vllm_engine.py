@@ -66,21 +66,6 @@ def _prepare_environment(backend: str, model_path: str) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def cudagraph_capture_sizes(max_tokens: int) -> list[int]:
-    """CUDA-graph batch sizes (in tokens) up to ``max_tokens``: vLLM's own pattern up to 512 ([1, 2, 4],
-    8-248 by 8, 256-512 by 16), then every 64 tokens, and ``max_tokens`` itself.
-
-    vLLM captures up to ``min(2 * max_num_seqs, 512)`` tokens by default, so a step whose batch holds a
-    prefill chunk (a ~1K-token prompt beside the running decodes) runs without graphs: on an H200 a
-    135M model then takes ~20-25 ms per step instead of a few. With sizes up to the step budget
-    (``max_num_batched_tokens``) mixed steps replay piecewise graphs as well."""
-    if max_tokens < 1:
-        raise ValueError(f"cudagraph max_tokens must be >= 1, got {max_tokens}")
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16), *range(576, max_tokens + 1, 64)]
-    sizes = [size for size in sizes if size <= max_tokens]
-    return sizes if sizes[-1] == max_tokens else [*sizes, max_tokens]
-
-
 def _to_output(completion: Any, want_logprobs: bool) -> GenerationOutput:
     """Convert a vLLM ``CompletionOutput`` to our :class:`GenerationOutput`."""
     token_ids = [int(t) for t in completion.token_ids]
@@ -106,8 +91,11 @@ class VLLMRolloutEngine(RolloutEngine):
         max_model_len: prompt + response limit (default: the model's).
         tensor_parallel_size, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs, enforce_eager,
         enable_prefix_caching, seed: passed to vLLM's engine args.
-        cudagraph_max_tokens: capture CUDA graphs for batches of up to this many tokens
-            (:func:`cudagraph_capture_sizes`; at most ``max_num_batched_tokens``); default: vLLM's (512).
+        cudagraph_max_tokens: capture CUDA graphs for steps of up to this many tokens (vLLM's
+            ``max_cudagraph_capture_size``, at most ``max_num_batched_tokens``); default: vLLM's,
+            ``min(2 * max_num_seqs, 512)``. Beyond it a step runs eagerly, and a step that holds a
+            prefill chunk (a ~1K-token prompt beside the running decodes) is larger: on an H200 a 135M
+            model then takes ~20-25 ms per step instead of a few.
         enable_sleep_mode: default True on GPU, forced False on CPU.
         sleep_level: vLLM sleep level (1: offload weights to CPU, drop KV; 2: drop both).
         logprobs_mode: vLLM ``logprobs_mode``; ``"processed_logprobs"`` (default) reports log-probs of the
@@ -175,7 +163,7 @@ class VLLMRolloutEngine(RolloutEngine):
             if max_num_batched_tokens is not None and cudagraph_max_tokens > max_num_batched_tokens:
                 raise ValueError(f"cudagraph_max_tokens={cudagraph_max_tokens} exceeds "
                                  f"max_num_batched_tokens={max_num_batched_tokens}: no step is that large")
-            args["cudagraph_capture_sizes"] = cudagraph_capture_sizes(cudagraph_max_tokens)
+            args["max_cudagraph_capture_size"] = cudagraph_max_tokens
         args.update(engine_kwargs or {})
 
         from vllm import SamplingParams as VllmSamplingParams
