@@ -334,7 +334,8 @@ def test_cells_stopped_with_most_items_undone_are_not_reported(tmp_path):
 
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED_RUNS = [("run5", "docs/results"), ("run4", "docs/results/run4"), ("run3", "docs/results/run3"), ("run", "docs/results/run")]
+COMMITTED_RUNS = [("run5", "docs/results"), ("run4", "docs/results/run4"), ("run3", "docs/results/run3"),
+                  ("run", "docs/results/run")]
 
 
 @pytest.mark.parametrize(("run", "out"), COMMITTED_RUNS)
