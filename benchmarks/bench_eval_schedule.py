@@ -73,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    p.add_argument("--compare", choices=sorted(VARIANTS), default="schedule",
-                   help="schedule: free-running vs lockstep; graphs: CUDA graphs up to the step budget vs vLLM's")
+    p.add_argument(
+        "--compare",
+        choices=sorted(VARIANTS),
+        default="schedule",
+        help="schedule: free-running vs lockstep; graphs: CUDA graphs up to the step budget vs vLLM's",
+    )
     p.add_argument("--out", help="JSON report path")
     args = p.parse_args(argv)
     args.dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -86,8 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
     model = args.model or default_tokenizer()
     tok = AutoTokenizer.from_pretrained(model)
-    config = AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.memory_tokens, max_final_tokens=16,
-                         temperature=args.temperature, top_p=0.95)
+    config = AgentConfig(
+        chunk_tokens=args.chunk_tokens,
+        max_memory_tokens=args.memory_tokens,
+        max_final_tokens=16,
+        temperature=args.temperature,
+        top_p=0.95,
+    )
     variants = VARIANTS[args.compare]
     graph_tokens = {"graphs": args.max_num_batched_tokens, "vllm": None}
     t0 = time.perf_counter()
@@ -101,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                     cells = make_cells(Path(tmp), args.items, args.chunks, args.chunk_tokens, ["recurrent-boxed"])
                     counts = run_batched(cells, engines[engine_name], tok, config, schedule=schedule, force=True,
                                          log_every_s=60.0)  # fmt: skip
-                runs.append({"variant": variant, "schedule": schedule, "graph_tokens": graph_tokens[engine_name],
-                             **counts})
+                runs.append(
+                    {"variant": variant, "schedule": schedule, "graph_tokens": graph_tokens[engine_name], **counts}
+                )
                 print(f"  {variant}: {counts['generate_s']:.1f} s, {counts['requests']} requests", flush=True)
     finally:
         for engine in engines.values():
@@ -110,12 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     names = [v for v, _, _ in variants]
     wall = {v: bc.median([r["generate_s"] for r in runs if r["variant"] == v]) for v in names}
     rows = [[v, runs[0]["requests"], wall[v], runs[0]["requests"] / wall[v], wall[names[-1]] / wall[v]] for v in names]
-    print(f"{Path(model).name} on {args.engine}/{args.device} (engines ready in {ready_s:.0f} s each): {args.items} "
-          f"documents x {args.chunks} chunks of {args.chunk_tokens} tokens, memory updates of <= {args.memory_tokens} "
-          f"tokens at temperature {args.temperature}; median of {args.repeats}")
+    print(
+        f"{Path(model).name} on {args.engine}/{args.device} (engines ready in {ready_s:.0f} s each): {args.items} "
+        f"documents x {args.chunks} chunks of {args.chunk_tokens} tokens, memory updates of <= {args.memory_tokens} "
+        f"tokens at temperature {args.temperature}; median of {args.repeats}"
+    )
     print(bc.markdown_table(["variant", "requests", "seconds", "requests/s", f"speed-up vs {names[-1]}"], rows))
-    bc.write_json(args.out, {"args": vars(args), "runs": runs, "engine_ready_s": ready_s,
-                             "speedup": wall[names[-1]] / wall[names[0]], "environment": bc.environment()})
+    bc.write_json(
+        args.out,
+        {
+            "args": vars(args),
+            "runs": runs,
+            "engine_ready_s": ready_s,
+            "speedup": wall[names[-1]] / wall[names[0]],
+            "environment": bc.environment(),
+        },
+    )
     return 0
 
 

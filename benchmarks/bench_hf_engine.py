@@ -62,8 +62,8 @@ def run_generate(model, prompts, new_tokens, pad_id, eos_ids, device, sample, ca
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     kwargs = dict(do_sample=sample, max_new_tokens=new_tokens, pad_token_id=pad_id)
     if sample:
         kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
@@ -95,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--sample", action="store_true", help="temperature-1 sampling instead of greedy")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--num-threads", type=int, default=None,
-                        help="torch threads for both methods (default: 1 on cpu, where a second OpenMP team "
-                             "in the engine thread thrashes small/busy boxes; unchanged on cuda)")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch threads for both methods (default: 1 on cpu, where a second OpenMP team "
+        "in the engine thread thrashes small/busy boxes; unchanged on cuda)",
+    )
     parser.add_argument("--static-cache", action="store_true", help="also time generate(cache_implementation='static')")
     args = parser.parse_args(argv)
 
@@ -109,8 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(num_threads)
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     model = build_model(args, dtype).to(args.device).eval()
-    engine = HFRolloutEngine(model, device=args.device, max_batch_size=args.batch, num_threads=num_threads,
-                             max_model_len=args.prompt_len + args.new_tokens + 1)
+    engine = HFRolloutEngine(
+        model,
+        device=args.device,
+        max_batch_size=args.batch,
+        num_threads=num_threads,
+        max_model_len=args.prompt_len + args.new_tokens + 1,
+    )
     vocab = engine.vocab_size
     avoid = set(engine.eos_token_ids) | {engine.pad_token_id}
     prompts = make_prompts(args.batch, args.prompt_len, vocab, avoid, args.vary_lengths)
@@ -123,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
 
     methods = {
         "HFRolloutEngine": engine_run,
-        "model.generate": lambda: run_generate(model, prompts, args.new_tokens, engine.pad_token_id, eos,
-                                               args.device, args.sample),
+        "model.generate": lambda: run_generate(
+            model, prompts, args.new_tokens, engine.pad_token_id, eos, args.device, args.sample
+        ),
     }
     if args.static_cache:
-        methods["generate(static)"] = lambda: run_generate(model, prompts, args.new_tokens, engine.pad_token_id,
-                                                           eos, args.device, args.sample, "static")
+        methods["generate(static)"] = lambda: run_generate(
+            model, prompts, args.new_tokens, engine.pad_token_id, eos, args.device, args.sample, "static"
+        )
     results = {}
     for name, fn in methods.items():
         fn()  # warm-up (allocations, kernels)
@@ -142,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = (tokens, statistics.median(times))
 
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"model={args.model or args.shape} device={device_name} dtype={dtype} batch={args.batch} "
-          f"prompt_len={args.prompt_len} new_tokens={args.new_tokens} sample={args.sample} "
-          f"torch={torch.__version__} threads={torch.get_num_threads()} (median of {args.repeats})")
+    print(
+        f"model={args.model or args.shape} device={device_name} dtype={dtype} batch={args.batch} "
+        f"prompt_len={args.prompt_len} new_tokens={args.new_tokens} sample={args.sample} "
+        f"torch={torch.__version__} threads={torch.get_num_threads()} (median of {args.repeats})"
+    )
     base = results["model.generate"][0] / results["model.generate"][1]
     print(f"{'method':<18}{'tokens':>8}{'seconds':>10}{'tokens/s':>12}{'vs generate':>13}")
     for name, (tokens, seconds) in results.items():

@@ -117,7 +117,7 @@ async def measure_agent(document: str, args, tokenizer, base_url: str, extra_bod
         "seconds_per_chunk_median": statistics.median(per_chunk),
         "seconds_per_chunk_p90": sorted(per_chunk)[max(0, math.ceil(0.9 * len(per_chunk)) - 1)],
         "seconds_first_half_median": statistics.median(per_chunk[: max(1, len(per_chunk) // 2)]),
-        "seconds_second_half_median": statistics.median(per_chunk[len(per_chunk) // 2:]),
+        "seconds_second_half_median": statistics.median(per_chunk[len(per_chunk) // 2 :]),
         "rss_start_mib": rss_start,
         "rss_max_mib": max(samples["rss_mib"], default=rss_start),
         "peak_rss_mib": bc.peak_rss_mib(),
@@ -129,8 +129,14 @@ async def measure_agent(document: str, args, tokenizer, base_url: str, extra_bod
 
 async def run_lengths(args, tokenizer, base_url: str | None, extra_body: dict | None) -> dict:
     """Chunker and agent measurements for every length in ``args.lengths``; returns the report."""
-    report: dict = {"benchmark": "memory_agent", "engine": args.engine, "model": args.model_path or args.model,
-                    "chunk_size": args.chunk_size, "memory_tokens": args.memory_tokens, "lengths": {}}
+    report: dict = {
+        "benchmark": "memory_agent",
+        "engine": args.engine,
+        "model": args.model_path or args.model,
+        "chunk_size": args.chunk_size,
+        "memory_tokens": args.memory_tokens,
+        "lengths": {},
+    }
     for n_tokens in args.lengths:
         document = build_document(n_tokens, tokenizer)
         entry = {
@@ -145,7 +151,9 @@ async def run_lengths(args, tokenizer, base_url: str | None, extra_body: dict | 
     lengths = [str(n) for n in args.lengths]
     if len(lengths) >= 2:
         small, large = report["lengths"][lengths[0]], report["lengths"][lengths[-1]]
-        report["ratio_chunker_time_per_chunk"] = large["chunker"]["seconds_per_chunk"] / small["chunker"]["seconds_per_chunk"]
+        report["ratio_chunker_time_per_chunk"] = (
+            large["chunker"]["seconds_per_chunk"] / small["chunker"]["seconds_per_chunk"]
+        )
         report["ratio_chunker_peak_memory"] = large["chunker"]["peak_traced_mib"] / small["chunker"]["peak_traced_mib"]
         if base_url is not None:
             report["ratio_time_per_chunk"] = (
@@ -162,8 +170,12 @@ def measure_memory_agent_inproc(engine: Any, args) -> dict:
     from recurrent.chat_server import ChatServer
 
     tokenizer = load_tokenizer(args.tokenizer)
-    proxy = ChatCompletionProxy(engine, AutoTokenizer.from_pretrained(args.tokenizer), model_name=args.model,
-                                default_max_tokens=args.memory_tokens)
+    proxy = ChatCompletionProxy(
+        engine,
+        AutoTokenizer.from_pretrained(args.tokenizer),
+        model_name=args.model,
+        default_max_tokens=args.memory_tokens,
+    )
     server = ChatServer(proxy).start()
     try:
         with bc.fixed_length(engine):
@@ -206,17 +218,41 @@ def memory_agent_table(report: dict) -> str:
     for n_tokens, entry in report["lengths"].items():
         agent = entry.get("agent", {})
         gpu = agent.get("gpu_used_max_gib")
-        rows.append((int(n_tokens), entry["chunker"]["chunks"], agent.get("chunks"),
-                     agent.get("seconds_per_chunk_median"), agent.get("seconds_per_chunk_p90"),
-                     agent.get("seconds_total"), agent.get("rss_start_mib"), agent.get("rss_max_mib"),
-                     gpu, entry["chunker"]["peak_traced_mib"]))
+        rows.append(
+            (
+                int(n_tokens),
+                entry["chunker"]["chunks"],
+                agent.get("chunks"),
+                agent.get("seconds_per_chunk_median"),
+                agent.get("seconds_per_chunk_p90"),
+                agent.get("seconds_total"),
+                agent.get("rss_start_mib"),
+                agent.get("rss_max_mib"),
+                gpu,
+                entry["chunker"]["peak_traced_mib"],
+            )
+        )
     where = ", ".join(str(x) for x in (report["model"], report["engine"], report.get("rollout")) if x)
-    head = (f"Memory agent ({where}, "
-            f"{report['chunk_size']}-token chunks, {report['memory_tokens']}-token memory, EOS ignored): "
-            f"time/chunk ratio long/short = {report.get('ratio_time_per_chunk', float('nan')):.3f}")
-    table = bc.markdown_table(["doc tokens", "chunks", "agent chunks", "s/chunk (median)", "s/chunk (p90)",
-                               "total s", "RSS start MiB", "RSS max MiB", "GPU used max GiB",
-                               "chunker peak MiB"], rows)
+    head = (
+        f"Memory agent ({where}, "
+        f"{report['chunk_size']}-token chunks, {report['memory_tokens']}-token memory, EOS ignored): "
+        f"time/chunk ratio long/short = {report.get('ratio_time_per_chunk', float('nan')):.3f}"
+    )
+    table = bc.markdown_table(
+        [
+            "doc tokens",
+            "chunks",
+            "agent chunks",
+            "s/chunk (median)",
+            "s/chunk (p90)",
+            "total s",
+            "RSS start MiB",
+            "RSS max MiB",
+            "GPU used max GiB",
+            "chunker peak MiB",
+        ],
+        rows,
+    )
     return head + "\n\n" + table
 
 
@@ -225,10 +261,16 @@ def add_agent_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-size", type=int, default=5000)
     p.add_argument("--memory-tokens", type=int, default=16, help="tokens generated per memory update (fixed)")
     lengths = p.add_mutually_exclusive_group()
-    lengths.add_argument("--lengths", type=int, nargs="+", default=None,
-                         help="document lengths in tokens (default 32768 1048576)")
-    lengths.add_argument("--chunks", type=int, nargs="+", default=None,
-                         help="document lengths in chunks (tokens = chunks x --chunk-size)")
+    lengths.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="document lengths in tokens (default 32768 1048576)"
+    )
+    lengths.add_argument(
+        "--chunks",
+        type=int,
+        nargs="+",
+        default=None,
+        help="document lengths in chunks (tokens = chunks x --chunk-size)",
+    )
 
 
 def resolve_lengths(args) -> None:
@@ -265,13 +307,19 @@ def main() -> int:
         args.tokenizer = str(bc.tiny_model_path())
     if args.engine == "inproc" and not args.chunker_only:
         import torch
-
         from bench_rollout import build_vllm_engine
 
         on_gpu = torch.cuda.is_available()
         dtype = args.dtype or ("bfloat16" if on_gpu else "float32")
-        engine = build_vllm_engine(Path(args.model_path), "cuda" if on_gpu else "cpu", dtype, args.max_model_len, 16,
-                                   args.enforce_eager or not on_gpu, args.gpu_memory_utilization)
+        engine = build_vllm_engine(
+            Path(args.model_path),
+            "cuda" if on_gpu else "cpu",
+            dtype,
+            args.max_model_len,
+            16,
+            args.enforce_eager or not on_gpu,
+            args.gpu_memory_utilization,
+        )
         try:
             report = measure_memory_agent_inproc(engine, args)
         finally:

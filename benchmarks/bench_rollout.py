@@ -42,21 +42,38 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
 
 
-def hf_generate_fixed(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, pad_id: int,
-                      device: str) -> int:
+def hf_generate_fixed(
+    model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, pad_id: int, device: str
+) -> int:
     """Greedy ``model.generate`` on the left-padded batch with EOS masked until ``new_tokens``; returns
     the number of generated tokens (``len(prompts) * new_tokens``, checked by the caller)."""
     ids, mask = bc.left_pad(prompts, pad_id)
     width = ids.shape[1]
     with torch.inference_mode():
-        out = model.generate(ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=pad_id)
+        out = model.generate(
+            ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+        )
     return int(out.shape[0] * (out.shape[1] - width))
 
 
-def measure_rollout(vllm_engine: Any, model_path: Path, batches: list[int], prompt_len: int, new_tokens: int,
-                    repeats: int, device: str, dtype: str, methods: list[str] | tuple[str, ...] = METHODS,
-                    hf_repeats: int | None = None, hf_num_threads: int | None = None) -> dict:
+def measure_rollout(
+    vllm_engine: Any,
+    model_path: Path,
+    batches: list[int],
+    prompt_len: int,
+    new_tokens: int,
+    repeats: int,
+    device: str,
+    dtype: str,
+    methods: list[str] | tuple[str, ...] = METHODS,
+    hf_repeats: int | None = None,
+    hf_num_threads: int | None = None,
+) -> dict:
     """Time each method on each batch size; returns the JSON report (see the module docstring).
 
     ``vllm_engine`` may be None when ``"vllm_engine"`` is not in ``methods``. The HF model is loaded
@@ -77,8 +94,13 @@ def measure_rollout(vllm_engine: Any, model_path: Path, batches: list[int], prom
     if "hf_engine" in methods:
         from verl.workers.rollout.hf_engine import HFRolloutEngine
 
-        hf_engine = HFRolloutEngine(model, device=device, max_batch_size=max(batches), num_threads=hf_num_threads,
-                                    max_model_len=prompt_len + new_tokens + 1)
+        hf_engine = HFRolloutEngine(
+            model,
+            device=device,
+            max_batch_size=max(batches),
+            num_threads=hf_num_threads,
+            max_model_len=prompt_len + new_tokens + 1,
+        )
     pad_id = hf_engine.pad_token_id if hf_engine is not None else 0
 
     def engine_call(engine: Any, prompts: list[list[int]], sampling: SamplingParams = params) -> int:
@@ -92,25 +114,48 @@ def measure_rollout(vllm_engine: Any, model_path: Path, batches: list[int], prom
             prompts = prompts_all[:batch]
             few = prompts[:2]  # HF warm-ups: a short call (CUDA/cuBLAS set-up); HF has no compile step
             calls = {
-                "vllm_engine": (lambda: engine_call(vllm_engine, prompts), repeats,
-                                getattr(vllm_engine, "reset_prefix_cache", None), None),
-                "hf_generate": (lambda: hf_generate_fixed(model, prompts, new_tokens, pad_id, device), hf_repeats, None,
-                                lambda: hf_generate_fixed(model, few, 4, pad_id, device)),
-                "hf_engine": (lambda: engine_call(hf_engine, prompts), hf_repeats, None,
-                              lambda: engine_call(hf_engine, few, SamplingParams(greedy=True, max_tokens=4))),
+                "vllm_engine": (
+                    lambda prompts=prompts: engine_call(vllm_engine, prompts),
+                    repeats,
+                    getattr(vllm_engine, "reset_prefix_cache", None),
+                    None,
+                ),
+                "hf_generate": (
+                    lambda prompts=prompts: hf_generate_fixed(model, prompts, new_tokens, pad_id, device),
+                    hf_repeats,
+                    None,
+                    lambda few=few: hf_generate_fixed(model, few, 4, pad_id, device),
+                ),
+                "hf_engine": (
+                    lambda prompts=prompts: engine_call(hf_engine, prompts),
+                    hf_repeats,
+                    None,
+                    lambda few=few: engine_call(hf_engine, few, SamplingParams(greedy=True, max_tokens=4)),
+                ),
             }
             for name in methods:
                 fn, reps, before, warm = calls[name]
                 times, tokens = bc.time_calls(fn, reps, device, warmup=1, before=before, warmup_fn=warm)
                 seconds = bc.median(times)
-                rows.append({"batch": batch, "method": name, "tokens": int(tokens), "seconds": seconds,
-                             "seconds_all": times, "tokens_per_s": tokens / seconds})
-                print(f"batch {batch} {name}: {tokens} tokens, median {seconds:.3f} s, {tokens / seconds:,.0f} tok/s",
-                      file=sys.stderr, flush=True)
+                rows.append(
+                    {
+                        "batch": batch,
+                        "method": name,
+                        "tokens": int(tokens),
+                        "seconds": seconds,
+                        "seconds_all": times,
+                        "tokens_per_s": tokens / seconds,
+                    }
+                )
+                print(
+                    f"batch {batch} {name}: {tokens} tokens, median {seconds:.3f} s, {tokens / seconds:,.0f} tok/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         if hf_engine is not None:
             hf_engine.shutdown()
-        del model, hf_engine
+        model = hf_engine = None  # release before empty_cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     for row in rows:
@@ -118,31 +163,63 @@ def measure_rollout(vllm_engine: Any, model_path: Path, batches: list[int], prom
         row["vs_hf_generate"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
     expected = {b: b * new_tokens for b in batches}
     return {
-        "benchmark": "rollout", "model": str(model_path), "device": bc.device_name(device), "dtype": dtype,
-        "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats, "hf_repeats": hf_repeats,
+        "benchmark": "rollout",
+        "model": str(model_path),
+        "device": bc.device_name(device),
+        "dtype": dtype,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "repeats": repeats,
+        "hf_repeats": hf_repeats,
         "decoding": "greedy, EOS ignored (fixed length)",
         "equal_tokens": all(r["tokens"] == expected[r["batch"]] for r in rows),
-        "results": rows, "env": bc.environment(),
+        "results": rows,
+        "env": bc.environment(),
     }
 
 
 def rollout_table(report: dict) -> str:
     """The markdown table of a :func:`measure_rollout` report."""
-    rows = [(r["batch"], r["method"], r["tokens"], r["seconds"], r["tokens_per_s"],
-             f"{r['vs_hf_generate']:.2f}x" if r.get("vs_hf_generate") else "") for r in report["results"]]
-    head = (f"Rollout ({report['model']}, {report['device']}, {report['dtype']}, prompt {report['prompt_len']}, "
-            f"{report['new_tokens']} new tokens, {report['decoding']}, equal token counts: {report['equal_tokens']})")
+    rows = [
+        (
+            r["batch"],
+            r["method"],
+            r["tokens"],
+            r["seconds"],
+            r["tokens_per_s"],
+            f"{r['vs_hf_generate']:.2f}x" if r.get("vs_hf_generate") else "",
+        )
+        for r in report["results"]
+    ]
+    head = (
+        f"Rollout ({report['model']}, {report['device']}, {report['dtype']}, prompt {report['prompt_len']}, "
+        f"{report['new_tokens']} new tokens, {report['decoding']}, equal token counts: {report['equal_tokens']})"
+    )
     return head + "\n\n" + bc.markdown_table(["batch", "method", "tokens", "seconds", "tokens/s", "vs generate"], rows)
 
 
-def build_vllm_engine(model_path: Path, device: str, dtype: str, max_model_len: int, max_num_seqs: int,
-                      enforce_eager: bool, gpu_memory_utilization: float) -> Any:
+def build_vllm_engine(
+    model_path: Path,
+    device: str,
+    dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    gpu_memory_utilization: float,
+) -> Any:
     """A :class:`VLLMRolloutEngine` (in-process backend) for the benchmarks."""
     from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
-    return VLLMRolloutEngine(model_path, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                             enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization,
-                             enable_sleep_mode=False, max_num_batched_tokens=max(8192, max_model_len))
+    return VLLMRolloutEngine(
+        model_path,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_sleep_mode=False,
+        max_num_batched_tokens=max(8192, max_model_len),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,13 +236,29 @@ def main(argv: list[str] | None = None) -> int:
     model_path = bc.model_folder(args.model, args.shape, dtype="bfloat16" if args.device == "cuda" else "float32")
     engine = None
     if "vllm_engine" in args.methods:
-        engine = build_vllm_engine(model_path, args.device, dtype, args.prompt_len + args.new_tokens + 8,
-                                   max(args.batch), args.enforce_eager or args.device == "cpu",
-                                   args.gpu_memory_utilization)
+        engine = build_vllm_engine(
+            model_path,
+            args.device,
+            dtype,
+            args.prompt_len + args.new_tokens + 8,
+            max(args.batch),
+            args.enforce_eager or args.device == "cpu",
+            args.gpu_memory_utilization,
+        )
     try:
-        report = measure_rollout(engine, model_path, args.batch, args.prompt_len, args.new_tokens, args.repeats,
-                                 args.device, dtype, args.methods, args.hf_repeats,
-                                 hf_num_threads=1 if args.device == "cpu" else None)
+        report = measure_rollout(
+            engine,
+            model_path,
+            args.batch,
+            args.prompt_len,
+            args.new_tokens,
+            args.repeats,
+            args.device,
+            dtype,
+            args.methods,
+            args.hf_repeats,
+            hf_num_threads=1 if args.device == "cpu" else None,
+        )
     finally:
         if engine is not None:
             engine.shutdown()

@@ -27,9 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
 
 # (trainer timing name ``timing_s/<name>``, report key, table title)
-PHASES = [("gen", "gen", "gen"), ("reward", "reward", "reward"), ("old_log_prob", "old_log_prob", "old log-probs"),
-          ("ref", "ref", "ref"), ("update_actor", "update_actor", "update"),
-          ("sync_weights", "sync_weights", "weight sync"), ("step", "total", "total")]
+PHASES = [
+    ("gen", "gen", "gen"),
+    ("reward", "reward", "reward"),
+    ("old_log_prob", "old_log_prob", "old log-probs"),
+    ("ref", "ref", "ref"),
+    ("update_actor", "update_actor", "update"),
+    ("sync_weights", "sync_weights", "weight sync"),
+    ("step", "total", "total"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,30 +77,54 @@ def main(argv: list[str] | None = None) -> int:
         model = smollm2_path()
     work = Path(tempfile.mkdtemp(prefix="bench_step_"))
     tok = AutoTokenizer.from_pretrained(model)
-    dataset_rows = make_needle_qa_dataset(args.batch * args.steps, (args.chunks, args.chunks), args.chunk, tok,
-                                  seed=0, kinds=("niah_single",), data_source="hotpotqa",
-                                          haystack_files=bc.haystack_files())
+    dataset_rows = make_needle_qa_dataset(
+        args.batch * args.steps,
+        (args.chunks, args.chunks),
+        args.chunk,
+        tok,
+        seed=0,
+        kinds=("niah_single",),
+        data_source="hotpotqa",
+        haystack_files=bc.haystack_files(),
+    )
     pd.DataFrame(dataset_rows).to_parquet(work / "train.parquet")
     cfg_overrides = [
-        f"data.train_files={work / 'train.parquet'}", f"data.val_files={work / 'train.parquet'}", f"data.train_batch_size={args.batch}",
-        "data.truncation=center", f"actor_rollout_ref.model.path={model}",
-        f"actor_rollout_ref.rollout.name={args.rollout}", f"actor_rollout_ref.rollout.n={args.n}",
-        "actor_rollout_ref.rollout.seed=0", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        f"data.train_files={work / 'train.parquet'}",
+        f"data.val_files={work / 'train.parquet'}",
+        f"data.train_batch_size={args.batch}",
+        "data.truncation=center",
+        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.rollout.name={args.rollout}",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.seed=0",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.prompt_length={args.chunk + args.memory + 512}",
         f"actor_rollout_ref.rollout.response_length={args.memory}",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.model.use_remove_padding=True",
-        "algorithm.adv_estimator=grpo", "algorithm.grpo_use_adv=False",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.grpo_use_adv=False",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8",
-        "recurrent.enable=memory", f"recurrent.memory.config.chunk_size={args.chunk}",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "critic.ppo_micro_batch_size_per_gpu=8",
+        "recurrent.enable=memory",
+        f"recurrent.memory.config.chunk_size={args.chunk}",
         f"recurrent.memory.config.max_memorization_length={args.memory}",
         f"recurrent.memory.config.max_final_response_length={args.memory}",
         f"recurrent.memory.config.max_chunks={args.chunks}",
-        f"trainer.device={args.device}", "trainer.nnodes=1", f"trainer.n_gpus_per_node={args.gpus}",
-        f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-        "trainer.val_before_train=False", "trainer.logger=[jsonl]", "trainer.progress_bar=False",
-        f"trainer.default_local_dir={work / 'ckpt'}", "trainer.resume_mode=disable",
+        f"trainer.device={args.device}",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={args.gpus}",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=[jsonl]",
+        "trainer.progress_bar=False",
+        f"trainer.default_local_dir={work / 'ckpt'}",
+        "trainer.resume_mode=disable",
         *overrides,
     ]
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
@@ -109,14 +139,33 @@ def main(argv: list[str] | None = None) -> int:
         tokens = int(h.get("perf/total_num_tokens", 0))
         conversations = h.get("trajectory/num_conv/mean", 0.0) * args.batch * args.n
         generated = h.get("response_length/mean", 0.0) * conversations
-        rows.append({"step": int(h["step"]), **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
-                     "tokens": tokens, "tokens_per_s": tokens / step_s, "generated_tokens": generated,
-                     "generated_tokens_per_s": generated / step_s, "conversations": conversations,
-                     "score_mean": h.get("critic/score/mean")})
-    report = {"benchmark": "train_step", "model": str(model), "device": bc.device_name(args.device),
-              "ranks": args.gpus, "rollout": args.rollout, "batch": args.batch, "n": args.n, "chunks": args.chunks,
-              "chunk": args.chunk, "memory": args.memory, "overrides": overrides, "steps": rows,
-              "env": bc.environment()}
+        rows.append(
+            {
+                "step": int(h["step"]),
+                **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
+                "tokens": tokens,
+                "tokens_per_s": tokens / step_s,
+                "generated_tokens": generated,
+                "generated_tokens_per_s": generated / step_s,
+                "conversations": conversations,
+                "score_mean": h.get("critic/score/mean"),
+            }
+        )
+    report = {
+        "benchmark": "train_step",
+        "model": str(model),
+        "device": bc.device_name(args.device),
+        "ranks": args.gpus,
+        "rollout": args.rollout,
+        "batch": args.batch,
+        "n": args.n,
+        "chunks": args.chunks,
+        "chunk": args.chunk,
+        "memory": args.memory,
+        "overrides": overrides,
+        "steps": rows,
+        "env": bc.environment(),
+    }
     bc.write_json(args.out, report)
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
@@ -125,11 +174,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_step_table(report: dict) -> str:
     """The markdown table of a report: seconds per phase for each step, tokens/s."""
-    head = (f"Training step by phase ({report['model']}, {report['device']}, {report['ranks']} rank(s), "
-            f"rollout={report['rollout']}, {report['batch']} questions x {report['n']}, "
-            f"{report['chunks']} chunks x {report['chunk']} tokens, memory {report['memory']}; seconds)")
-    rows = [[r["step"], *(r[key] for _, key, _ in PHASES), r["tokens"], r["tokens_per_s"], r["generated_tokens_per_s"]]
-            for r in report["steps"]]
+    head = (
+        f"Training step by phase ({report['model']}, {report['device']}, {report['ranks']} rank(s), "
+        f"rollout={report['rollout']}, {report['batch']} questions x {report['n']}, "
+        f"{report['chunks']} chunks x {report['chunk']} tokens, memory {report['memory']}; seconds)"
+    )
+    rows = [
+        [r["step"], *(r[key] for _, key, _ in PHASES), r["tokens"], r["tokens_per_s"], r["generated_tokens_per_s"]]
+        for r in report["steps"]
+    ]
     titles = [title for _, _, title in PHASES]
     return head + "\n\n" + bc.markdown_table(["step", *titles, "tokens", "tokens/s", "generated tok/s"], rows)
 

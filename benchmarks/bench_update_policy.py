@@ -53,10 +53,12 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import SHAPES, shape_config  # noqa: E402  (also puts the repository root on sys.path)
+
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
 from verl.utils.model_loading import build_causal_lm_from_config, count_parameters, load_causal_lm  # noqa: E402
 from verl.workers.actor import DataParallelPPOActor  # noqa: E402
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -71,8 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per update_policy call")
     p.add_argument("--no-remove-padding", action="store_true", help="padded forward instead of packed rows")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (actor and baseline)")
-    p.add_argument("--attn", default=None, help="attention implementation (default: flash_attention_2 if "
-                                                "installed on CUDA, else sdpa; also flex_attention, eager)")
+    p.add_argument(
+        "--attn",
+        default=None,
+        help="attention implementation (default: flash_attention_2 if "
+        "installed on CUDA, else sdpa; also flex_attention, eager)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
@@ -100,10 +106,21 @@ def setup_distributed(device_type: str) -> tuple[int, int, torch.device]:
 
 def build_model(args, device: torch.device):
     if args.model_path:
-        return load_causal_lm(args.model_path, dtype="float32", attn_implementation=args.attn, device=device,
-                              gradient_checkpointing=args.grad_ckpt)
-    return build_causal_lm_from_config(shape_config(args.shape), dtype="float32", attn_implementation=args.attn, device=device,
-                                       gradient_checkpointing=args.grad_ckpt, seed=0)
+        return load_causal_lm(
+            args.model_path,
+            dtype="float32",
+            attn_implementation=args.attn,
+            device=device,
+            gradient_checkpointing=args.grad_ckpt,
+        )
+    return build_causal_lm_from_config(
+        shape_config(args.shape),
+        dtype="float32",
+        attn_implementation=args.attn,
+        device=device,
+        gradient_checkpointing=args.grad_ckpt,
+        seed=0,
+    )
 
 
 def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
@@ -122,9 +139,16 @@ def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
     responses = input_ids[:, plen:]
     response_mask = attention_mask[:, plen:]
     advantages = torch.where(torch.rand(rows, generator=gen) < 0.5, -1.0, 1.0).unsqueeze(1) * response_mask
-    return DataProto.from_dict(tensors=dict(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, responses=responses,
-        response_mask=response_mask, advantages=advantages.float()))
+    return DataProto.from_dict(
+        tensors=dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            responses=responses,
+            response_mask=response_mask,
+            advantages=advantages.float(),
+        )
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -164,11 +188,15 @@ def run_baseline(args, batches: list[DataProto], device: torch.device, num_param
         optimizer.zero_grad(set_to_none=True)
         total = b["response_mask"].sum()
         for start in range(0, len(b), rows_per_micro):
-            micro = b[start:start + rows_per_micro]
+            micro = b[start : start + rows_per_micro]
             with autocast:
-                logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
-                               position_ids=micro["position_ids"], use_cache=False).logits
-            log_probs = torch.log_softmax(logits[:, -response_len - 1:-1].float(), dim=-1)
+                logits = model(
+                    input_ids=micro["input_ids"],
+                    attention_mask=micro["attention_mask"],
+                    position_ids=micro["position_ids"],
+                    use_cache=False,
+                ).logits
+            log_probs = torch.log_softmax(logits[:, -response_len - 1 : -1].float(), dim=-1)
             token_lp = log_probs.gather(-1, micro["responses"].unsqueeze(-1)).squeeze(-1)
             loss = -(token_lp * micro["advantages"] * micro["response_mask"]).sum() / total
             loss.backward()
@@ -177,8 +205,13 @@ def run_baseline(args, batches: list[DataProto], device: torch.device, num_param
 
     seconds = timed(step, args.steps, device)
     tokens = sum(float(batches[i].batch["attention_mask"].sum()) for i in range(1, args.steps + 1)) / args.steps
-    result = {"tokens": tokens, "seconds": seconds, "tokens_per_s_per_gpu": tokens / seconds,
-              "mfu": 6 * num_params * tokens / seconds / args.peak_flops, "rows_per_micro": rows_per_micro}
+    result = {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s_per_gpu": tokens / seconds,
+        "mfu": 6 * num_params * tokens / seconds / args.peak_flops,
+        "rows_per_micro": rows_per_micro,
+    }
     if device.type == "cuda":
         result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return result
@@ -193,14 +226,25 @@ def main(argv=None) -> dict:
     num_params = count_parameters(model)
     vocab_size = model.config.vocab_size
     attn = model.config._attn_implementation
-    apply_fsdp2(model, mesh=init_dp_mesh(device_type), param_dtype=None if args.param_dtype in ("float32", "fp32")
-                else args.param_dtype)
+    apply_fsdp2(
+        model,
+        mesh=init_dp_mesh(device_type),
+        param_dtype=None if args.param_dtype in ("float32", "fp32") else args.param_dtype,
+    )
     optimizer = build_optimizer(model, lr=1e-6)
     config = dict(
-        ppo_mini_batch_size=1, train_batch_size=args.mini_batches, use_dynamic_bsz=True,
-        ppo_max_token_len_per_gpu=args.token_budget, log_prob_max_token_len_per_gpu=args.log_prob_token_budget,
-        use_remove_padding=not args.no_remove_padding, use_kl_loss=True, kl_loss_coef=0.001,
-        kl_loss_type="low_var_kl", clip_ratio=0.2, grad_clip=1.0, loss_agg_mode="token-mean",
+        ppo_mini_batch_size=1,
+        train_batch_size=args.mini_batches,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=args.token_budget,
+        log_prob_max_token_len_per_gpu=args.log_prob_token_budget,
+        use_remove_padding=not args.no_remove_padding,
+        use_kl_loss=True,
+        kl_loss_coef=0.001,
+        kl_loss_type="low_var_kl",
+        clip_ratio=0.2,
+        grad_clip=1.0,
+        loss_agg_mode="token-mean",
     )
     actor = DataParallelPPOActor(config, model, optimizer)
     # a fresh batch (new lengths) for every call: shape changes are part of what is measured
@@ -224,8 +268,11 @@ def main(argv=None) -> dict:
         actor.settings.use_remove_padding = not actor.settings.use_remove_padding
         mask = data.batch["response_mask"].bool()
         diff = (other - data.batch["old_log_probs"])[mask].abs()
-        check = {"packed_vs_padded_max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-                 "mean_log_prob": float(data.batch["old_log_probs"][mask].mean())}
+        check = {
+            "packed_vs_padded_max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean()),
+            "mean_log_prob": float(data.batch["old_log_probs"][mask].mean()),
+        }
     metrics = {}
 
     def update_call(i: int):
@@ -233,21 +280,36 @@ def main(argv=None) -> dict:
 
     update_seconds = timed(update_call, args.steps, device)
     result = {
-        "shape": args.model_path or args.shape, "params": num_params, "world_size": world, "device": str(device),
-        "attn_implementation": attn, "remove_padding": not args.no_remove_padding, "grad_ckpt": args.grad_ckpt,
-        "param_dtype": args.param_dtype, "rows_per_gpu": args.rows, "tokens_global_per_call": tokens, "token_budget": args.token_budget, **check,
-        "log_prob": {"seconds": log_prob_seconds, "tokens_per_s": tokens / log_prob_seconds,
-                     "tokens_per_s_per_gpu": tokens / log_prob_seconds / world,
-                     "mfu": 2 * num_params * tokens / log_prob_seconds / (args.peak_flops * world)},
-        "update_policy": {"seconds": update_seconds, "tokens_per_s": tokens / update_seconds,
-                          "tokens_per_s_per_gpu": tokens / update_seconds / world,
-                          "mfu": 6 * num_params * tokens / update_seconds / (args.peak_flops * world),
-                          "grad_norm": metrics.get("actor/grad_norm")},
+        "shape": args.model_path or args.shape,
+        "params": num_params,
+        "world_size": world,
+        "device": str(device),
+        "attn_implementation": attn,
+        "remove_padding": not args.no_remove_padding,
+        "grad_ckpt": args.grad_ckpt,
+        "param_dtype": args.param_dtype,
+        "rows_per_gpu": args.rows,
+        "tokens_global_per_call": tokens,
+        "token_budget": args.token_budget,
+        **check,
+        "log_prob": {
+            "seconds": log_prob_seconds,
+            "tokens_per_s": tokens / log_prob_seconds,
+            "tokens_per_s_per_gpu": tokens / log_prob_seconds / world,
+            "mfu": 2 * num_params * tokens / log_prob_seconds / (args.peak_flops * world),
+        },
+        "update_policy": {
+            "seconds": update_seconds,
+            "tokens_per_s": tokens / update_seconds,
+            "tokens_per_s_per_gpu": tokens / update_seconds / world,
+            "mfu": 6 * num_params * tokens / update_seconds / (args.peak_flops * world),
+            "grad_norm": metrics.get("actor/grad_norm"),
+        },
     }
     if device.type == "cuda":
         result["update_policy"]["peak_mem_gib_rank0"] = torch.cuda.max_memory_allocated(device) / 2**30
 
-    del actor, model, optimizer
+    actor = model = optimizer = None  # release before empty_cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -255,8 +317,12 @@ def main(argv=None) -> dict:
         result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params)
     dist.barrier()
     if rank == 0:
-        result["env"] = {"torch": torch.__version__, "cuda_device": torch.cuda.get_device_name() if device.type == "cuda" else None,
-                         "peak_flops": args.peak_flops, "steps": args.steps}
+        result["env"] = {
+            "torch": torch.__version__,
+            "cuda_device": torch.cuda.get_device_name() if device.type == "cuda" else None,
+            "peak_flops": args.peak_flops,
+            "steps": args.steps,
+        }
         print(json.dumps(result, indent=2))
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -273,18 +339,26 @@ def update_policy_table(result: dict) -> str:
     def pct(x):
         return f"{100 * x:.1f}%"
 
-    rows = [f"| compute_log_prob (FSDP2, {result['world_size']} rank(s)) | {lp['tokens_per_s_per_gpu']:,.0f} | "
-            f"{pct(lp['mfu'])} | {lp['seconds']:.3f} | |",
-            f"| update_policy (FSDP2, {result['world_size']} rank(s)) | {up['tokens_per_s_per_gpu']:,.0f} | "
-            f"{pct(up['mfu'])} | {up['seconds']:.3f} | {up.get('peak_mem_gib_rank0', float('nan')):.1f} |"]
+    rows = [
+        f"| compute_log_prob (FSDP2, {result['world_size']} rank(s)) | {lp['tokens_per_s_per_gpu']:,.0f} | "
+        f"{pct(lp['mfu'])} | {lp['seconds']:.3f} | |",
+        f"| update_policy (FSDP2, {result['world_size']} rank(s)) | {up['tokens_per_s_per_gpu']:,.0f} | "
+        f"{pct(up['mfu'])} | {up['seconds']:.3f} | {up.get('peak_mem_gib_rank0', float('nan')):.1f} |",
+    ]
     if base:
-        rows.append(f"| plain transformers fwd+bwd+AdamW (1 GPU) | {base['tokens_per_s_per_gpu']:,.0f} | "
-                    f"{pct(base['mfu'])} | {base['seconds']:.3f} | {base.get('peak_mem_gib', float('nan')):.1f} |")
-    head = (f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
-            f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
-            f"grad_ckpt={result['grad_ckpt']}, {result['tokens_global_per_call']:,.0f} tokens per call; "
-            f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)")
-    return "\n".join([head, "", "| phase | tokens/s/GPU | MFU | seconds/call | peak GiB |", "|---|---|---|---|---|", *rows])
+        rows.append(
+            f"| plain transformers fwd+bwd+AdamW (1 GPU) | {base['tokens_per_s_per_gpu']:,.0f} | "
+            f"{pct(base['mfu'])} | {base['seconds']:.3f} | {base.get('peak_mem_gib', float('nan')):.1f} |"
+        )
+    head = (
+        f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
+        f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
+        f"grad_ckpt={result['grad_ckpt']}, {result['tokens_global_per_call']:,.0f} tokens per call; "
+        f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
+    )
+    return "\n".join(
+        [head, "", "| phase | tokens/s/GPU | MFU | seconds/call | peak GiB |", "|---|---|---|---|---|", *rows]
+    )
 
 
 if __name__ == "__main__":

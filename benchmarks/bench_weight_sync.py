@@ -33,8 +33,9 @@ import bench_common as bc
 import torch
 
 
-def build_worker(model_path: Path, device: str, rollout: str = "vllm", max_model_len: int = 2048,
-                 overrides: list[str] | None = None) -> Any:
+def build_worker(
+    model_path: Path, device: str, rollout: str = "vllm", max_model_len: int = 2048, overrides: list[str] | None = None
+) -> Any:
     """One ``ActorRolloutRefWorker`` rank in this process (``init_model`` done), from ``ppo_trainer.yaml``.
 
     The KL reference model is off (``use_kl_loss=False``) unless an override turns it on. On a GPU a
@@ -49,11 +50,15 @@ def build_worker(model_path: Path, device: str, rollout: str = "vllm", max_model
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(bc.free_port()))
     cfg_overrides = [
-        f"actor_rollout_ref.model.path={model_path}", f"actor_rollout_ref.rollout.name={rollout}",
-        f"actor_rollout_ref.rollout.max_model_len={max_model_len}", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.rollout.name={rollout}",
+        f"actor_rollout_ref.rollout.max_model_len={max_model_len}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", *(overrides or []),
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        *(overrides or []),
     ]
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=cfg_overrides)
@@ -93,6 +98,7 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
 
         def timed(prepare, action):
             """A phase: ``prepare()`` untimed, then the seconds of ``action()`` between device syncs."""
+
             def run() -> float:
                 prepare()
                 bc.device_sync(device)
@@ -100,6 +106,7 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
                 action()
                 bc.device_sync(device)
                 return time.perf_counter() - t0
+
             return run
 
         def gather() -> None:
@@ -111,8 +118,12 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
         gather_only = timed(lambda: None, gather)
         wake_only = timed(engine.sleep, engine.wake_up)
 
-        phases = {"sync_after_sleep": after_sleep, "sync_awake": awake, "gather_only": gather_only,
-                  "wake_up_only": wake_only}
+        phases = {
+            "sync_after_sleep": after_sleep,
+            "sync_awake": awake,
+            "gather_only": gather_only,
+            "wake_up_only": wake_only,
+        }
         timings: dict[str, list[float]] = {}
         for name, fn in phases.items():
             fn()  # warm-up
@@ -128,11 +139,17 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
     gb = per_sync["bytes"] / 1e9
     awake_s = bc.median(timings["sync_awake"])
     report = {
-        "benchmark": "weight_sync", "model": worker.model_path, "device": bc.device_name(device),
-        "rollout": type(engine).__name__, "sharded_fsdp2": bool(getattr(worker, "sharded", False)),
-        "repeats": repeats, "tensors_per_sync": per_sync["tensors"], "gb_per_sync": gb,
+        "benchmark": "weight_sync",
+        "model": worker.model_path,
+        "device": bc.device_name(device),
+        "rollout": type(engine).__name__,
+        "sharded_fsdp2": bool(getattr(worker, "sharded", False)),
+        "repeats": repeats,
+        "tensors_per_sync": per_sync["tensors"],
+        "gb_per_sync": gb,
         "dtype_moved": _dtype_of_actor(worker),
-        "seconds": {k: bc.median(v) for k, v in timings.items()}, "seconds_all": timings,
+        "seconds": {k: bc.median(v) for k, v in timings.items()},
+        "seconds_all": timings,
         "gb_per_s_awake": gb / awake_s if awake_s > 0 else None,
         "gb_per_s_after_sleep": gb / bc.median(timings["sync_after_sleep"]),
         "worker_init_seconds": getattr(worker, "init_seconds", None),
@@ -158,9 +175,11 @@ def weight_sync_table(report: dict) -> str:
         ("gather only (iter_full_params)", s["gather_only"], gb, gb / s["gather_only"] if s["gather_only"] else None),
         ("wake-up only", s["wake_up_only"], None, None),
     ]
-    head = (f"Weight sync ({report['model']}, {report['device']}, {report['rollout']}, "
-            f"{report['tensors_per_sync']} tensors, {report['dtype_moved']}, median of {report['repeats']}, "
-            f"greedy outputs unchanged: {report['greedy_outputs_unchanged']})")
+    head = (
+        f"Weight sync ({report['model']}, {report['device']}, {report['rollout']}, "
+        f"{report['tensors_per_sync']} tensors, {report['dtype_moved']}, median of {report['repeats']}, "
+        f"greedy outputs unchanged: {report['greedy_outputs_unchanged']})"
+    )
     return head + "\n\n" + bc.markdown_table(["phase", "seconds", "GB", "GB/s"], rows)
 
 

@@ -67,9 +67,16 @@ class AsyncLLMGenerationManager:
         sleep_after_rollout: put the engines to sleep after the batch.
     """
 
-    def __init__(self, tokenizer: Any, proxy: ChatCompletionProxy, agent: AsyncRAgent, *,
-                 drop_failed_samples: bool = False, max_concurrency: int | None = None,
-                 sleep_after_rollout: bool = True):
+    def __init__(
+        self,
+        tokenizer: Any,
+        proxy: ChatCompletionProxy,
+        agent: AsyncRAgent,
+        *,
+        drop_failed_samples: bool = False,
+        max_concurrency: int | None = None,
+        sleep_after_rollout: bool = True,
+    ):
         if not isinstance(agent, AsyncRAgent):
             raise TypeError(f"async mode needs an AsyncRAgent, got {type(agent).__name__}")
         self.tokenizer = tokenizer
@@ -146,7 +153,8 @@ class AsyncLLMGenerationManager:
             except Exception as exc:  # noqa: BLE001 - reported with the sample id
                 err = AsyncRolloutError(
                     f"async rollout of {_describe_row(gen_batch, i)} failed: {type(exc).__name__}: {exc}\n"
-                    + "".join(traceback.format_exception(exc)))
+                    + "".join(traceback.format_exception(exc))
+                )
                 err.sample_index = i
                 if not self.drop_failed_samples:
                     raise err from exc
@@ -181,10 +189,14 @@ class AsyncLLMGenerationManager:
         if c == 0:
             raise ValueError("rollout returned no conversations")
         if len(out.sample_index) != c or len(out.final_mask) != c:
-            raise ValueError(f"{c} conversations but {len(out.sample_index)} sample_index and "
-                             f"{len(out.final_mask)} final_mask entries")
+            raise ValueError(
+                f"{c} conversations but {len(out.sample_index)} sample_index and "
+                f"{len(out.final_mask)} final_mask entries"
+            )
         if not bool((out.sample_index == i).all()):
-            raise ValueError(f"sample_index must be {i} for every conversation of row {i}, got {out.sample_index.tolist()}")
+            raise ValueError(
+                f"sample_index must be {i} for every conversation of row {i}, got {out.sample_index.tolist()}"
+            )
         if int(out.final_mask.sum()) != 1:
             raise ValueError(f"exactly one conversation must be final, got final_mask={out.final_mask.tolist()}")
 
@@ -207,8 +219,15 @@ class AsyncLLMGenerationManager:
             stats["retokenized_turns"] += tok.retokenized_turns
             stats["prompt_mismatches"] += tok.prompt_mismatches
         self.proxy.forget(out.conversations)
-        return {"prompts": prompts, "responses": responses, "response_mask": masks, "log_probs": log_probs,
-                "finish_reason": finish, "stats": dict(stats), "seconds": time.perf_counter() - t0}
+        return {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": masks,
+            "log_probs": log_probs,
+            "finish_reason": finish,
+            "stats": dict(stats),
+            "seconds": time.perf_counter() - t0,
+        }
 
     # ---------------------------------------------------------------- batch assembly
     def _gather(self, gen_batch: DataProto, results: list[Any], timing: dict):
@@ -267,8 +286,9 @@ def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def build_async_manager(config: Any, tokenizer: Any, rollout_client: Any, register: Any,
-                        recurrent_config: Any = None) -> AsyncLLMGenerationManager:
+def build_async_manager(
+    config: Any, tokenizer: Any, rollout_client: Any, register: Any, recurrent_config: Any = None
+) -> AsyncLLMGenerationManager:
     """Build the async manager the trainer uses when ``actor_rollout_ref.rollout.mode=async``.
 
     ``rollout_client`` is the trainer's ``RolloutClient``, a worker group or engine(s); ``register``
@@ -287,7 +307,8 @@ def build_async_manager(config: Any, tokenizer: Any, rollout_client: Any, regist
         raise TypeError(
             f"actor_rollout_ref.rollout.mode=async needs an AsyncRAgent workflow, but the register's agent_cls is "
             f"{getattr(register.agent_cls, '__name__', register.agent_cls)}; point recurrent.<name>.async_path to an "
-            "async register (e.g. recurrent/impls/async_memory.py)")
+            "async register (e.g. recurrent/impls/async_memory.py)"
+        )
     proxy_cls = ChatCompletionProxy
     scheduler = _cfg_get(rc, "chat_scheduler")
     if scheduler:
@@ -299,8 +320,13 @@ def build_async_manager(config: Any, tokenizer: Any, rollout_client: Any, regist
             raise TypeError(f"actor_rollout_ref.rollout.chat_scheduler={scheduler!r} is not a ChatCompletionProxy")
     model_path = str(_cfg_get(config.actor_rollout_ref.model, "path", "model"))
     model_name = "/".join(model_path.rstrip("/").split("/")[-2:])
-    proxy = proxy_cls(rollout_client, tokenizer, chat_template=_cfg_get(rc, "chat_template"), model_name=model_name,
-                      default_max_tokens=int(_cfg_get(rc, "response_length", 1024)))
+    proxy = proxy_cls(
+        rollout_client,
+        tokenizer,
+        chat_template=_cfg_get(rc, "chat_template"),
+        model_name=model_name,
+        default_max_tokens=int(_cfg_get(rc, "response_length", 1024)),
+    )
     if recurrent_config is None:
         name = config.recurrent.enable
         wf = config.recurrent.get(name) or {}
@@ -315,7 +341,9 @@ def build_async_manager(config: Any, tokenizer: Any, rollout_client: Any, regist
         ChatServer(proxy).start()
     max_conc = _cfg_get(rc, "async_max_concurrency")
     return AsyncLLMGenerationManager(
-        tokenizer, proxy, agent,
+        tokenizer,
+        proxy,
+        agent,
         drop_failed_samples=bool(_cfg_get(rc, "async_drop_failed_samples", False)),
         max_concurrency=int(max_conc) if max_conc else None,
         sleep_after_rollout=bool(_cfg_get(rc, "free_cache_engine", True)),

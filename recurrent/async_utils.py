@@ -41,12 +41,32 @@ from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingP
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncOutput", "AsyncRAgent", "BatchingReplica", "ChatCompletionProxy", "EngineReplica", "Replica",
-           "msg", "replicas_from", "run_coroutine_in_chat_scheduler_loop", "sampling_from_openai"]
+__all__ = [
+    "AsyncOutput",
+    "AsyncRAgent",
+    "BatchingReplica",
+    "ChatCompletionProxy",
+    "EngineReplica",
+    "Replica",
+    "msg",
+    "replicas_from",
+    "run_coroutine_in_chat_scheduler_loop",
+    "sampling_from_openai",
+]
 
 # OpenAI request fields that are accepted and ignored (they do not change sampling here).
-_IGNORED_KEYS = {"user", "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier",
-                 "top_logprobs", "skip_special_tokens", "include_stop_str_in_output", "extra_headers"}
+_IGNORED_KEYS = {
+    "user",
+    "tool_choice",
+    "parallel_tool_calls",
+    "metadata",
+    "store",
+    "service_tier",
+    "top_logprobs",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "extra_headers",
+}
 
 
 def sampling_from_openai(kwargs: dict[str, Any], default_max_tokens: int) -> tuple[SamplingParams, bool]:
@@ -112,8 +132,9 @@ class Replica:
     name = "replica"
     eos_token_ids: list[int] = []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None) -> list[GenerationOutput]:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> list[GenerationOutput]:
         raise NotImplementedError
 
     async def wake_up(self) -> None:
@@ -186,7 +207,9 @@ class BatchingReplica(Replica):
         seeds = [it[1].seed for it in items]
         self.calls += 1
         try:
-            results = await self._submit([it[0] for it in items], params, None if all(s is None for s in seeds) else seeds)
+            results = await self._submit(
+                [it[0] for it in items], params, None if all(s is None for s in seeds) else seeds
+            )
             if len(results) != len(items):
                 raise RuntimeError(f"replica {self.name} returned {len(results)} results for {len(items)} prompts")
             for (_, _, fut), res in zip(items, results):
@@ -213,6 +236,7 @@ def ray_rank_replicas(wg: Any) -> list[Replica]:
     has_wake, has_sleep = hasattr(wg, "wake_up_rollout"), hasattr(wg, "sleep_rollout")
     replicas: list[Replica] = []
     for rank, host in enumerate(wg.workers):
+
         def submit(prompts, params, seeds, host=host):
             return host.call.remote(role, method, prompts, params, seeds)
 
@@ -222,7 +246,9 @@ def ray_rank_replicas(wg: Any) -> list[Replica]:
         async def sleep(host=host):
             await host.call.remote(role, "sleep_rollout")
 
-        replicas.append(BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None))
+        replicas.append(
+            BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None)
+        )
     return replicas
 
 
@@ -311,15 +337,26 @@ class ChatCompletionProxy:
             the tokenizer's EOS ids.
     """
 
-    def __init__(self, rollout: Any, tokenizer: Any, chat_template: str | ChatTemplate | None = None,
-                 model_name: str = "model", *, default_max_tokens: int = 1024, max_sticky_sessions: int = 10_000,
-                 max_records: int = 200_000, tokenize_threads: int = 4, eos_token_ids: Sequence[int] | None = None):
+    def __init__(
+        self,
+        rollout: Any,
+        tokenizer: Any,
+        chat_template: str | ChatTemplate | None = None,
+        model_name: str = "model",
+        *,
+        default_max_tokens: int = 1024,
+        max_sticky_sessions: int = 10_000,
+        max_records: int = 200_000,
+        tokenize_threads: int = 4,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
         self.replicas: list[Replica] = replicas_from(rollout)
         if not self.replicas:
             raise ValueError("ChatCompletionProxy needs at least one rollout replica")
         self.tokenizer = tokenizer
-        self.template = chat_template if isinstance(chat_template, ChatTemplate) else \
-            load_chat_template(tokenizer, chat_template)
+        self.template = (
+            chat_template if isinstance(chat_template, ChatTemplate) else load_chat_template(tokenizer, chat_template)
+        )
         self.model_name = model_name
         self.default_max_tokens = int(default_max_tokens)
         eos = set(eos_token_ids or [])
@@ -375,11 +412,14 @@ class ChatCompletionProxy:
             t0 = time.perf_counter()
             await asyncio.gather(*[(r.wake_up() if awake else r.sleep()) for r in self.replicas])
             self._awake = awake
-            logger.debug("ChatCompletionProxy: replicas %s in %.2fs", "woke" if awake else "slept", time.perf_counter() - t0)
+            logger.debug(
+                "ChatCompletionProxy: replicas %s in %.2fs", "woke" if awake else "slept", time.perf_counter() - t0
+            )
 
     async def reset_sessions(self) -> None:
         """Forget sticky sessions and their turn counters (the manager calls this per batch: after a
         weight update no prefix cache survives, and session ids may repeat from batch to batch)."""
+
         async def _clear() -> None:
             self._router.sessions.clear()
 
@@ -412,15 +452,24 @@ class ChatCompletionProxy:
     def num_records(self) -> int:
         return len(self._records)
 
-    def tokenize(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
-                 tools: list[dict] | None = None):
+    def tokenize(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = False, tools: list[dict] | None = None
+    ):
         """:func:`recurrent.chat_template.tokenize_conversation` with this proxy's template and records."""
-        return tokenize_conversation(self.tokenizer, self.template, messages, add_generation_prompt, tools,
-                                     lookup=self.record)
+        return tokenize_conversation(
+            self.tokenizer, self.template, messages, add_generation_prompt, tools, lookup=self.record
+        )
 
     # ---------------------------------------------------------------- chat
-    async def chat(self, messages: list[dict[str, Any]], *, request_id: str | None = None, model: str | None = None,
-                   tools: list[dict] | None = None, **sampling: Any):
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        request_id: str | None = None,
+        model: str | None = None,
+        tools: list[dict] | None = None,
+        **sampling: Any,
+    ):
         """One chat completion (an ``openai.types.chat.ChatCompletion``); see the module docstring.
 
         ``request_id`` keys sticky routing (and per-turn seeds when ``seed`` is given). Raises
@@ -437,7 +486,7 @@ class ChatCompletionProxy:
             headers = openai_kwargs.pop("extra_headers", None) or {}
             rid = headers.get("x-request-id")
             if rid and rid.startswith("chatcmpl-"):
-                rid = rid[len("chatcmpl-"):]
+                rid = rid[len("chatcmpl-") :]
             messages = openai_kwargs.pop("messages")
             return await self.chat(messages, request_id=rid, model=model, **openai_kwargs), None
         except Exception as exc:  # noqa: BLE001 - returned, as in the original API
@@ -469,21 +518,40 @@ class ChatCompletionProxy:
         finally:
             self._router.release(replica)
         choices = [self._choice(i, o, prompt.ids, params, completion_id, want_logprobs) for i, o in enumerate(outputs)]
-        usage = {"prompt_tokens": len(prompt.ids), "completion_tokens": sum(len(o.token_ids) for o in outputs),
-                 "total_tokens": len(prompt.ids) + sum(len(o.token_ids) for o in outputs)}
-        return ChatCompletion(id=completion_id, object="chat.completion", created=int(time.time()),
-                              model=self.model_name, choices=choices, usage=usage, prompt_token_ids=prompt.ids)
+        usage = {
+            "prompt_tokens": len(prompt.ids),
+            "completion_tokens": sum(len(o.token_ids) for o in outputs),
+            "total_tokens": len(prompt.ids) + sum(len(o.token_ids) for o in outputs),
+        }
+        return ChatCompletion(
+            id=completion_id,
+            object="chat.completion",
+            created=int(time.time()),
+            model=self.model_name,
+            choices=choices,
+            usage=usage,
+            prompt_token_ids=prompt.ids,
+        )
 
-    def _choice(self, index: int, out: Any, prompt_ids: list[int], params: SamplingParams, completion_id: str,
-                want_logprobs: bool):
-        from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+    def _choice(
+        self,
+        index: int,
+        out: Any,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        completion_id: str,
+        want_logprobs: bool,
+    ):
         from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+        from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
 
         tokens = list(out.token_ids)
         content_len = len(tokens)
         text = self.tokenizer.decode(tokens, skip_special_tokens=False)
         visible, stop_text = text, None
-        hits = [(text.find(s), s) for s in (params.stop or []) if s and s in text] if out.finish_reason == "stop" else []
+        hits = (
+            [(text.find(s), s) for s in (params.stop or []) if s and s in text] if out.finish_reason == "stop" else []
+        )
         if hits:  # stopped on a stop string: content is everything up to it (vLLM's stop_reason)
             pos, stop_text = min(hits)
             visible = text[:pos]
@@ -493,17 +561,38 @@ class ChatCompletionProxy:
                 content_len -= 1
                 text = visible = self.tokenizer.decode(tokens[:content_len], skip_special_tokens=False)
         record_id = f"{completion_id}-{index}"
-        self._store(record_id, EngineTurn(prompt_ids=prompt_ids, token_ids=tokens, log_probs=out.log_probs,
-                                          finish_reason=out.finish_reason, text=text, content_len=content_len,
-                                          stop_text=stop_text, visible=visible))
+        self._store(
+            record_id,
+            EngineTurn(
+                prompt_ids=prompt_ids,
+                token_ids=tokens,
+                log_probs=out.log_probs,
+                finish_reason=out.finish_reason,
+                text=text,
+                content_len=content_len,
+                stop_text=stop_text,
+                visible=visible,
+            ),
+        )
         logprobs = None
         if want_logprobs and out.log_probs is not None:
-            logprobs = ChoiceLogprobs(content=[
-                ChatCompletionTokenLogprob(token=self.tokenizer.decode([t]), logprob=float(lp), bytes=None, top_logprobs=[])
-                for t, lp in zip(tokens, out.log_probs)])
-        return Choice(index=index, finish_reason=out.finish_reason, logprobs=logprobs,
-                      message=ChatCompletionMessage(role="assistant", content=visible),
-                      stop_reason=stop_text, token_ids=tokens, record_id=record_id)
+            logprobs = ChoiceLogprobs(
+                content=[
+                    ChatCompletionTokenLogprob(
+                        token=self.tokenizer.decode([t]), logprob=float(lp), bytes=None, top_logprobs=[]
+                    )
+                    for t, lp in zip(tokens, out.log_probs)
+                ]
+            )
+        return Choice(
+            index=index,
+            finish_reason=out.finish_reason,
+            logprobs=logprobs,
+            message=ChatCompletionMessage(role="assistant", content=visible),
+            stop_reason=stop_text,
+            token_ids=tokens,
+            record_id=record_id,
+        )
 
     # ---------------------------------------------------------------- lifecycle
     def close(self) -> None:
@@ -534,8 +623,14 @@ class AsyncOutput:
     numbers, reduced over the batch by the manager; ``workflow/num_conv`` is added if missing).
     """
 
-    def __init__(self, conversations: list[list[dict[str, Any]]], sample_index: Any, final_mask: Any,
-                 timing_raw: dict[str, float] | None = None, metrics: dict[str, float] | None = None):
+    def __init__(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        sample_index: Any,
+        final_mask: Any,
+        timing_raw: dict[str, float] | None = None,
+        metrics: dict[str, float] | None = None,
+    ):
         self.conversations = conversations
         self.sample_index = torch.as_tensor(sample_index, dtype=torch.long).reshape(-1)
         self.final_mask = torch.as_tensor(final_mask, dtype=torch.bool).reshape(-1)
@@ -545,8 +640,10 @@ class AsyncOutput:
         self.batch: dict[str, Any] | None = None  # filled by the manager
 
     def __repr__(self) -> str:
-        return (f"AsyncOutput({len(self.conversations)} conversations, sample_index={self.sample_index.tolist()}, "
-                f"final_mask={self.final_mask.tolist()})")
+        return (
+            f"AsyncOutput({len(self.conversations)} conversations, sample_index={self.sample_index.tolist()}, "
+            f"final_mask={self.final_mask.tolist()})"
+        )
 
 
 class AsyncRAgent(ABC):
@@ -591,15 +688,21 @@ class AsyncRAgent(ABC):
         sampling = meta_info.get("sampling")
         if sampling:
             greedy = bool(sampling.get("greedy", False)) or float(sampling.get("temperature", 1.0)) == 0.0
-            out = {"n": 1, "temperature": 0.0 if greedy else float(sampling.get("temperature", 1.0)),
-                   "top_p": 1.0 if greedy else float(sampling.get("top_p", 1.0))}
+            out = {
+                "n": 1,
+                "temperature": 0.0 if greedy else float(sampling.get("temperature", 1.0)),
+                "top_p": 1.0 if greedy else float(sampling.get("top_p", 1.0)),
+            }
             if int(sampling.get("top_k", -1)) > 0 and not greedy:
                 out["top_k"] = int(sampling["top_k"])
             if sampling.get("seed") is not None:
                 out["seed"] = int(sampling["seed"])
             return out
-        out = {"n": 1, "temperature": float(self._rollout_get("temperature", 1.0)),
-               "top_p": float(self._rollout_get("top_p", 1.0))}
+        out = {
+            "n": 1,
+            "temperature": float(self._rollout_get("temperature", 1.0)),
+            "top_p": float(self._rollout_get("top_p", 1.0)),
+        }
         if meta_info.get("do_sample", True) is False:
             out.update(top_p=1.0, temperature=0.0, n=1)
         elif meta_info.get("validate", False):
@@ -627,5 +730,9 @@ class AsyncRAgent(ABC):
         out = {}
         for k in keys:
             values = np.asarray([float(m[k]) for m in metrics if k in m], dtype=np.float64)
-            out[f"{k}_mean"], out[f"{k}_min"], out[f"{k}_max"] = float(values.mean()), float(values.min()), float(values.max())
+            out[f"{k}_mean"], out[f"{k}_min"], out[f"{k}_max"] = (
+                float(values.mean()),
+                float(values.min()),
+                float(values.max()),
+            )
         return out

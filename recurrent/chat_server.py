@@ -74,11 +74,13 @@ class ChatServer:
 
     async def _start(self) -> None:
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.add_routes([
-            web.post("/v1/chat/completions", self._chat),
-            web.get("/v1/models", self._models),
-            web.get("/health", self._health),
-        ])
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", self._chat),
+                web.get("/v1/models", self._models),
+                web.get("/health", self._health),
+            ]
+        )
         runner = web.AppRunner(app, access_log=None, keepalive_timeout=600)
         await runner.setup()
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
@@ -107,7 +109,7 @@ class ChatServer:
             return _error(400, "missing required field 'messages'", "invalid_request_error")
         rid = request.headers.get("x-request-id")
         if rid and rid.startswith("chatcmpl-"):
-            rid = rid[len("chatcmpl-"):]
+            rid = rid[len("chatcmpl-") :]
         try:
             completion = await self.proxy.chat(messages, request_id=rid, **body)
         except LookupError as exc:

@@ -71,9 +71,7 @@ class LLMGenerationManager:
             timing["mt_update"] += t3 - t2
         final_mask, sample_index = self.agent.end()
         if len(sample_index) != sum(active_counts):
-            raise RuntimeError(
-                f"agent reported {len(sample_index)} conversations but generated {sum(active_counts)}"
-            )
+            raise RuntimeError(f"agent reported {len(sample_index)} conversations but generated {sum(active_counts)}")
         n_final = int(final_mask.sum())
         if n_final != len(gen_batch):
             raise RuntimeError(f"{n_final} final conversations for {len(gen_batch)} trajectories")

@@ -91,7 +91,7 @@ class RRegister:
     agent_cls: type
 
     @classmethod
-    def from_filename(cls, file_path: str, obj_name: str = "REGISTER") -> "RRegister":
+    def from_filename(cls, file_path: str, obj_name: str = "REGISTER") -> RRegister:
         """Import ``file_path`` (a ``.py`` file) and return its ``obj_name`` attribute."""
         path = Path(file_path)
         if not path.exists():
@@ -107,12 +107,12 @@ class RRegister:
         return cls._check(getattr(module, obj_name, None), f"{file_path}:{obj_name}")
 
     @classmethod
-    def from_module(cls, module_name: str, obj_name: str = "REGISTER") -> "RRegister":
+    def from_module(cls, module_name: str, obj_name: str = "REGISTER") -> RRegister:
         module = importlib.import_module(module_name)
         return cls._check(getattr(module, obj_name, None), f"{module_name}:{obj_name}")
 
     @staticmethod
-    def _check(obj, where: str) -> "RRegister":
+    def _check(obj, where: str) -> RRegister:
         if obj is None:
             raise AttributeError(f"{where} does not exist")
         if not isinstance(obj, RRegister):

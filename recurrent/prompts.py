@@ -57,8 +57,7 @@ MEMORY_FINAL_TEMPLATE_BOXED = (
 
 MEMORY_FINAL_TEMPLATE_ANSWER_IS = (
     "You are presented with a problem and a previous memory. Please answer the problem based on the "
-    'previous memory and format your response as follows "Therefore, the answer is (insert answer here)".'
-    + _FINAL_TAIL
+    'previous memory and format your response as follows "Therefore, the answer is (insert answer here)".' + _FINAL_TAIL
 )
 """Final-answer message of the ``recurrent`` eval method ("Therefore, the answer is ...")."""
 

@@ -11,11 +11,19 @@ from __future__ import annotations
 import json
 import re
 from collections import namedtuple
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["INVALID_TOOL", "ToolCall", "ToolSchema", "is_tool_schema", "merge_system_prompt",
-           "toolcall_extract", "toolcall_system_prompt"]
+__all__ = [
+    "INVALID_TOOL",
+    "ToolCall",
+    "ToolSchema",
+    "is_tool_schema",
+    "merge_system_prompt",
+    "toolcall_extract",
+    "toolcall_system_prompt",
+]
 
 ToolCall = namedtuple("ToolCall", ["name", "args"])
 INVALID_TOOL = "__INVALID_TOOL__"
@@ -60,7 +68,8 @@ class ToolSchema:
         if not is_tool_schema({"name": self.name, "description": self.description, "parameters": self.parameters}):
             raise ValueError(
                 f"tool {self.name!r}: parameters must be {{'type': 'object', 'properties': {{...}}, 'required': [...]}} "
-                f"with required names among the properties, got {self.parameters!r}")
+                f"with required names among the properties, got {self.parameters!r}"
+            )
 
     @staticmethod
     def invalid(msg: str) -> ToolCall:
@@ -70,8 +79,10 @@ class ToolSchema:
     @property
     def schema(self) -> dict:
         """OpenAI function-tool schema."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     @classmethod
     def from_function(cls, fn: Callable) -> ToolSchema:

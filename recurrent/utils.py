@@ -109,9 +109,7 @@ def concat_conversations(batches: Sequence[DataProto], pad_id: int) -> DataProto
         if len(parts) != len(batches):
             raise KeyError(f"tensor {key!r} is present in only {len(parts)} of {len(batches)} turns")
         tensors[key] = torch.cat(parts)
-    non_tensors = {
-        k: np.concatenate([b.non_tensor_batch[k] for b in batches]) for k in batches[0].non_tensor_batch
-    }
+    non_tensors = {k: np.concatenate([b.non_tensor_batch[k] for b in batches]) for k in batches[0].non_tensor_batch}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(batches[0].meta_info))
 
 

@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         print("[demo] preparing SmolLM2-135M-Instruct (converted from GGUF once, then cached)")
         model = smollm2_path()
     print(f"[demo] model: {model}")
-    train, val = build_data(model, out / "data", n_train=args.batch * args.steps, n_val=2,
-                            chunk=args.chunk_size, chunks=(2, 2))
+    train, val = build_data(
+        model, out / "data", n_train=args.batch * args.steps, n_val=2, chunk=args.chunk_size, chunks=(2, 2)
+    )
     print(f"[demo] data: {train} / {val}")
 
     from hydra import compose, initialize_config_dir
@@ -95,29 +96,52 @@ def main(argv: list[str] | None = None) -> int:
     import verl.trainer.main_ppo as main_ppo
 
     overrides = [
-        f"data.train_files={train}", f"data.val_files={val}", f"data.train_batch_size={args.batch}",
-        "data.truncation=center", "+data.context_key=context",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
-        f"actor_rollout_ref.rollout.n={args.n}", "actor_rollout_ref.rollout.seed=0",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"data.train_batch_size={args.batch}",
+        "data.truncation=center",
+        "+data.context_key=context",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.rollout.name=hf",
+        f"actor_rollout_ref.rollout.n={args.n}",
+        "actor_rollout_ref.rollout.seed=0",
         # a 135M model mostly answers nonsense at temperature 1; 0.7 keeps some correct samples
         "actor_rollout_ref.rollout.temperature=0.7",
-        "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=64",
+        "actor_rollout_ref.rollout.prompt_length=1024",
+        "actor_rollout_ref.rollout.response_length=64",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
-        "algorithm.grpo_use_adv=False", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "algorithm.grpo_use_adv=False",
+        "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4", "reward_model.reward_manager=thread",
-        "recurrent.enable=memory", f"recurrent.memory.config.chunk_size={args.chunk_size}",
-        "recurrent.memory.config.max_memorization_length=32", "recurrent.memory.config.max_final_response_length=16",
-        "recurrent.memory.config.max_chunks=4", "recurrent.memory.config.max_prompt_length=64",
-        "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={args.steps}", f"trainer.save_freq={args.steps}",
-        f"trainer.test_freq={args.steps}", "trainer.val_before_train=True", "trainer.resume_mode=disable",
-        "trainer.logger=[console,jsonl,tensorboard]", f"trainer.default_local_dir={out / 'checkpoints'}",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "reward_model.reward_manager=thread",
+        "recurrent.enable=memory",
+        f"recurrent.memory.config.chunk_size={args.chunk_size}",
+        "recurrent.memory.config.max_memorization_length=32",
+        "recurrent.memory.config.max_final_response_length=16",
+        "recurrent.memory.config.max_chunks=4",
+        "recurrent.memory.config.max_prompt_length=64",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.save_freq={args.steps}",
+        f"trainer.test_freq={args.steps}",
+        "trainer.val_before_train=True",
+        "trainer.resume_mode=disable",
+        "trainer.logger=[console,jsonl,tensorboard]",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
         f"custom_reward_function.path={Path(__file__).with_name('demo_reward.py')}",
-        "trainer.project_name=memagent-demo", "trainer.experiment_name=cpu-demo", "trainer.log_val_generations=2",
+        "trainer.project_name=memagent-demo",
+        "trainer.experiment_name=cpu-demo",
+        "trainer.log_val_generations=2",
     ]
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)

@@ -39,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, help="vLLM: sequences batched at once")
     p.add_argument("--max-num-batched-tokens", type=int, help="vLLM: tokens per scheduler step")
     p.add_argument("--enforce-eager", action="store_true", help="vLLM: no CUDA graphs")
-    p.add_argument("--cudagraph-max-tokens", type=int,
-                   help="vLLM: capture CUDA graphs for steps of up to this many tokens (default: vLLM's, 512)")
+    p.add_argument(
+        "--cudagraph-max-tokens",
+        type=int,
+        help="vLLM: capture CUDA graphs for steps of up to this many tokens (default: vLLM's, 512)",
+    )
     p.add_argument("--seed", type=int, default=0, help="engine sampling seed")
     p.add_argument("--default-max-tokens", type=int, default=1024, help="when a request gives no max_tokens")
     return p
@@ -78,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     # max_records=1: an evaluation endpoint never maps messages back to engine turns (training does)
-    proxy = ChatCompletionProxy(engine, tokenizer, model_name=name, default_max_tokens=args.default_max_tokens,
-                                max_records=1)
+    proxy = ChatCompletionProxy(
+        engine, tokenizer, model_name=name, default_max_tokens=args.default_max_tokens, max_records=1
+    )
     server = ChatServer(proxy, host=args.host, port=args.port).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -29,9 +29,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 __all__ = ["LaunchPlan", "ServerSpec", "VLLMServerGroup", "build_launch_plans", "detect_device", "wait_for_health"]
 
@@ -127,7 +127,9 @@ def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
     if spec.replica_mode not in ("dp", "processes"):
         raise ValueError(f"ServerSpec.replica_mode must be dp or processes, got {spec.replica_mode!r}")
     if spec.replicas < 1 or spec.tensor_parallel_size < 1:
-        raise ValueError(f"replicas and tensor_parallel_size must be >= 1, got {spec.replicas}, {spec.tensor_parallel_size}")
+        raise ValueError(
+            f"replicas and tensor_parallel_size must be >= 1, got {spec.replicas}, {spec.tensor_parallel_size}"
+        )
     env = dict(spec.env)
     if spec.backend not in ("vllm", "inproc"):
         raise ValueError(f"ServerSpec.backend must be vllm or inproc, got {spec.backend!r}")
@@ -152,7 +154,9 @@ def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
     gpus = _gpu_ids(spec)
     tp = spec.tensor_parallel_size
     if len(gpus) < tp * spec.replicas:
-        raise ValueError(f"{spec.replicas} replicas x TP {tp} need {tp * spec.replicas} GPUs, only {len(gpus)} visible: {gpus}")
+        raise ValueError(
+            f"{spec.replicas} replicas x TP {tp} need {tp * spec.replicas} GPUs, only {len(gpus)} visible: {gpus}"
+        )
     plans = []
     for r in range(spec.replicas):
         port = spec.port + r
@@ -166,8 +170,10 @@ def _inproc_plans(spec: ServerSpec, device: str, env: dict[str, str]) -> list[La
     if spec.api_key:
         raise ValueError("backend=inproc has no API keys (it binds to loopback by default); leave api_key unset")
     if spec.tensor_parallel_size != 1:
-        raise ValueError(f"backend=inproc serves one GPU per process; tensor_parallel_size must be 1, "
-                         f"got {spec.tensor_parallel_size}")
+        raise ValueError(
+            f"backend=inproc serves one GPU per process; tensor_parallel_size must be 1, "
+            f"got {spec.tensor_parallel_size}"
+        )
     gpus = _gpu_ids(spec) if device == "gpu" and spec.replicas > 1 else []
     if gpus and len(gpus) < spec.replicas:
         raise ValueError(f"{spec.replicas} inproc replicas need {spec.replicas} GPUs, only {len(gpus)} visible: {gpus}")
@@ -242,7 +248,7 @@ class VLLMServerGroup:
         host = "127.0.0.1" if self.spec.host in ("0.0.0.0", "::") else self.spec.host
         return [f"http://{host}:{plan.port}/v1" for plan in self.plans]
 
-    def start(self) -> "VLLMServerGroup":
+    def start(self) -> VLLMServerGroup:
         """Launch every server process (each in a new process group, output to a log file)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i, plan in enumerate(self.plans):
@@ -294,7 +300,7 @@ class VLLMServerGroup:
             proc.wait()
         self.processes.clear()
 
-    def __enter__(self) -> "VLLMServerGroup":
+    def __enter__(self) -> VLLMServerGroup:
         self.start()
         self.wait_ready()
         return self
@@ -321,8 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--backend", choices=["vllm", "inproc"], default="vllm",
-                        help="vllm: `vllm serve`; inproc: the project's in-process engine (serve.inproc_server)")
+    parser.add_argument(
+        "--backend",
+        choices=["vllm", "inproc"],
+        default="vllm",
+        help="vllm: `vllm serve`; inproc: the project's in-process engine (serve.inproc_server)",
+    )
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines and exit")

@@ -47,8 +47,8 @@ def make_padded_batch(rb: RolloutBatch, pad_id: int) -> dict[str, torch.Tensor]:
     response_mask = torch.zeros(num_conv, response_len, dtype=torch.long)
     for c, (p, r) in enumerate(zip(rb.prompt_ids, rb.response_ids)):
         if len(p) > 0:  # left padding: the prompt sits at the right end
-            prompts[c, prompt_len - len(p):] = torch.tensor(p)
-            prompt_mask[c, prompt_len - len(p):] = 1
+            prompts[c, prompt_len - len(p) :] = torch.tensor(p)
+            prompt_mask[c, prompt_len - len(p) :] = 1
         responses[c, : len(r)] = torch.tensor(r, dtype=torch.long)  # right padding
         response_mask[c, : len(r)] = 1
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
@@ -103,9 +103,7 @@ def grpo_trajectory_advantages(
     return adv
 
 
-def broadcast_advantages(
-    traj_adv: torch.Tensor, sample_index: list[int], response_mask: torch.Tensor
-) -> torch.Tensor:
+def broadcast_advantages(traj_adv: torch.Tensor, sample_index: list[int], response_mask: torch.Tensor) -> torch.Tensor:
     """Token-level advantages: advantages[c, t] = A[sample_index[c]] * response_mask[c, t]."""
     per_conversation = traj_adv[torch.tensor(sample_index, dtype=torch.long)]
     return per_conversation.unsqueeze(1) * response_mask.float()
@@ -179,8 +177,18 @@ def loss_and_grads(model, mini, old_lp, ref_lp, adv, micro_splits=None, **cfg_ov
 
 
 def nano_multiconv_grpo_step(
-    model, ref_model, rb: RolloutBatch, optimizer, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
-    kl_coef=0.001, kl_type="low_var_kl", norm_by_std=False, num_mini_batches=1, max_grad_norm=1.0,
+    model,
+    ref_model,
+    rb: RolloutBatch,
+    optimizer,
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_ratio_c=3.0,
+    kl_coef=0.001,
+    kl_type="low_var_kl",
+    norm_by_std=False,
+    num_mini_batches=1,
+    max_grad_norm=1.0,
     pad_id: int = 0,
 ) -> dict:
     """One Multi-Conv GRPO update step of ``model`` (in place, through ``optimizer``).
@@ -196,8 +204,7 @@ def nano_multiconv_grpo_step(
     num_conv = len(rb.prompt_ids)
     if not 1 <= num_mini_batches <= num_conv:
         raise ValueError(f"num_mini_batches={num_mini_batches} must be in [1, {num_conv} conversations]")
-    cfg = dict(clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c,
-               kl_coef=kl_coef, kl_type=kl_type)
+    cfg = dict(clip_low=clip_low, clip_high=clip_high, clip_ratio_c=clip_ratio_c, kl_coef=kl_coef, kl_type=kl_type)
     batch = make_padded_batch(rb, pad_id)
 
     # Advantages: per trajectory from the uid groups, then broadcast to every response token.

@@ -21,11 +21,24 @@ from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
 from recurrent.async_generation_manager import AsyncLLMGenerationManager, AsyncRolloutError, build_async_manager
-from recurrent.async_utils import (AsyncOutput, AsyncRAgent, BatchingReplica, ChatCompletionProxy, Replica, msg,
-                                   sampling_from_openai)
-from recurrent.chat_template import ChatTemplate, EngineTurn, load_chat_template, set_chat_template, shipped_template
-from recurrent.chat_template import tokenize_conversation
+from recurrent.async_utils import (
+    AsyncOutput,
+    AsyncRAgent,
+    BatchingReplica,
+    ChatCompletionProxy,
+    Replica,
+    msg,
+    sampling_from_openai,
+)
 from recurrent.chat_server import ChatServer
+from recurrent.chat_template import (
+    ChatTemplate,
+    EngineTurn,
+    load_chat_template,
+    set_chat_template,
+    shipped_template,
+    tokenize_conversation,
+)
 from recurrent.generation_manager import LLMGenerationManager
 from recurrent.impls import async_memory, async_tool_gsm8k, async_trival
 from recurrent.impls.memory import MemoryAgent, MemoryConfig, MemoryDataset
@@ -106,25 +119,32 @@ def _gen_batch(ds, n_repeat: int = 1, sampling: dict | None = None) -> DataProto
     return gen
 
 
-CONTEXTS = [
-    " ".join(f"Fact {i}: the box number {i} holds {i * 7} red stones." for i in range(k)) for k in (3, 9, 14)
-]
+CONTEXTS = [" ".join(f"Fact {i}: the box number {i} holds {i * 7} red stones." for i in range(k)) for k in (3, 9, 14)]
 
 
 def _memory_dataset(tmp_path, tok, cls, chunk_size=40, max_chunks=6):
-    rows = [{"data_source": "hotpotqa", "prompt": [{"role": "user", "content": f"How many stones in box {i}?"}],
-             "context": c, "reward_model": {"style": "rule", "ground_truth": ["7"]}, "extra_info": {"index": i}}
-            for i, c in enumerate(CONTEXTS)]
+    rows = [
+        {
+            "data_source": "hotpotqa",
+            "prompt": [{"role": "user", "content": f"How many stones in box {i}?"}],
+            "context": c,
+            "reward_model": {"style": "rule", "ground_truth": ["7"]},
+            "extra_info": {"index": i},
+        }
+        for i, c in enumerate(CONTEXTS)
+    ]
     path = tmp_path / f"mem_{cls.__name__}.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    cfg = MemoryConfig(chunk_size=chunk_size, max_chunks=max_chunks, max_memorization_length=12,
-                       max_final_response_length=10)
+    cfg = MemoryConfig(
+        chunk_size=chunk_size, max_chunks=max_chunks, max_memorization_length=12, max_final_response_length=10
+    )
     return cfg, cls(cfg, str(path), tok, {"truncation": "center", "max_prompt_length": 64})
 
 
 def _preprocess_module():
     spec = importlib.util.spec_from_file_location(
-        "gsm8k_multiturn_w_tools", ROOT / "examples" / "data_preprocess" / "gsm8k_multiturn_w_tools.py")
+        "gsm8k_multiturn_w_tools", ROOT / "examples" / "data_preprocess" / "gsm8k_multiturn_w_tools.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -133,8 +153,12 @@ def _preprocess_module():
 @pytest.fixture(scope="module")
 def gsm8k_parquet(tmp_path_factory):
     out = tmp_path_factory.mktemp("tool_gsm8k")
-    assert _preprocess_module().main(["--train_file", str(ROOT / "tests/fixtures/gsm8k_small.jsonl"),
-                                      "--local_dir", str(out)]) == 0
+    assert (
+        _preprocess_module().main(
+            ["--train_file", str(ROOT / "tests/fixtures/gsm8k_small.jsonl"), "--local_dir", str(out)]
+        )
+        == 0
+    )
     return out / "train.parquet"
 
 
@@ -158,8 +182,9 @@ def test_template_selection_and_no_mutation(tok):
     before = tok.chat_template
     clone = set_chat_template(tok, "qwen2.5")
     assert tok.chat_template == before and clone.chat_template != before
-    assert clone.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                     add_generation_prompt=True).startswith("<|im_start|>system\nYou are Qwen")
+    assert clone.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    ).startswith("<|im_start|>system\nYou are Qwen")
     bare = set_chat_template(tok, "chatml")
     bare.chat_template = None
     with pytest.raises(ValueError, match="has no chat template.*actor_rollout_ref.rollout.chat_template"):
@@ -175,12 +200,20 @@ def test_qwen_template_text(tok):
     q = shipped_template("qwen2.5")
     assert q.render_text(tok, [{"role": "user", "content": "{message}"}], True) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n")
-    conv = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "<tool_call>x</tool_call>"},
-            {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"},
-            {"role": "assistant", "content": "A", "finished": False}]
+        "<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    conv = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "<tool_call>x</tool_call>"},
+        {"role": "tool", "content": "r1"},
+        {"role": "tool", "content": "r2"},
+        {"role": "assistant", "content": "A", "finished": False},
+    ]
     text, spans = q.render(tok, conv, False)
-    assert "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>"
+        in text
+    )
     assert [text[s:e] for s, e in spans] == ["<tool_call>x</tool_call><|im_end|>", "A"]  # unfinished: no <|im_end|>
 
 
@@ -189,9 +222,14 @@ def test_smollm2_template_matches_family():
     smol = AutoTokenizer.from_pretrained(SMOLLM)
     tpl = load_chat_template(smol)
     assert tpl.name == "smollm2"
-    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-            {"role": "user", "content": "Bye"}]
-    assert tpl.render_text(smol, conv, True) == smol.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    conv = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]
+    assert tpl.render_text(smol, conv, True) == smol.apply_chat_template(
+        conv, tokenize=False, add_generation_prompt=True
+    )
     ids = tokenize_conversation(smol, tpl, conv[:2])
     assert smol.decode([t for t, m in zip(ids.ids, ids.mask) if m]) == "Hello!<|im_end|>"
 
@@ -201,39 +239,51 @@ def test_mask_token_by_token_with_engine_tokens(tok):
     tpl = load_chat_template(tok)
     eos = tok.eos_token_id
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
-    g1 = enc("\n") + enc("\n") + enc("ok") + [eos]          # non-canonical "\n\n" split: kept as sampled
-    g2 = enc("the answer")                                   # truncated, no EOS
+    g1 = enc("\n") + enc("\n") + enc("ok") + [eos]  # non-canonical "\n\n" split: kept as sampled
+    g2 = enc("the answer")  # truncated, no EOS
     p1 = enc("<|im_start|>user\nQ<|im_end|>\n" + HEADER)
     mid = enc("\n<|im_start|>tool\nR<|im_end|>\n" + HEADER)
-    records = {"a1": EngineTurn(p1, g1, [-1.0] * len(g1), "stop", "\n\nok", len(g1) - 1, visible="\n\nok"),
-               "a2": EngineTurn(p1 + g1 + mid, g2, [-2.0] * len(g2), "length", "the answer", len(g2),
-                                visible="the answer")}
-    conv = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "\n\nok", "record_id": "a1"},
-            {"role": "tool", "content": "R"}, {"role": "assistant", "content": "the answer", "record_id": "a2"}]
+    records = {
+        "a1": EngineTurn(p1, g1, [-1.0] * len(g1), "stop", "\n\nok", len(g1) - 1, visible="\n\nok"),
+        "a2": EngineTurn(p1 + g1 + mid, g2, [-2.0] * len(g2), "length", "the answer", len(g2), visible="the answer"),
+    }
+    conv = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "\n\nok", "record_id": "a1"},
+        {"role": "tool", "content": "R"},
+        {"role": "assistant", "content": "the answer", "record_id": "a2"},
+    ]
     out = tokenize_conversation(tok, tpl, conv, lookup=lambda m: records.get(m.get("record_id")))
     assert out.ids == p1 + g1 + mid + g2
     assert out.mask == [0] * len(p1) + [1] * len(g1) + [0] * len(mid) + [1] * len(g2)
     assert out.response_start == len(p1)
-    assert out.log_probs[len(p1):len(p1) + len(g1)] == [-1.0] * len(g1)
+    assert out.log_probs[len(p1) : len(p1) + len(g1)] == [-1.0] * len(g1)
     assert out.ids[-1] != eos and out.engine_turns == 2 and out.prompt_mismatches == 0 and out.retokenized_turns == 0
     # The tiny model's own template always closes assistant turns; the truncated turn still gets no <|im_end|>.
-    own = tokenize_conversation(tok, ChatTemplate("tiny-own", tok.chat_template), conv,
-                                lookup=lambda m: records.get(m.get("record_id")))
+    own = tokenize_conversation(
+        tok, ChatTemplate("tiny-own", tok.chat_template), conv, lookup=lambda m: records.get(m.get("record_id"))
+    )
     assert (own.ids, own.mask) == (out.ids, out.mask)
     # Without records: re-tokenised; with canonical text this equals transformers' own assistant mask.
-    plain = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "R"},
-             {"role": "assistant", "content": "fine"}]
+    plain = [
+        {"role": "user", "content": "Q"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "tool", "content": "R"},
+        {"role": "assistant", "content": "fine"},
+    ]
     ours = tokenize_conversation(tok, tpl, plain)
-    ref = tok.apply_chat_template(plain, chat_template=tpl.source, tokenize=True, return_dict=True,
-                                  return_assistant_tokens_mask=True)
+    ref = tok.apply_chat_template(
+        plain, chat_template=tpl.source, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     assert ours.ids == ref["input_ids"][:-1]  # the trailing "\n" after the last turn is dropped
     assert ours.mask == ref["assistant_masks"][:-1] and ours.retokenized_turns == 2
 
 
 # ----------------------------------------------------------------------------------------- proxy
 def test_sampling_translation():
-    params, want = sampling_from_openai({"temperature": 0, "max_tokens": 7, "stop": "</x>", "logprobs": True,
-                                         "user": "u"}, 99)
+    params, want = sampling_from_openai(
+        {"temperature": 0, "max_tokens": 7, "stop": "</x>", "logprobs": True, "user": "u"}, 99
+    )
     assert (params.is_greedy, params.max_tokens, params.stop, want, params.logprobs) == (True, 7, ["</x>"], True, True)
     assert sampling_from_openai({}, 99)[0].max_tokens == 99
     with pytest.raises(ValueError, match="frequency_penalty"):
@@ -251,8 +301,8 @@ def test_truncated_turn_real_engine(proxy, tok):
     assert conv[-1]["finished"] is False
     out = proxy.tokenize(conv)
     assert out.ids[: out.response_start] == c.prompt_token_ids
-    assert out.ids[out.response_start:] == choice.token_ids  # the sampled ids, no <|im_end|> added
-    assert out.mask[out.response_start:] == [1] * 4 and out.ids[-1] != tok.eos_token_id
+    assert out.ids[out.response_start :] == choice.token_ids  # the sampled ids, no <|im_end|> added
+    assert out.mask[out.response_start :] == [1] * 4 and out.ids[-1] != tok.eos_token_id
 
 
 class _SlowReplica(Replica):
@@ -269,12 +319,16 @@ def test_least_loaded_and_sticky_routing(tok):
     reps = [_SlowReplica("a"), _SlowReplica("b")]
     p = ChatCompletionProxy(reps, tok)
     try:
+
         async def burst():
-            await asyncio.gather(*[p.chat([{"role": "user", "content": "x"}], request_id=f"s{i}", max_tokens=2)
-                                   for i in range(6)])
+            await asyncio.gather(
+                *[p.chat([{"role": "user", "content": "x"}], request_id=f"s{i}", max_tokens=2) for i in range(6)]
+            )
             # second turn of every session: must land on the replica of its first turn
-            await asyncio.gather(*[p.chat([{"role": "user", "content": "y"}], request_id=f"s{i}", max_tokens=2)
-                                   for i in range(6)])
+            await asyncio.gather(
+                *[p.chat([{"role": "user", "content": "y"}], request_id=f"s{i}", max_tokens=2) for i in range(6)]
+            )
+
         p.run(burst())
         assert p.requests_per_replica == [6, 6]  # least-loaded: 3 sessions each, x 2 turns
         sessions = p._router.sessions
@@ -345,17 +399,23 @@ def test_openai_client_over_loopback_http(proxy):
 
     server = ChatServer(proxy).start()
     try:
+
         async def talk():
             client = openai.AsyncOpenAI(base_url=server.url, api_key="unused")
             models = await client.models.list()
             out = await client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=5, temperature=0,
-                extra_headers={"x-request-id": "http-session"})
+                model="tiny",
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=5,
+                temperature=0,
+                extra_headers={"x-request-id": "http-session"},
+            )
             errors = []
             for kwargs in ({"model": "nope"}, {"model": "tiny", "presence_penalty": 1.0}):
                 try:
-                    await client.chat.completions.create(messages=[{"role": "user", "content": "x"}], max_tokens=2,
-                                                         **kwargs)
+                    await client.chat.completions.create(
+                        messages=[{"role": "user", "content": "x"}], max_tokens=2, **kwargs
+                    )
                 except openai.APIStatusError as exc:
                     errors.append(exc.status_code)
             await client.close()
@@ -464,12 +524,25 @@ def test_tool_agent_multi_turn_masks(gsm8k_parquet, tok):
         tk = proxy.tokenize(conv)
         a1, a2, a3 = (proxy.record(conv[k]) for k in (2, 4, 6))
         end = tok.encode("<|im_end|>", add_special_tokens=False)
-        tool_piece = lambda c: tok.encode("\n<|im_start|>tool\n" + c + "<|im_end|>\n" + HEADER, add_special_tokens=False)  # noqa: E731
-        expected_resp = (a1.token_ids + end + tool_piece(conv[3]["content"]) + a2.token_ids + end
-                         + tool_piece(conv[5]["content"]) + a3.token_ids)
-        expected_mask = ([1] * (len(a1.token_ids) + 1) + [0] * len(tool_piece(conv[3]["content"]))
-                         + [1] * (len(a2.token_ids) + 1) + [0] * len(tool_piece(conv[5]["content"]))
-                         + [1] * len(a3.token_ids))
+        tool_piece = lambda c: tok.encode(
+            "\n<|im_start|>tool\n" + c + "<|im_end|>\n" + HEADER, add_special_tokens=False
+        )  # noqa: E731
+        expected_resp = (
+            a1.token_ids
+            + end
+            + tool_piece(conv[3]["content"])
+            + a2.token_ids
+            + end
+            + tool_piece(conv[5]["content"])
+            + a3.token_ids
+        )
+        expected_mask = (
+            [1] * (len(a1.token_ids) + 1)
+            + [0] * len(tool_piece(conv[3]["content"]))
+            + [1] * (len(a2.token_ids) + 1)
+            + [0] * len(tool_piece(conv[5]["content"]))
+            + [1] * len(a3.token_ids)
+        )
         s = tk.response_start
         assert tk.ids[:s] == eng.prompts[0] and tk.ids[s:] == expected_resp and tk.mask[s:] == expected_mask
         assert a3.token_ids[-1] == tok.eos_token_id and tk.prompt_mismatches == 0
@@ -542,8 +615,11 @@ def test_tool_parsing_never_raises():
     assert toolcall_extract("no call here") is None
     ok = toolcall_extract('x <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call> y')
     assert (ok.name, ok.args) == ("f", {"a": 1})
-    for text, reason in (("<tool_call>{bad</tool_call>", "invalid json"), ('<tool_call>{"arguments": {}}</tool_call>',
-                         "tool name not found"), ("<tool_call>[1, 2]</tool_call>", "invalid json")):
+    for text, reason in (
+        ("<tool_call>{bad</tool_call>", "invalid json"),
+        ('<tool_call>{"arguments": {}}</tool_call>', "tool name not found"),
+        ("<tool_call>[1, 2]</tool_call>", "invalid json"),
+    ):
         call = toolcall_extract(text)
         assert call.name == INVALID_TOOL and call.args["msg"].startswith(reason)
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
@@ -564,12 +640,25 @@ def test_tool_parsing_never_raises():
         return city
 
     schema = ToolSchema.from_function(lookup)
-    assert schema.parameters == {"type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string", "description": "where"}, "days": {"type": "integer", "description": "how many days"}}}
+    assert schema.parameters == {
+        "type": "object",
+        "required": ["city"],
+        "properties": {
+            "city": {"type": "string", "description": "where"},
+            "days": {"type": "integer", "description": "how many days"},
+        },
+    }
     assert "- `days` (integer, optional): how many days" in str(schema)
-    assert async_tool_gsm8k.calc_gsm8k_reward(toolcall_extract('<tool_call>{"name": "g"}</tool_call>'), "1") == "Unknown tool g"
-    assert async_tool_gsm8k.calc_gsm8k_reward(toolcall_extract('<tool_call>{"name": "calc_gsm8k_reward"}</tool_call>'),
-                                              "1") == "`answer` not found in parsed args"
+    assert (
+        async_tool_gsm8k.calc_gsm8k_reward(toolcall_extract('<tool_call>{"name": "g"}</tool_call>'), "1")
+        == "Unknown tool g"
+    )
+    assert (
+        async_tool_gsm8k.calc_gsm8k_reward(
+            toolcall_extract('<tool_call>{"name": "calc_gsm8k_reward"}</tool_call>'), "1"
+        )
+        == "`answer` not found in parsed args"
+    )
 
 
 def test_gsm8k_preprocess_schema(gsm8k_parquet):
@@ -583,25 +672,44 @@ def test_gsm8k_preprocess_schema(gsm8k_parquet):
 
 
 def test_agent_sampling_and_reductions(tok):
-    agent = _FlakyAgent(None, tok, None, {"temperature": 0.7, "top_p": 0.9, "val_kwargs": {"temperature": 0.3, "top_p": 0.5}})
+    agent = _FlakyAgent(
+        None, tok, None, {"temperature": 0.7, "top_p": 0.9, "val_kwargs": {"temperature": 0.3, "top_p": 0.5}}
+    )
     assert agent.sampling_params({}) == {"n": 1, "temperature": 0.7, "top_p": 0.9}
     assert agent.sampling_params({"do_sample": False})["temperature"] == 0.0
     assert agent.sampling_params({"validate": True}) == {"n": 1, "temperature": 0.3, "top_p": 0.5}
-    assert agent.sampling_params({"sampling": {"greedy": True, "top_k": 5, "seed": 3}}) == \
-        {"n": 1, "temperature": 0.0, "top_p": 1.0, "seed": 3}
-    assert AsyncRAgent.reduce_timings([{"mt_async_gen": 1.0, "mt_misc": 2.0}, {"mt_async_gen": 3.0, "mt_misc": 4.0}]) == \
-        {"mt_async_gen": 2.0, "mt_misc": 6.0}
+    assert agent.sampling_params({"sampling": {"greedy": True, "top_k": 5, "seed": 3}}) == {
+        "n": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 3,
+    }
+    assert AsyncRAgent.reduce_timings(
+        [{"mt_async_gen": 1.0, "mt_misc": 2.0}, {"mt_async_gen": 3.0, "mt_misc": 4.0}]
+    ) == {"mt_async_gen": 2.0, "mt_misc": 6.0}
     assert AsyncRAgent.reduce_metrics([{"k": 1}, {"k": 5}]) == {"k_mean": 3.0, "k_min": 1.0, "k_max": 5.0}
 
 
 def test_build_async_manager_from_config(tok, engine):
-    cfg = OmegaConf.create({
-        "actor_rollout_ref": {"model": {"path": "/models/org/tiny"},
-                              "rollout": {"mode": "async", "chat_scheduler": "recurrent.async_utils.ChatCompletionProxy",
-                                          "chat_template": None, "response_length": 16, "free_cache_engine": False,
-                                          "async_drop_failed_samples": True}},
-        "recurrent": {"enable": "tool_gsm8k", "tool_gsm8k": {"config": {"max_turn": 2, "max_generation_per_turn": 8}}},
-    })
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "model": {"path": "/models/org/tiny"},
+                "rollout": {
+                    "mode": "async",
+                    "chat_scheduler": "recurrent.async_utils.ChatCompletionProxy",
+                    "chat_template": None,
+                    "response_length": 16,
+                    "free_cache_engine": False,
+                    "async_drop_failed_samples": True,
+                },
+            },
+            "recurrent": {
+                "enable": "tool_gsm8k",
+                "tool_gsm8k": {"config": {"max_turn": 2, "max_generation_per_turn": 8}},
+            },
+        }
+    )
     manager = build_async_manager(cfg, tok, engine, async_tool_gsm8k.REGISTER)
     try:
         assert manager.proxy.model_name == "org/tiny" and manager.agent.config.max_turn == 2
@@ -660,14 +768,20 @@ def test_ray_worker_group_replicas(tok):
 
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        wg = RayWorkerGroup(ResourcePool([2], use_gpu=False, name_prefix="toyrollout"),
-                            RayClassWithInitArgs(_toy_rollout_worker_cls()))
+        wg = RayWorkerGroup(
+            ResourcePool([2], use_gpu=False, name_prefix="toyrollout"), RayClassWithInitArgs(_toy_rollout_worker_cls())
+        )
         p = ChatCompletionProxy(wg, tok)
         try:
+
             async def go():
                 await p.sleep()
-                done = await asyncio.gather(*[p.chat([{"role": "user", "content": f"x{i}"}], request_id=f"s{i}",
-                                                     max_tokens=2) for i in range(8)])
+                done = await asyncio.gather(
+                    *[
+                        p.chat([{"role": "user", "content": f"x{i}"}], request_id=f"s{i}", max_tokens=2)
+                        for i in range(8)
+                    ]
+                )
                 return [c.choices[0].token_ids for c in done]
 
             tokens = p.run(go())

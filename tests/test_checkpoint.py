@@ -32,8 +32,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def _writer(text: str = "payload"):
     """A write_fn that writes one file."""
+
     def write(tmp_dir: Path) -> None:
         (tmp_dir / "payload.txt").write_text(text)
+
     return write
 
 
@@ -215,7 +217,7 @@ def test_dataloader_resume_yields_the_uninterrupted_batches(num_workers):
     assert uninterrupted[0]["name"].__class__ is list  # default collate: strings become a list
     for epoch in range(3):  # each epoch is the seeded permutation, in batch order
         order = torch.randperm(13, generator=torch.Generator().manual_seed(5 + epoch)).tolist()[:12]
-        assert sum(_as_lists(uninterrupted[4 * epoch:4 * epoch + 4]), []) == order
+        assert sum(_as_lists(uninterrupted[4 * epoch : 4 * epoch + 4]), []) == order
 
     first = make()
     it = iter(first)
@@ -284,8 +286,15 @@ def single_process_run(tiny_model_path, tmp_path_factory):
     CheckpointManager(root, max_ckpt_to_keep=3, fsync=False).save(2, write)
     draws = _random_draws()  # step 3's data comes from the RNG right after the save
     loss3 = _train_step(model, optimizer, scheduler, draws[0])
-    return {"root": root, "losses": losses, "saved_params": saved_params, "draws": draws, "loss3": loss3,
-            "params3": {k: v.clone() for k, v in model.state_dict().items()}, "lr3": scheduler.get_last_lr()}
+    return {
+        "root": root,
+        "losses": losses,
+        "saved_params": saved_params,
+        "draws": draws,
+        "loss3": loss3,
+        "params3": {k: v.clone() for k, v in model.state_dict().items()},
+        "lr3": scheduler.get_last_lr(),
+    }
 
 
 def test_single_process_model_optimizer_scheduler_rng_round_trip(single_process_run, tiny_model_path):
@@ -294,8 +303,11 @@ def test_single_process_model_optimizer_scheduler_rng_round_trip(single_process_
     assert ckpt == run["root"] / "global_step_2"
     actor = ckpt / "actor"
     assert {"model", "optim", "huggingface", "lr_scheduler.pt", "rng_rank0.pt", "checkpoint_meta.json"} <= {
-        p.name for p in actor.iterdir()}
-    assert {"config.json", "tokenizer.json", "generation_config.json"} <= {p.name for p in (actor / "huggingface").iterdir()}
+        p.name for p in actor.iterdir()
+    }
+    assert {"config.json", "tokenizer.json", "generation_config.json"} <= {
+        p.name for p in (actor / "huggingface").iterdir()
+    }
 
     torch.manual_seed(123)  # a fresh process has other RNG states and other initial weights
     random.seed(123)
@@ -360,11 +372,11 @@ def _fsdp2_worker(rank: int, world_size: int, init_file: str, model_path: str, o
     for _ in range(2):
         _train_step(model, optimizer, scheduler, torch.randint(0, 500, (2, 12)))
     actor = out / "global_step_2" / "actor"
-    save_model_shards(actor, model, optimizer, scheduler, rank=rank, world_size=world_size,
-                      hf_source_path=model_path)
+    save_model_shards(actor, model, optimizer, scheduler, rank=rank, world_size=world_size, hf_source_path=model_path)
     full_saved = get_full_state_dict(model)
-    full_optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                                     cpu_offload=True))
+    full_optim = get_optimizer_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     batch = torch.randint(0, 500, (2, 12))
     loss_a = _train_step(model, optimizer, scheduler, batch)
     full_a = get_full_state_dict(model)
@@ -429,7 +441,8 @@ def _check_merged(target: Path, reference_state: dict, tiny_model_path: Path) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= {
-        p.name for p in target.iterdir()}
+        p.name for p in target.iterdir()
+    }
     assert any(p.suffix == ".safetensors" for p in target.iterdir())
     merged = AutoModelForCausalLM.from_pretrained(str(target))
     reference = AutoModelForCausalLM.from_pretrained(str(tiny_model_path), dtype=torch.float32)
@@ -449,8 +462,17 @@ def test_merger_exports_the_fsdp2_checkpoint(fsdp2_run, tiny_model_path, tmp_pat
     from scripts.model_merger import main
 
     target = tmp_path / "hf"
-    rc = main(["merge", "--backend", "fsdp", "--local_dir", str(fsdp2_run / "global_step_2" / "actor"),
-               "--target_dir", str(target)])
+    rc = main(
+        [
+            "merge",
+            "--backend",
+            "fsdp",
+            "--local_dir",
+            str(fsdp2_run / "global_step_2" / "actor"),
+            "--target_dir",
+            str(target),
+        ]
+    )
     assert rc == 0
     saved = torch.load(fsdp2_run / "result_rank0.pt", weights_only=False)
     _check_merged(target, saved["full_saved"], tiny_model_path)
@@ -466,8 +488,19 @@ def test_merger_on_a_single_process_checkpoint(single_process_run, tiny_model_pa
     from transformers import AutoModelForCausalLM
 
     bf16_target = tmp_path / "hf_bf16"
-    assert main(["--local_dir", str(single_process_run["root"] / "global_step_2" / "actor"),
-                 "--target_dir", str(bf16_target), "--dtype", "bfloat16"]) == 0
+    assert (
+        main(
+            [
+                "--local_dir",
+                str(single_process_run["root"] / "global_step_2" / "actor"),
+                "--target_dir",
+                str(bf16_target),
+                "--dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
     merged = AutoModelForCausalLM.from_pretrained(str(bf16_target))
     assert merged.dtype == torch.bfloat16
     for name, value in merged.state_dict().items():
@@ -475,8 +508,13 @@ def test_merger_on_a_single_process_checkpoint(single_process_run, tiny_model_pa
 
 
 def test_merger_script_entry_point_runs():
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "model_merger.py"), "--help"],
-                          capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "model_merger.py"), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO_ROOT),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--local_dir" in proc.stdout and "--target_dir" in proc.stdout
 

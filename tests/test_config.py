@@ -179,40 +179,68 @@ COMMON_ALL = {
 }
 EXPECTED = {
     "run_memory_7B.sh": {
-        **COMMON_ALL, **COMMON_MEMORY,
-        "data.train_batch_size": 128, "actor_rollout_ref.actor.train_batch_size": 128,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
-        "actor_rollout_ref.actor.fsdp_config.fsdp_size": 8, "trainer.nnodes": 4, "trainer.n_gpus_per_node": 8,
-        "trainer.experiment_name": "memory_agent/7B", "actor_rollout_ref.rollout.top_p": 1.0,
-        "actor_rollout_ref.rollout.mode": "sync", "algorithm.kl_ctrl.kl_coef": 0.001,
+        **COMMON_ALL,
+        **COMMON_MEMORY,
+        "data.train_batch_size": 128,
+        "actor_rollout_ref.actor.train_batch_size": 128,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size": 8,
+        "trainer.nnodes": 4,
+        "trainer.n_gpus_per_node": 8,
+        "trainer.experiment_name": "memory_agent/7B",
+        "actor_rollout_ref.rollout.top_p": 1.0,
+        "actor_rollout_ref.rollout.mode": "sync",
+        "algorithm.kl_ctrl.kl_coef": 0.001,
     },
     "run_memory_14B.sh": {
-        **COMMON_ALL, **COMMON_MEMORY,
-        "data.train_batch_size": 256, "actor_rollout_ref.actor.train_batch_size": 256,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 16, "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-        "actor_rollout_ref.actor.fsdp_config.fsdp_size": 16, "trainer.nnodes": 16, "trainer.n_gpus_per_node": 8,
-        "trainer.experiment_name": "memory_agent/14B", "actor_rollout_ref.rollout.top_p": 1.0,
-        "actor_rollout_ref.rollout.mode": "sync", "algorithm.kl_ctrl.kl_coef": 0.001,
+        **COMMON_ALL,
+        **COMMON_MEMORY,
+        "data.train_batch_size": 256,
+        "actor_rollout_ref.actor.train_batch_size": 256,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size": 16,
+        "trainer.nnodes": 16,
+        "trainer.n_gpus_per_node": 8,
+        "trainer.experiment_name": "memory_agent/14B",
+        "actor_rollout_ref.rollout.top_p": 1.0,
+        "actor_rollout_ref.rollout.mode": "sync",
+        "algorithm.kl_ctrl.kl_coef": 0.001,
     },
     "run_memory_7B_async.sh": {
-        **COMMON_ALL, **COMMON_MEMORY,
-        "data.train_batch_size": 128, "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1, "trainer.nnodes": 4,
-        "trainer.experiment_name": "memory_agent/7B_async", "actor_rollout_ref.rollout.top_p": 1,
+        **COMMON_ALL,
+        **COMMON_MEMORY,
+        "data.train_batch_size": 128,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,
+        "trainer.nnodes": 4,
+        "trainer.experiment_name": "memory_agent/7B_async",
+        "actor_rollout_ref.rollout.top_p": 1,
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.chat_scheduler": "recurrent.async_utils.ChatCompletionProxy",
         "algorithm.kl_ctrl.kl_coef": 0.001,
     },
     "run_tool_gsm8k_async.sh": {
         **COMMON_ALL,
-        "recurrent.enable": "tool_gsm8k", "recurrent.tool_gsm8k.config.max_turn": 5,
+        "recurrent.enable": "tool_gsm8k",
+        "recurrent.tool_gsm8k.config.max_turn": 5,
         "recurrent.tool_gsm8k.config.max_generation_per_turn": 256,
-        "data.truncation": "left", "data.return_raw_chat": True, "data.max_prompt_length": 1024,
-        "data.max_response_length": 2048, "data.train_batch_size": 256,
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 8, "actor_rollout_ref.rollout.temperature": 0.7,
-        "actor_rollout_ref.rollout.val_kwargs.temperature": 0.7, "actor_rollout_ref.rollout.val_kwargs.top_p": 0.7,
-        "actor_rollout_ref.rollout.mode": "async", "algorithm.kl_ctrl.kl_coef": 0.0, "trainer.nnodes": 1,
-        "trainer.experiment_name": "tool/gsm8k", "trainer.val_before_train": False, "trainer.test_freq": 20,
+        "data.truncation": "left",
+        "data.return_raw_chat": True,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 2048,
+        "data.train_batch_size": 256,
+        "actor_rollout_ref.actor.ppo_mini_batch_size": 8,
+        "actor_rollout_ref.rollout.temperature": 0.7,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": 0.7,
+        "actor_rollout_ref.rollout.val_kwargs.top_p": 0.7,
+        "actor_rollout_ref.rollout.mode": "async",
+        "algorithm.kl_ctrl.kl_coef": 0.0,
+        "trainer.nnodes": 1,
+        "trainer.experiment_name": "tool/gsm8k",
+        "trainer.val_before_train": False,
+        "trainer.test_freq": 20,
         "trainer.save_freq": 20,
     },
 }
@@ -268,7 +296,9 @@ def test_async_script_repeats_kl_coef_and_omits_top_p(tmp_root: Path) -> None:
 
 
 def test_extra_args_are_appended_last_and_win(tmp_root: Path, overrides_7b: list[str]) -> None:
-    overrides = script_overrides("run_memory_7B.sh", tmp_root, "trainer.total_epochs=1", "actor_rollout_ref.rollout.n=2")
+    overrides = script_overrides(
+        "run_memory_7B.sh", tmp_root, "trainer.total_epochs=1", "actor_rollout_ref.rollout.n=2"
+    )
     assert overrides[: len(overrides_7b)] == overrides_7b
     assert overrides[-2:] == ["trainer.total_epochs=1", "actor_rollout_ref.rollout.n=2"]
     cfg = compose_config(overrides)
@@ -371,12 +401,19 @@ def test_unknown_key_is_rejected_by_hydra() -> None:
 
 def test_small_cpu_config_validates() -> None:
     """The shape of a CPU smoke run: hf engine, fixed micro-batches, 1 worker."""
-    cfg = compose_config([
-        "actor_rollout_ref.rollout.name=hf", "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2", "algorithm.adv_estimator=grpo",
-        "trainer.n_gpus_per_node=1", "trainer.device=cpu", "trainer.logger=[console,jsonl]",
-    ])
+    cfg = compose_config(
+        [
+            "actor_rollout_ref.rollout.name=hf",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "algorithm.adv_estimator=grpo",
+            "trainer.n_gpus_per_node=1",
+            "trainer.device=cpu",
+            "trainer.logger=[console,jsonl]",
+        ]
+    )
     validate_config(cfg)
 
 
@@ -385,12 +422,17 @@ def test_small_cpu_config_validates() -> None:
 # --------------------------------------------------------------------------------------------------
 
 BAD_OVERRIDES = [
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=10"],
-     ["data.train_batch_size must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size (got 128 and 10)"]),
+    (
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=10"],
+        ["data.train_batch_size must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size (got 128 and 10)"],
+    ),
     (["algorithm.adv_estimator=ppo_magic"], ["algorithm.adv_estimator", "ppo_magic", "gae", "grpo", "rloo"]),
     (["actor_rollout_ref.rollout.name=sglang"], ["actor_rollout_ref.rollout.name must be one of [vllm, hf]", "sglang"]),
     (["actor_rollout_ref.rollout.mode=batch"], ["actor_rollout_ref.rollout.mode", "sync, async"]),
-    (["trainer.logger=[console,mlflow]"], ["trainer.logger entries must be in [console, wandb, tensorboard, jsonl]", "mlflow"]),
+    (
+        ["trainer.logger=[console,mlflow]"],
+        ["trainer.logger entries must be in [console, wandb, tensorboard, jsonl]", "mlflow"],
+    ),
     (["data.max_response_length=-5"], ["data.max_response_length must be an integer >= 1 (got -5)"]),
     (["recurrent.memory.config.chunk_size=0"], ["recurrent.memory.config.chunk_size must be an integer >= 1 (got 0)"]),
     (["data.truncation=left"], ["data.truncation must be center when recurrent.enable=memory (got 'left')"]),
@@ -401,19 +443,32 @@ BAD_OVERRIDES = [
     (["trainer.device=tpu"], ["trainer.device must be one of [cpu, cuda, null] (got 'tpu')"]),
     (["trainer.resume_mode=latest"], ["trainer.resume_mode must be one of [auto, disable, resume_path]"]),
     (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path must be set"]),
-    (["recurrent.enable=nope"], ["recurrent.enable='nope' but there is no sub-config recurrent.nope",
-                                 "memory, tool_gsm8k, trival"]),
+    (
+        ["recurrent.enable=nope"],
+        ["recurrent.enable='nope' but there is no sub-config recurrent.nope", "memory, tool_gsm8k, trival"],
+    ),
     (["recurrent.enable=True"], ["recurrent.enable must be the NAME of a workflow sub-config"]),
-    (["recurrent.enable=tool_gsm8k", "data.truncation=left"],
-     ["recurrent.tool_gsm8k.path must be set", "actor_rollout_ref.rollout.mode=async"]),
+    (
+        ["recurrent.enable=tool_gsm8k", "data.truncation=left"],
+        ["recurrent.tool_gsm8k.path must be set", "actor_rollout_ref.rollout.mode=async"],
+    ),
     (["algorithm.grpo_use_adv=maybe"], ["algorithm.grpo_use_adv must be True, False or null"]),
-    (["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-      "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True"],
-     ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be set (integer >= 1) when "
-      "actor_rollout_ref.actor.use_dynamic_bsz is False"]),
+    (
+        [
+            "actor_rollout_ref.actor.use_dynamic_bsz=False",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        ],
+        [
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be set (integer >= 1) when "
+            "actor_rollout_ref.actor.use_dynamic_bsz is False"
+        ],
+    ),
     (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], ["ulysses_sequence_parallel_size must be 1"]),
-    (["actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
-     ["actor_rollout_ref.rollout.tensor_model_parallel_size (3) must divide"]),
+    (
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
+        ["actor_rollout_ref.rollout.tensor_model_parallel_size (3) must divide"],
+    ),
     (["actor_rollout_ref.rollout.top_p=0"], ["actor_rollout_ref.rollout.top_p must be in (0, 1] (got 0)"]),
     (["actor_rollout_ref.rollout.n=0"], ["actor_rollout_ref.rollout.n must be an integer >= 1 (got 0)"]),
     (["actor_rollout_ref.actor.loss_agg_mode=sum"], ["actor_rollout_ref.actor.loss_agg_mode", "token-mean"]),
@@ -422,12 +477,23 @@ BAD_OVERRIDES = [
     (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=1"], ["in recurrent mode"]),
     (["reward_model.reward_manager=prime"], ["reward_model.reward_manager must be one of [naive, thread]"]),
     (["trainer.save_freq=0"], ["trainer.save_freq must be an integer >= 1 or -1 (got 0)"]),
-    (["actor_rollout_ref.rollout.cudagraph_max_tokens=0"],
-     ["actor_rollout_ref.rollout.cudagraph_max_tokens must be an integer >= 1"]),
-    (["actor_rollout_ref.rollout.cudagraph_max_tokens=1000000"],
-     ["actor_rollout_ref.rollout.cudagraph_max_tokens (1000000) must be <= actor_rollout_ref.rollout.max_num_batched_tokens"]),
-    (["actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.max_num_batched_tokens=4096"],
-     ["actor_rollout_ref.rollout.max_num_batched_tokens (4096) must be >= the max model length (9216)"]),
+    (
+        ["actor_rollout_ref.rollout.cudagraph_max_tokens=0"],
+        ["actor_rollout_ref.rollout.cudagraph_max_tokens must be an integer >= 1"],
+    ),
+    (
+        ["actor_rollout_ref.rollout.cudagraph_max_tokens=1000000"],
+        [
+            "actor_rollout_ref.rollout.cudagraph_max_tokens (1000000) must be <= actor_rollout_ref.rollout.max_num_batched_tokens"
+        ],
+    ),
+    (
+        [
+            "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+            "actor_rollout_ref.rollout.max_num_batched_tokens=4096",
+        ],
+        ["actor_rollout_ref.rollout.max_num_batched_tokens (4096) must be >= the max model length (9216)"],
+    ),
 ]
 
 
@@ -461,8 +527,10 @@ def test_validate_accepts_a_plain_dict(overrides_7b: list[str]) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("grpo_use_adv, norm_before, expected", [
-    ("null", True, True), ("null", False, False), ("True", False, True), ("False", True, False)])
+@pytest.mark.parametrize(
+    "grpo_use_adv, norm_before, expected",
+    [("null", True, True), ("null", False, False), ("True", False, True), ("False", True, False)],
+)
 def test_resolve_grpo_use_adv(grpo_use_adv: str, norm_before: bool, expected: bool) -> None:
     cfg = compose_config([f"algorithm.grpo_use_adv={grpo_use_adv}", f"algorithm.norm_adv_by_std_in_grpo={norm_before}"])
     assert resolve_grpo_use_adv(cfg) is expected
@@ -489,11 +557,15 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
 
     defaults = compose_config([]).actor_rollout_ref.rollout
     assert vllm_extra_options(defaults) == {}
-    rc = {"cudagraph_max_tokens": 4096, "engine_kwargs": {"swap_space": 4, "kv_cache_memory_bytes": 2**30,
-                                                          "async_scheduling": None}}
+    rc = {
+        "cudagraph_max_tokens": 4096,
+        "engine_kwargs": {"swap_space": 4, "kv_cache_memory_bytes": 2**30, "async_scheduling": None},
+    }
     with caplog.at_level("WARNING"):
-        assert vllm_extra_options(rc) == {"cudagraph_max_tokens": 4096,
-                                          "engine_kwargs": {"kv_cache_memory_bytes": 2**30}}
+        assert vllm_extra_options(rc) == {
+            "cudagraph_max_tokens": 4096,
+            "engine_kwargs": {"kv_cache_memory_bytes": 2**30},
+        }
     assert "swap_space is ignored" in caplog.text
 
 
@@ -505,8 +577,13 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
 
     seen: dict = {}
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
-    cfg = compose_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.cudagraph_max_tokens=4096",
-                          "+actor_rollout_ref.rollout.engine_kwargs.max_logprobs=7"])
+    cfg = compose_config(
+        [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.cudagraph_max_tokens=4096",
+            "+actor_rollout_ref.rollout.engine_kwargs.max_logprobs=7",
+        ]
+    )
     worker = object.__new__(ActorRolloutRefWorker)
     worker.config, worker.model_path, worker.device_name = cfg.actor_rollout_ref, "/m", "cuda"
     worker._init_rollout()

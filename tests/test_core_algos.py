@@ -433,10 +433,10 @@ def test_token_mean_with_global_count_is_split_invariant(split, naive_mean_of_me
     masks = torch.split(MB_MASK, split)
     global_count = sum(local_loss_normalizer(m, "token-mean") for m in masks)
     assert global_count.item() == 10
-    summed = sum(agg_loss(l, m, "token-mean", global_token_count=global_count) for l, m in zip(losses, masks))
+    summed = sum(agg_loss(loss, m, "token-mean", global_token_count=global_count) for loss, m in zip(losses, masks))
     close(summed, full, atol=1e-6)
     # without the global count, averaging micro-batch means is NOT the token mean
-    naive = sum(agg_loss(l, m, "token-mean") for l, m in zip(losses, masks)) / len(split)
+    naive = sum(agg_loss(loss, m, "token-mean") for loss, m in zip(losses, masks)) / len(split)
     close(naive, naive_mean_of_means, atol=1e-5)
     assert abs(naive.item() - full.item()) > 0.2
 
@@ -448,7 +448,7 @@ def test_seq_modes_with_global_count_are_split_invariant(mode):
     global_seqs = sum(local_loss_normalizer(m, mode) for m in masks)
     assert global_seqs.item() == 4
     summed = sum(
-        agg_loss(l, m, mode, global_seq_count=global_seqs) for l, m in zip(torch.split(MB_LOSS, [1, 3]), masks)
+        agg_loss(loss, m, mode, global_seq_count=global_seqs) for loss, m in zip(torch.split(MB_LOSS, [1, 3]), masks)
     )
     close(summed, full, atol=1e-6)
 
@@ -462,9 +462,12 @@ def test_policy_loss_gradient_is_split_invariant():
     (full_grad,) = torch.autograd.grad(full_loss, new)
     micro_total = 0.0
     for rows in ([0], [1, 2, 3]):
-        micro_total = micro_total + compute_policy_loss(
-            old[rows], new[rows], adv[rows], MB_MASK[rows], cliprange=0.2, global_token_count=10
-        )[0]
+        micro_total = (
+            micro_total
+            + compute_policy_loss(old[rows], new[rows], adv[rows], MB_MASK[rows], cliprange=0.2, global_token_count=10)[
+                0
+            ]
+        )
     (micro_grad,) = torch.autograd.grad(micro_total, new)
     close(micro_total, full_loss)
     close(micro_grad, full_grad)

@@ -55,10 +55,14 @@ def value_model(tiny_model_path):
 def make_batch(num_rows: int = 5, seed: int = 0) -> DataProto:
     """Random prompts (3-9 tokens, left-padded) and responses (2-8 tokens, right-padded)."""
     gen = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(10, 2000, (int(torch.randint(3, 10, (1,), generator=gen)),), generator=gen).tolist()
-               for _ in range(num_rows)]
-    responses = [torch.randint(10, 2000, (int(torch.randint(2, 9, (1,), generator=gen)),), generator=gen).tolist()
-                 for _ in range(num_rows)]
+    prompts = [
+        torch.randint(10, 2000, (int(torch.randint(3, 10, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(num_rows)
+    ]
+    responses = [
+        torch.randint(10, 2000, (int(torch.randint(2, 9, (1,), generator=gen)),), generator=gen).tolist()
+        for _ in range(num_rows)
+    ]
     return DataProto.from_dict(tensors=build_conversation_batch(prompts, responses, pad_id=0))
 
 
@@ -72,8 +76,14 @@ def plain_values(model, data: DataProto) -> torch.Tensor:
 
 
 def critic_config(**overrides) -> dict:
-    config = dict(ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=2, cliprange_value=CLIP, grad_clip=1.0,
-                  loss_agg_mode="token-mean", ppo_epochs=1)
+    config = dict(
+        ppo_mini_batch_size=1,
+        ppo_micro_batch_size_per_gpu=2,
+        cliprange_value=CLIP,
+        grad_clip=1.0,
+        loss_agg_mode="token-mean",
+        ppo_epochs=1,
+    )
     config.update(overrides)
     return config
 
@@ -111,9 +121,14 @@ def hand_value_loss(vpreds, returns, values, mask, total_tokens) -> torch.Tensor
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("options", [
-    {}, {"use_remove_padding": True}, {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 20},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"use_remove_padding": True},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 20},
+    ],
+)
 def test_compute_values_equals_plain_forward(value_model, options):
     data = make_batch(5, seed=3)
     critic = DataParallelPPOCritic(critic_config(forward_micro_batch_size_per_gpu=2, **options), value_model)
@@ -151,17 +166,22 @@ def test_update_critic_matches_hand_computed_loss_and_lowers_the_error(value_mod
     assert metrics["critic/num_mini_batches"] == 2 and math.isfinite(metrics["critic/grad_norm"])
 
     after = plain_values(model, data)
+
     def mse(v):
         return float((((v - b["returns"]) ** 2) * mask).sum() / mask.sum())
+
     assert mse(after) < mse(before)
 
 
-@pytest.mark.parametrize("options", [
-    {"ppo_micro_batch_size_per_gpu": 1},
-    {"ppo_micro_batch_size_per_gpu": 3},
-    {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 14},
-    {"ppo_micro_batch_size_per_gpu": 1, "use_remove_padding": True},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"ppo_micro_batch_size_per_gpu": 1},
+        {"ppo_micro_batch_size_per_gpu": 3},
+        {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 14},
+        {"ppo_micro_batch_size_per_gpu": 1, "use_remove_padding": True},
+    ],
+)
 def test_update_is_invariant_to_the_micro_batch_split(value_model, options):
     data = make_update_data(value_model)
 
@@ -187,9 +207,15 @@ def test_update_is_invariant_to_the_micro_batch_split(value_model, options):
 
 
 def _prompts(tmp: Path, n: int, name: str) -> str:
-    rows = [{"data_source": "toy", "prompt": [{"role": "user", "content": f"Say a word about the number {i}."}],
-             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"index": i}}
-            for i in range(n)]
+    rows = [
+        {
+            "data_source": "toy",
+            "prompt": [{"role": "user", "content": f"Say a word about the number {i}."}],
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
     path = tmp / f"{name}.parquet"
     pd.DataFrame(rows).to_parquet(path)
     return str(path)
@@ -197,19 +223,38 @@ def _prompts(tmp: Path, n: int, name: str) -> str:
 
 def _cfg(tmp: Path, model: Path, out: str, steps: int, estimator: str, extra=()):
     overrides = [
-        f"data.train_files={_prompts(tmp, 4, 'train')}", f"data.val_files={_prompts(tmp, 2, 'val')}",
-        "data.train_batch_size=2", "data.max_prompt_length=64", "data.max_response_length=12",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.seed=7",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        f"critic.model.path={model}", "critic.model.enable_gradient_checkpointing=False",
-        "critic.ppo_micro_batch_size_per_gpu=2", "critic.optim.lr=1e-3",
-        f"algorithm.adv_estimator={estimator}", "recurrent.enable=null",
-        "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=-1",
-        "trainer.val_before_train=False", "trainer.logger=[console]", f"trainer.default_local_dir={out}",
-        "trainer.progress_bar=False", f"custom_reward_function.path={PARITY_REWARD}", *extra,
+        f"data.train_files={_prompts(tmp, 4, 'train')}",
+        f"data.val_files={_prompts(tmp, 2, 'val')}",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=64",
+        "data.max_response_length=12",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.seed=7",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        f"critic.model.path={model}",
+        "critic.model.enable_gradient_checkpointing=False",
+        "critic.ppo_micro_batch_size_per_gpu=2",
+        "critic.optim.lr=1e-3",
+        f"algorithm.adv_estimator={estimator}",
+        "recurrent.enable=null",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={out}",
+        "trainer.progress_bar=False",
+        f"custom_reward_function.path={PARITY_REWARD}",
+        *extra,
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -228,8 +273,11 @@ def gae_runs(tiny_model_path, tmp_path_factory, ray_cluster):
     first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2, "gae", extra=["trainer.val_before_train=True"]))
     resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3, "gae"))
     # actor and critic groups share one Ray pool (max_colocate_count=2); FSDP2 over gloo in each group
-    two_ranks = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 1, "gae",
-                                  extra=["trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]))
+    two_ranks = main_ppo.run(
+        _cfg(
+            tmp, tiny_model_path, str(tmp / "b"), 1, "gae", extra=["trainer.n_gpus_per_node=2", "trainer.save_freq=-1"]
+        )
+    )
     return {"first": first, "resumed": resumed, "two_ranks": two_ranks, "tmp": tmp}
 
 
@@ -242,8 +290,16 @@ def test_single_turn_ppo_with_gae_trains_the_critic(gae_runs, tiny_model_path):
     assert sorted(steps) == [1, 2]
     for h in steps.values():
         _finite_floats(h)
-        for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "critic/vf_explained_var",
-                    "actor/pg_loss", "actor/grad_norm", "critic/advantages/mean", "timing_s/update_critic"):
+        for key in (
+            "critic/vf_loss",
+            "critic/vf_clipfrac",
+            "critic/values/mean",
+            "critic/vf_explained_var",
+            "actor/pg_loss",
+            "actor/grad_norm",
+            "critic/advantages/mean",
+            "timing_s/update_critic",
+        ):
             assert key in h, key
         assert h["critic/vf_loss"] > 0 and h["critic/grad_norm"] > 0
         # train_batch_size 2 / ppo_mini_batch_size 1: two optimizer steps each
@@ -279,15 +335,31 @@ def test_two_ray_ranks_match_one_process(gae_runs):
 
 
 def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path, ray_cluster):
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "w"), 1, "gae",
-                             extra=["trainer.critic_warmup=1", "trainer.save_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "w"),
+            1,
+            "gae",
+            extra=["trainer.critic_warmup=1", "trainer.save_freq=-1"],
+        )
+    )
     h = {x["step"]: x for x in hist}[1]
     assert "critic/vf_loss" in h and "actor/pg_loss" not in h and "timing_s/update_actor" not in h
 
 
 def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster):
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "grpo"), 1, "grpo",
-                             extra=["critic.model.path=/nonexistent", "trainer.save_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "grpo"),
+            1,
+            "grpo",
+            extra=["critic.model.path=/nonexistent", "trainer.save_freq=-1"],
+        )
+    )
     h = {x["step"]: x for x in hist}[1]
     _finite_floats(h)
     assert "actor/pg_loss" in h and "critic/vf_loss" not in h and "critic/values/mean" not in h
@@ -296,11 +368,25 @@ def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster)
 
 def test_rloo_with_kl_in_reward(tiny_model_path, tmp_path, ray_cluster):
     """Rewards = score - beta * KL(actor || ref) per token: 0 at step 1 (same weights), > 0 once the actor moved."""
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "kl"), 2, "rloo", extra=[
-        "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=low_var_kl", "algorithm.kl_ctrl.kl_coef=0.1",
-        "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        "trainer.save_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "kl"),
+            2,
+            "rloo",
+            extra=[
+                "algorithm.use_kl_in_reward=True",
+                "algorithm.kl_penalty=low_var_kl",
+                "algorithm.kl_ctrl.kl_coef=0.1",
+                "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.actor.kl_loss_coef=0",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+                "trainer.save_freq=-1",
+            ],
+        )
+    )
     steps = {h["step"]: h for h in hist}
     assert steps[1]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)
     assert steps[1]["critic/rewards/mean"] == pytest.approx(steps[1]["critic/score/mean"], abs=1e-6)
@@ -314,15 +400,24 @@ def test_unsupported_settings_are_refused_with_clear_messages(tiny_model_path, t
     cfg = _cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "remax")
     tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 1})()
     with pytest.raises(NotImplementedError, match="remax"):
-        SingleTurnPPOTrainer(cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None,
-                             val_reward_fn=None)
+        SingleTurnPPOTrainer(
+            cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None, val_reward_fn=None
+        )
     cfg = _cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "grpo", extra=["algorithm.use_kl_in_reward=True"])
     with pytest.raises(ValueError, match="use_kl_loss"):
-        SingleTurnPPOTrainer(cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None,
-                             val_reward_fn=None)
+        SingleTurnPPOTrainer(
+            cfg, tok, worker_group=None, train_dataset=None, val_dataset=None, reward_fn=None, val_reward_fn=None
+        )
     with pytest.raises(ValueError, match="critic"):
-        SingleTurnPPOTrainer(_cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "gae"), tok, worker_group=None,
-                             train_dataset=None, val_dataset=None, reward_fn=None, val_reward_fn=None)
+        SingleTurnPPOTrainer(
+            _cfg(tmp_path, tiny_model_path, str(tmp_path / "r"), 1, "gae"),
+            tok,
+            worker_group=None,
+            train_dataset=None,
+            val_dataset=None,
+            reward_fn=None,
+            val_reward_fn=None,
+        )
 
 
 @pytest.mark.gpu
@@ -330,9 +425,22 @@ def test_single_turn_gae_on_gpus(tiny_model_path, tmp_path, ray_cluster):
     """The same path on GPUs: actor and critic groups on one Ray pool (half a GPU each), FSDP2 over NCCL with
     bf16 compute, the HF engine on CUDA, packed rows; checkpoint of both groups at step 2."""
     ngpu = min(2, torch.cuda.device_count())
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "g"), 2, "gae", extra=[
-        "trainer.device=cuda", f"trainer.n_gpus_per_node={ngpu}", "actor_rollout_ref.model.use_remove_padding=True",
-        "critic.model.use_remove_padding=True", "critic.model.enable_gradient_checkpointing=True"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "g"),
+            2,
+            "gae",
+            extra=[
+                "trainer.device=cuda",
+                f"trainer.n_gpus_per_node={ngpu}",
+                "actor_rollout_ref.model.use_remove_padding=True",
+                "critic.model.use_remove_padding=True",
+                "critic.model.enable_gradient_checkpointing=True",
+            ],
+        )
+    )
     steps = {h["step"]: h for h in hist}
     assert set(steps) >= {1, 2}
     for h in steps.values():

@@ -53,8 +53,12 @@ def make_rollout(num_conv: int, seed: int) -> RolloutBatch:
     gen = torch.Generator().manual_seed(seed)
     prompts, responses = [], []
     for _ in range(num_conv):
-        prompts.append(torch.randint(10, 2000, (int(torch.randint(3, 11, (1,), generator=gen)),), generator=gen).tolist())
-        responses.append(torch.randint(10, 2000, (int(torch.randint(2, 13, (1,), generator=gen)),), generator=gen).tolist())
+        prompts.append(
+            torch.randint(10, 2000, (int(torch.randint(3, 11, (1,), generator=gen)),), generator=gen).tolist()
+        )
+        responses.append(
+            torch.randint(10, 2000, (int(torch.randint(2, 13, (1,), generator=gen)),), generator=gen).tolist()
+        )
     num_traj = (num_conv + 1) // 2
     sample_index = [c // 2 for c in range(num_conv)]
     final_mask = [c % 2 == 1 or c == num_conv - 1 for c in range(num_conv)]
@@ -83,9 +87,18 @@ def make_update_data(model, num_conv: int = 7, seed: int = 0) -> DataProto:
 
 def actor_config(**overrides) -> dict:
     config = dict(
-        ppo_mini_batch_size=1, train_batch_size=1, ppo_micro_batch_size_per_gpu=2, use_kl_loss=True,
-        kl_loss_coef=0.001, kl_loss_type="low_var_kl", clip_ratio=0.2, clip_ratio_c=3.0, grad_clip=1.0,
-        loss_agg_mode="token-mean", entropy_coeff=0.0, ppo_epochs=1,
+        ppo_mini_batch_size=1,
+        train_batch_size=1,
+        ppo_micro_batch_size_per_gpu=2,
+        use_kl_loss=True,
+        kl_loss_coef=0.001,
+        kl_loss_type="low_var_kl",
+        clip_ratio=0.2,
+        clip_ratio_c=3.0,
+        grad_clip=1.0,
+        loss_agg_mode="token-mean",
+        entropy_coeff=0.0,
+        ppo_epochs=1,
     )
     config.update(overrides)
     return config
@@ -99,8 +112,11 @@ class RecordingOptimizer(torch.optim.Optimizer):
         self.records: list[list[torch.Tensor]] = []
 
     def step(self, closure=None):
-        grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                 for group in self.param_groups for p in group["params"]]
+        grads = [
+            p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+            for group in self.param_groups
+            for p in group["params"]
+        ]
         self.records.append(grads)
 
 
@@ -108,8 +124,12 @@ def padded_reference_log_probs(model, data: DataProto) -> tuple[torch.Tensor, to
     """Plain padded forward: log-probs and entropies of every response position (no masking)."""
     b = data.batch
     with torch.no_grad():
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                       position_ids=b["position_ids"], use_cache=False).logits
+        logits = model(
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            position_ids=b["position_ids"],
+            use_cache=False,
+        ).logits
     logits = logits[:, -b["responses"].shape[1] - 1 : -1].float()
     log_probs = torch.log_softmax(logits, dim=-1)
     token_lp = log_probs.gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
@@ -170,8 +190,12 @@ def test_warmup_schedule_values():
 def test_compute_log_prob_matches_padded_forward(base_model, remove_padding, dynamic):
     data = make_update_data(base_model, num_conv=7, seed=3)
     data.meta_info["temperature"] = 1.0
-    config = actor_config(use_remove_padding=remove_padding, log_prob_micro_batch_size_per_gpu=3,
-                          log_prob_use_dynamic_bsz=dynamic, log_prob_max_token_len_per_gpu=30)
+    config = actor_config(
+        use_remove_padding=remove_padding,
+        log_prob_micro_batch_size_per_gpu=3,
+        log_prob_use_dynamic_bsz=dynamic,
+        log_prob_max_token_len_per_gpu=30,
+    )
     actor = DataParallelPPOActor(config, base_model)
     log_probs, entropys = actor.compute_log_prob(data, calculate_entropy=True)
     expected_lp, expected_ent = padded_reference_log_probs(base_model, data)
@@ -189,8 +213,9 @@ def test_compute_log_prob_temperature(base_model):
     log_probs, _ = actor.compute_log_prob(data)
     b = data.batch
     with torch.no_grad():
-        logits = base_model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                            position_ids=b["position_ids"]).logits[:, -b["responses"].shape[1] - 1 : -1]
+        logits = base_model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits[:, -b["responses"].shape[1] - 1 : -1]
     expected = torch.log_softmax(logits / 0.5, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1)
     mask = b["response_mask"].bool()
     torch.testing.assert_close(log_probs[mask], expected[mask], atol=1e-5, rtol=0)
@@ -225,8 +250,13 @@ def test_compute_log_prob_rows_without_tokens(base_model):
 
 def test_lora_and_gradient_checkpointing(tiny_model_path):
     pytest.importorskip("peft")
-    model = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa", gradient_checkpointing=True,
-                           lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    model = load_causal_lm(
+        tiny_model_path,
+        dtype="float32",
+        attn_implementation="sdpa",
+        gradient_checkpointing=True,
+        lora={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    )
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     data = make_update_data(model, num_conv=3, seed=13)
@@ -256,13 +286,25 @@ def test_update_matches_nano_reference(base_model):
     ref_model = copy.deepcopy(base_model)
     nano_model, actor_model = copy.deepcopy(base_model), copy.deepcopy(base_model)
     nano_opt = torch.optim.AdamW(nano_model.parameters(), lr=1e-3, weight_decay=0.01)
-    nano = nano_multiconv_grpo_step(nano_model, ref_model, rb, nano_opt, num_mini_batches=2,
-                                    pad_id=base_model.config.pad_token_id, max_grad_norm=1.0)
-    tensors = dict(nano["batch"], old_log_probs=nano["old_log_probs"], advantages=nano["token_advantages"],
-                   ref_log_prob=nano["ref_log_probs"])
+    nano = nano_multiconv_grpo_step(
+        nano_model,
+        ref_model,
+        rb,
+        nano_opt,
+        num_mini_batches=2,
+        pad_id=base_model.config.pad_token_id,
+        max_grad_norm=1.0,
+    )
+    tensors = dict(
+        nano["batch"],
+        old_log_probs=nano["old_log_probs"],
+        advantages=nano["token_advantages"],
+        ref_log_prob=nano["ref_log_probs"],
+    )
     data = DataProto.from_dict(tensors=tensors)
-    config = actor_config(train_batch_size=4, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3,
-                          use_remove_padding=True)
+    config = actor_config(
+        train_batch_size=4, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=3, use_remove_padding=True
+    )
     actor = DataParallelPPOActor(config, actor_model, build_optimizer(actor_model, lr=1e-3, weight_decay=0.01))
     metrics = actor.update_policy(data)
     assert metrics["actor/num_mini_batches"] == 2 and len(actor.mini_batch_metrics) == 2
@@ -339,8 +381,12 @@ def test_loss_weights_and_seq_mean_mode(base_model):
     for g1, g2 in zip(grads_1, grads_2):
         torch.testing.assert_close(g2, 2 * g1, atol=1e-6, rtol=0)
     # seq-mean-token-mean: also independent of micro-batching (global row count)
-    loss_a, grads_a, _ = _loss_and_grads(base_model, data, loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size_per_gpu=4)
-    loss_b, grads_b, _ = _loss_and_grads(base_model, data, loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size_per_gpu=1)
+    loss_a, grads_a, _ = _loss_and_grads(
+        base_model, data, loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size_per_gpu=4
+    )
+    loss_b, grads_b, _ = _loss_and_grads(
+        base_model, data, loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size_per_gpu=1
+    )
     assert loss_a == pytest.approx(loss_b, abs=1e-6) and loss_a != pytest.approx(loss_1, abs=1e-4)
     for ga, gb in zip(grads_a, grads_b):
         torch.testing.assert_close(ga, gb, atol=1e-6, rtol=0)
@@ -376,7 +422,9 @@ def test_non_finite_grad_norm_skips_step(base_model):
 def test_missing_key_is_named(base_model):
     data = make_update_data(base_model, num_conv=2, seed=9)
     data.batch = data.batch.exclude("ref_log_prob")
-    actor = DataParallelPPOActor(actor_config(), copy.deepcopy(base_model), torch.optim.SGD(base_model.parameters(), lr=0))
+    actor = DataParallelPPOActor(
+        actor_config(), copy.deepcopy(base_model), torch.optim.SGD(base_model.parameters(), lr=0)
+    )
     with pytest.raises(KeyError, match="ref_log_prob"):
         actor.update_policy(data)
     with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu"):
@@ -391,16 +439,29 @@ RANK_ROWS = ([0, 1, 2], [3, 4])  # uneven rows per rank
 # 3 mini-batches per rank: rank 0 -> {0}, {1}, {2}; rank 1 -> {3}, {4}, {} (a dummy pass)
 # -> global mini-batches {0, 3}, {1, 4}, {2}, i.e. one process with rows ordered [0, 3, 1, 4, 2].
 SINGLE_ORDER = [0, 3, 1, 4, 2]
-DIST_CONFIG = dict(train_batch_size=3, ppo_mini_batch_size=1, use_remove_padding=True, use_dynamic_bsz=True,
-                   ppo_max_token_len_per_gpu=16, log_prob_max_token_len_per_gpu=16)
+DIST_CONFIG = dict(
+    train_batch_size=3,
+    ppo_mini_batch_size=1,
+    use_remove_padding=True,
+    use_dynamic_bsz=True,
+    ppo_max_token_len_per_gpu=16,
+    log_prob_max_token_len_per_gpu=16,
+)
 
 
 def _two_rank_worker(rank: int, world_size: int, init_file: str, model_path: str, data_file: str, out_dir: str):
     import torch.distributed as dist
 
-    from verl.utils.fsdp_utils import (apply_fsdp2, get_full_state_dict, init_dp_mesh, is_fsdp2_module,
-                                       load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_model_to_cpu,
-                                       offload_fsdp_optimizer)
+    from verl.utils.fsdp_utils import (
+        apply_fsdp2,
+        get_full_state_dict,
+        init_dp_mesh,
+        is_fsdp2_module,
+        load_fsdp_model_to_gpu,
+        load_fsdp_optimizer,
+        offload_fsdp_model_to_cpu,
+        offload_fsdp_optimizer,
+    )
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
@@ -422,9 +483,17 @@ def _two_rank_worker(rank: int, world_size: int, init_file: str, model_path: str
         replica = load_causal_lm(model_path, dtype="float32", attn_implementation="sdpa")
         replica_actor = DataParallelPPOActor(actor_config(**DIST_CONFIG), replica, build_optimizer(replica, lr=1e-3))
         replica_actor.update_policy(data)
-        torch.save({"log_probs": log_probs, "steps": actor.mini_batch_metrics, "metrics": metrics,
-                    "state": state if rank == 0 else None, "replica_state": replica.state_dict(),
-                    "replica_steps": replica_actor.mini_batch_metrics}, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(
+            {
+                "log_probs": log_probs,
+                "steps": actor.mini_batch_metrics,
+                "metrics": metrics,
+                "state": state if rank == 0 else None,
+                "replica_state": replica.state_dict(),
+                "replica_steps": replica_actor.mini_batch_metrics,
+            },
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -434,8 +503,12 @@ def test_two_ranks_fsdp2_match_one_rank(base_model, tiny_model_path, tmp_path):
     data = make_update_data(base_model, num_conv=5, seed=10)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    mp.spawn(_two_rank_worker, nprocs=2, join=True,
-             args=(2, str(tmp_path / "init"), str(tiny_model_path), str(data_file), str(tmp_path)))
+    mp.spawn(
+        _two_rank_worker,
+        nprocs=2,
+        join=True,
+        args=(2, str(tmp_path / "init"), str(tiny_model_path), str(data_file), str(tmp_path)),
+    )
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
     model = copy.deepcopy(base_model)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from recurrent.generation_manager import LLMGenerationManager
@@ -73,8 +71,9 @@ def _dataset(tmp_path, tok, contexts, chunk_size=16, max_chunks=8, questions=Non
     ]
     path = tmp_path / "d.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    cfg = MemoryConfig(chunk_size=chunk_size, max_chunks=max_chunks, max_memorization_length=8,
-                       max_final_response_length=6)
+    cfg = MemoryConfig(
+        chunk_size=chunk_size, max_chunks=max_chunks, max_memorization_length=8, max_final_response_length=6
+    )
     ds = MemoryDataset(cfg, str(path), tok, {"truncation": "center", "max_prompt_length": 64})
     return cfg, ds
 
@@ -94,16 +93,16 @@ def test_prompts_byte_for_byte_inside_chat_template(tmp_path, tok):
     prompts, meta = agent.action()
     filled = SPEC_UPDATE.replace("{prompt}", "What is the code?").replace("{memory}", "No previous memory")
     filled = filled.replace("{chunk}", context)
-    expected = tok.apply_chat_template([{"role": "user", "content": filled}], add_generation_prompt=True,
-                                       tokenize=False)
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": filled}], add_generation_prompt=True, tokenize=False
+    )
     assert tok.decode(prompts[0]) == expected
     assert meta["generation_kwargs"] == {"max_tokens": 8, "n": 1}
     out = _turn(tok, prompts, "remember 42")
     agent.update(out)
     prompts, meta = agent.action()
     final = SPEC_FINAL.replace("{prompt}", "What is the code?").replace("{memory}", "remember 42")
-    expected = tok.apply_chat_template([{"role": "user", "content": final}], add_generation_prompt=True,
-                                       tokenize=False)
+    expected = tok.apply_chat_template([{"role": "user", "content": final}], add_generation_prompt=True, tokenize=False)
     assert tok.decode(prompts[0]) == expected
     assert "\\boxed{}" in tok.decode(prompts[0]) and "\\boxed{{}}" not in tok.decode(prompts[0])
     assert meta["generation_kwargs"]["max_tokens"] == 6  # max_final_response_length

@@ -78,9 +78,29 @@ def own_docs(row: dict) -> tuple[list[str], list[str]]:
 
 
 def run_synth(out: Path, *extra: str) -> Path:
-    args = ["--train", str(TRAIN), "--dev", str(DEV), "--out", str(out), "--train-docs", "50", "--dev-docs", "40",
-            "--eval-lengths", "20,50,100,200", "--index-only-above", "60", "--eval-questions", "6",
-            "--workers", "1", "--shard-size", "7", *extra]
+    args = [
+        "--train",
+        str(TRAIN),
+        "--dev",
+        str(DEV),
+        "--out",
+        str(out),
+        "--train-docs",
+        "50",
+        "--dev-docs",
+        "40",
+        "--eval-lengths",
+        "20,50,100,200",
+        "--index-only-above",
+        "60",
+        "--eval-questions",
+        "6",
+        "--workers",
+        "1",
+        "--shard-size",
+        "7",
+        *extra,
+    ]
     assert hotpotqa_synth.main(args) == 0
     return out
 
@@ -141,7 +161,8 @@ def test_synthesis_is_deterministic_for_a_seed(tmp_path: Path, synth_dir: Path):
         assert (synth_dir / f"eval_{d}.json").read_bytes() == (again / f"eval_{d}.json").read_bytes()
     other = run_synth(tmp_path / "b", "--seed", "7", "--stages", "process")
     assert not pd.read_parquet(synth_dir / "hotpotqa_dev_process.parquet")["context"].equals(
-        pd.read_parquet(other / "hotpotqa_dev_process.parquet")["context"])
+        pd.read_parquet(other / "hotpotqa_dev_process.parquet")["context"]
+    )
 
 
 def test_eval_sets_text_and_index_only(synth_dir: Path):
@@ -169,8 +190,23 @@ def test_eval_sets_text_and_index_only(synth_dir: Path):
 def test_eval_questions_from_filtered_file(tmp_path: Path):
     rows = [qa_row("hotpotqa", "q", "c", ["a"], {"index": k}) for k in (5, 2, 17)]
     pd.DataFrame(rows).to_parquet(tmp_path / "hotpotqa_dev.parquet")
-    assert hotpotqa_synth.main(["--dev", str(DEV), "--out", str(tmp_path), "--stages", "eval", "--eval-lengths",
-                                "30", "--eval-from", str(tmp_path / "hotpotqa_dev.parquet")]) == 0
+    assert (
+        hotpotqa_synth.main(
+            [
+                "--dev",
+                str(DEV),
+                "--out",
+                str(tmp_path),
+                "--stages",
+                "eval",
+                "--eval-lengths",
+                "30",
+                "--eval-from",
+                str(tmp_path / "hotpotqa_dev.parquet"),
+            ]
+        )
+        == 0
+    )
     records = json.loads((tmp_path / "eval_30.json").read_text())
     assert [r["index"] for r in records] == [5, 2, 17]
     assert hotpotqa_synth.read_eval_question_indices(tmp_path / "eval_30.json") == [5, 2, 17]
@@ -196,8 +232,10 @@ def test_resumable_shards_after_interruption(tmp_path: Path):
         calls.append((start, end))
         if start == fail_at:
             raise KeyboardInterrupt
-        return [qa_row("hotpotqa", f"q{k}", "ctx", ["a"], {"index": k, "num_docs": 1, "gold_docs": [1]})
-                for k in range(start, end)]
+        return [
+            qa_row("hotpotqa", f"q{k}", "ctx", ["a"], {"index": k, "num_docs": 1, "gold_docs": [1]})
+            for k in range(start, end)
+        ]
 
     out = tmp_path / "x.parquet"
     with pytest.raises(KeyboardInterrupt):
@@ -219,8 +257,13 @@ def test_resumable_shards_after_interruption(tmp_path: Path):
 
 
 def _hotpot_row(**overrides) -> dict:
-    row = {"_id": "x1", "question": "Who?", "answer": "Ada", "supporting_facts": [["T", 0]],
-           "context": [["T", ["Ada wrote it."]], ["U", ["Other text."]]]}
+    row = {
+        "_id": "x1",
+        "question": "Who?",
+        "answer": "Ada",
+        "supporting_facts": [["T", 0]],
+        "context": [["T", ["Ada wrote it."]], ["U", ["Other text."]]],
+    }
     row.update(overrides)
     return {k: v for k, v in row.items() if v is not None}
 
@@ -309,8 +352,13 @@ class ScriptedServer:
                 self.wfile.write(data)
 
             def do_GET(self):
-                self._send(200, {"object": "list", "data": [{"id": "auto-model", "object": "model", "created": 0,
-                                                             "owned_by": "test"}]})
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [{"id": "auto-model", "object": "model", "created": 0, "owned_by": "test"}],
+                    },
+                )
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -319,11 +367,19 @@ class ScriptedServer:
                 if status != 200:
                     self._send(status, {"error": {"message": "try again", "type": "server_error"}})
                     return
-                self._send(200, {
-                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": i, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": t}} for i, t in enumerate(texts)],
-                })
+                self._send(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": body["model"],
+                        "choices": [
+                            {"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": t}}
+                            for i, t in enumerate(texts)
+                        ],
+                    },
+                )
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -354,16 +410,34 @@ class ScriptedServer:
 def test_filter_answerable_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
     golds = {f"Question {k}?": f"Gold Answer {k}" for k in range(16)}
-    rows = [qa_row("hotpotqa", q, f"context {k}", [g], {"index": k, "num_docs": 1, "gold_docs": [1]})
-            for k, (q, g) in enumerate(golds.items())]
+    rows = [
+        qa_row("hotpotqa", q, f"context {k}", [g], {"index": k, "num_docs": 1, "gold_docs": [1]})
+        for k, (q, g) in enumerate(golds.items())
+    ]
     inp = tmp_path / "hotpotqa_dev_process.parquet"
     pd.DataFrame(rows).to_parquet(inp)
     server = ScriptedServer(golds)
     try:
-        args = ["--input", str(inp), "--out", str(tmp_path / "hotpotqa_dev.parquet"),
-                "--endpoint", f"pretrain={server.url}", "--endpoint", f"instruct={server.url}",
-                "--model", "pretrain=base-model", "--model", "instruct=inst-model",
-                "--keep", "3", "--concurrency", "4", "--retry-base-delay", "0.01"]
+        args = [
+            "--input",
+            str(inp),
+            "--out",
+            str(tmp_path / "hotpotqa_dev.parquet"),
+            "--endpoint",
+            f"pretrain={server.url}",
+            "--endpoint",
+            f"instruct={server.url}",
+            "--model",
+            "pretrain=base-model",
+            "--model",
+            "instruct=inst-model",
+            "--keep",
+            "3",
+            "--concurrency",
+            "4",
+            "--retry-base-delay",
+            "0.01",
+        ]
         assert filter_answerable.main(args) == 0
         first_run_requests = len(server.requests)
         assert first_run_requests == 16 * 2 + 1  # one retry after the 500
@@ -403,22 +477,41 @@ def test_filter_model_autodetect_and_failures(tmp_path: Path, monkeypatch: pytes
     pd.DataFrame([qa_row("hotpotqa", "Question 3?", "c", ["x"], {"index": 0})]).to_parquet(inp)
     server = ScriptedServer(golds)
     try:
-        assert filter_answerable.main(["--input", str(inp), "--out", str(tmp_path / "o.parquet"),
-                                       "--endpoint", f"a={server.url}"]) == 0
+        assert (
+            filter_answerable.main(
+                ["--input", str(inp), "--out", str(tmp_path / "o.parquet"), "--endpoint", f"a={server.url}"]
+            )
+            == 0
+        )
         assert server.requests[0]["model"] == "auto-model"
         assert (tmp_path / "o_result.parquet").exists()
     finally:
         server.close()
     # a dead endpoint: connection errors are retried, then the run reports failure
-    rc = filter_answerable.main(["--input", str(inp), "--out", str(tmp_path / "p.parquet"), "--endpoint",
-                                 "a=http://127.0.0.1:9/v1", "--model", "a=m", "--max-retries", "1",
-                                 "--retry-base-delay", "0.01"])
+    rc = filter_answerable.main(
+        [
+            "--input",
+            str(inp),
+            "--out",
+            str(tmp_path / "p.parquet"),
+            "--endpoint",
+            "a=http://127.0.0.1:9/v1",
+            "--model",
+            "a=m",
+            "--max-retries",
+            "1",
+            "--retry-base-delay",
+            "0.01",
+        ]
+    )
     assert rc == 1 and not (tmp_path / "p.parquet").exists()
 
 
 def test_filter_rejects_malformed_parquet_rows(tmp_path: Path):
-    rows = [qa_row("hotpotqa", "Question 1?", "c", ["x"], {"index": 0}),
-            qa_row("hotpotqa", " ", "c", ["x"], {"index": 1})]
+    rows = [
+        qa_row("hotpotqa", "Question 1?", "c", ["x"], {"index": 0}),
+        qa_row("hotpotqa", " ", "c", ["x"], {"index": 1}),
+    ]
     path = tmp_path / "bad.parquet"
     pd.DataFrame(rows).to_parquet(path)
     with pytest.raises(DataFormatError, match=r"bad\.parquet: row 1: field 'prompt\[0\]\.content'"):
@@ -439,9 +532,27 @@ RULER_LENGTH = 3000
 @pytest.fixture(scope="module")
 def ruler_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     out = tmp_path_factory.mktemp("ruler")
-    assert ruler_cli.main(["--tasks", "all", "--lengths", str(RULER_LENGTH), "--tokenizer", str(tokenizer_dir),
-                           "--out", str(out), "--num-samples", "3", "--squad", str(SQUAD),
-                           "--hotpotqa", str(DEV)]) == 0
+    assert (
+        ruler_cli.main(
+            [
+                "--tasks",
+                "all",
+                "--lengths",
+                str(RULER_LENGTH),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(out),
+                "--num-samples",
+                "3",
+                "--squad",
+                str(SQUAD),
+                "--hotpotqa",
+                str(DEV),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -482,14 +593,49 @@ def test_ruler_lengths_and_answerability(ruler_dir: Path, tokenizer, task: str):
 
 def test_ruler_deterministic_across_runs_and_workers(ruler_dir: Path, tokenizer_dir: Path, tmp_path: Path):
     tasks = "niah_multikey_1,niah_multikey_3,vt,fwe,qa_2"
-    assert ruler_cli.main(["--tasks", tasks, "--lengths", str(RULER_LENGTH), "--tokenizer", str(tokenizer_dir),
-                           "--out", str(tmp_path), "--num-samples", "3", "--hotpotqa", str(DEV),
-                           "--workers", "2"]) == 0
+    assert (
+        ruler_cli.main(
+            [
+                "--tasks",
+                tasks,
+                "--lengths",
+                str(RULER_LENGTH),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(tmp_path),
+                "--num-samples",
+                "3",
+                "--hotpotqa",
+                str(DEV),
+                "--workers",
+                "2",
+            ]
+        )
+        == 0
+    )
     for task in tasks.split(","):
         name = f"eval_{task}_{RULER_LENGTH}.json"
         assert (tmp_path / name).read_bytes() == (ruler_dir / name).read_bytes()
-    assert ruler_cli.main(["--tasks", "vt", "--lengths", str(RULER_LENGTH), "--tokenizer", str(tokenizer_dir),
-                           "--out", str(tmp_path / "s"), "--num-samples", "3", "--seed", "1"]) == 0
+    assert (
+        ruler_cli.main(
+            [
+                "--tasks",
+                "vt",
+                "--lengths",
+                str(RULER_LENGTH),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(tmp_path / "s"),
+                "--num-samples",
+                "3",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     other = json.loads((tmp_path / "s" / f"eval_vt_{RULER_LENGTH}.json").read_text())
     assert other[0]["outputs"] != json.loads((ruler_dir / f"eval_vt_{RULER_LENGTH}.json").read_text())[0]["outputs"]
 
@@ -497,12 +643,31 @@ def test_ruler_deterministic_across_runs_and_workers(ruler_dir: Path, tokenizer_
 def test_ruler_user_haystack_and_cli_errors(tokenizer_dir: Path, tmp_path: Path):
     text = tmp_path / "hay.txt"
     text.write_text("Zebras graze quietly near the river. " * 400)
-    assert ruler_cli.main(["--tasks", "niah_single_2", "--lengths", "1500", "--tokenizer", str(tokenizer_dir),
-                           "--out", str(tmp_path), "--num-samples", "1", "--haystack-files", str(text)]) == 0
+    assert (
+        ruler_cli.main(
+            [
+                "--tasks",
+                "niah_single_2",
+                "--lengths",
+                "1500",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(tmp_path),
+                "--num-samples",
+                "1",
+                "--haystack-files",
+                str(text),
+            ]
+        )
+        == 0
+    )
     rec = json.loads((tmp_path / "eval_niah_single_2_1500.json").read_text())[0]
     key = re.search(r"number for (\S+) mentioned", rec["input"]).group(1)
     assert set(rec["context"].replace(". ", ".\n").split("\n")) == {
-        "Zebras graze quietly near the river.", f"One of the special magic numbers for {key} is: {rec['outputs'][0]}."}
+        "Zebras graze quietly near the river.",
+        f"One of the special magic numbers for {key} is: {rec['outputs'][0]}.",
+    }
     with pytest.raises(SystemExit, match="unknown task"):
         ruler_cli.main(["--tasks", "niah_x", "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="--squad"):
@@ -570,8 +735,25 @@ def test_make_needle_qa_dataset(tokenizer, tmp_path: Path):
 
 def test_synthetic_qa_cli(tokenizer_dir: Path, tmp_path: Path):
     out = tmp_path / "syn.parquet"
-    assert synthetic_qa.main(["--n", "3", "--num-chunks", "2,2", "--chunk-tokens", "150", "--tokenizer",
-                              str(tokenizer_dir), "--out", str(out), "--kinds", "multidoc_qa,niah_single"]) == 0
+    assert (
+        synthetic_qa.main(
+            [
+                "--n",
+                "3",
+                "--num-chunks",
+                "2,2",
+                "--chunk-tokens",
+                "150",
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(out),
+                "--kinds",
+                "multidoc_qa,niah_single",
+            ]
+        )
+        == 0
+    )
     df = pd.read_parquet(out)
     assert [e["kind"] for e in df["extra_info"]] == ["multidoc_qa", "niah_single", "multidoc_qa"]
     assert all(150 < e["context_tokens"] <= 300 for e in df["extra_info"])

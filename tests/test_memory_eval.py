@@ -24,7 +24,14 @@ from recurrent.prompts import (
 from serve.vllm_server import ServerSpec, build_launch_plans, wait_for_health
 from taskutils.memory_eval import run as eval_run
 from taskutils.memory_eval.chunking import HFTokenizer, count_tokens, iter_chunks, load_tokenizer, middle_truncate
-from taskutils.memory_eval.client import RequestFailed, RequestStats, RetryPolicy, chat_completion, endpoint_from_env, make_client
+from taskutils.memory_eval.client import (
+    RequestFailed,
+    RequestStats,
+    RetryPolicy,
+    chat_completion,
+    endpoint_from_env,
+    make_client,
+)
 from taskutils.memory_eval.data import EvalDataError, load_eval_items
 from taskutils.memory_eval.results import read_records
 from taskutils.memory_eval.scoring import score_response
@@ -65,13 +72,15 @@ def test_prompt_templates_are_the_exact_spec_texts():
 def test_render_prompts_with_braces_and_placeholder_like_values():
     question = "What is {x} in f(x) = {memory}?"
     memory = "saw {chunk} and \\boxed{2}"
-    chunk = "json {\"a\": {\"b\": 1}} {prompt}"
+    chunk = 'json {"a": {"b": 1}} {prompt}'
     got = render_update_prompt(question, memory, chunk)
     expected = SPEC_UPDATE.split("{prompt}")[0] + question + "\n</problem>\n\n<memory>\n" + memory
     expected += "\n</memory>\n\n<section>\n" + chunk + "\n</section>\n\nUpdated memory:\n"
     assert got == expected
     assert render_update_prompt("q", None, "c").count(NO_MEMORY) == 1
-    assert render_final_prompt("q", "", style="answer_is").endswith(f"<memory>\n{NO_MEMORY}\n</memory>\n\nYour answer:\n")
+    assert render_final_prompt("q", "", style="answer_is").endswith(
+        f"<memory>\n{NO_MEMORY}\n</memory>\n\nYour answer:\n"
+    )
     with pytest.raises(ValueError, match="unknown final prompt style 'box'"):
         render_final_prompt("q", "m", style="box")
 
@@ -163,7 +172,7 @@ def test_middle_truncate_cuts_where_whole_text_tokenization_does_in_one_pass(tok
 
     out, before, after = middle_truncate(text, keep, Spy())
     assert (before, after) == (total, keep)
-    assert out == text[: offsets[keep // 2][0]] + text[offsets[total - keep // 2][0]:]
+    assert out == text[: offsets[keep // 2][0]] + text[offsets[total - keep // 2][0] :]
     # one streamed pass over the text plus the two spans holding the cuts (not a pass per cut)
     assert sum(seen) < 1.5 * len(text)
 
@@ -395,7 +404,9 @@ def test_harness_retries_records_failures_and_resumes(tmp_path, capsys):
 def test_harness_rejects_malformed_file_before_any_request(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
-    path = _write(data / "eval_2.json", [{"input": "q", "context": "c", "answers": ["a"]}, {"input": "q", "answers": ["a"]}])
+    path = _write(
+        data / "eval_2.json", [{"input": "q", "context": "c", "answers": ["a"]}, {"input": "q", "answers": ["a"]}]
+    )
     with ScriptedOpenAIServer(models=["m"]) as srv:
         rc = _run(["--model", "m", "--base-url", srv.base_url, "--tasks", "hotpotqa", "--lengths", "2",
                    "--data-root", str(data), "--out", str(tmp_path / "out")])  # fmt: skip
@@ -434,12 +445,17 @@ def test_summary_with_paper_table(tmp_path):
         cell = tmp_path / f"hotpotqa_{docs}"
         cell.mkdir()
         (cell / "a.meta.json").write_text(json.dumps({"task": "hotpotqa", "length": docs, "label": "a", "n_items": 4}))
-        lines = [{"_id": i, "status": "ok", "judge_sub_em": float(i < correct), "judge_strict_boxed": 0.0} for i in range(4)]
+        lines = [
+            {"_id": i, "status": "ok", "judge_sub_em": float(i < correct), "judge_strict_boxed": 0.0} for i in range(4)
+        ]
         (cell / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     paths = write_summary(tmp_path, with_paper=True)
     markdown = paths["markdown"].read_text()
     assert "| label | metric | 7K | 14K |" in markdown
-    assert "| a | sub_em (lenient) | 75.00 | 25.00 |" in markdown and "| a | strict_boxed (strict) | 0.00 | 0.00 |" in markdown
+    assert (
+        "| a | sub_em (lenient) | 75.00 | 25.00 |" in markdown
+        and "| a | strict_boxed (strict) | 0.00 | 0.00 |" in markdown
+    )
     assert "| RL-MemAgent-14B | 83.59 | 82.03 |" in markdown
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
 
@@ -470,7 +486,9 @@ def test_launch_plans_cpu_gpu_dp_and_processes():
     assert plan.cmd[plan.cmd.index("--tensor-parallel-size") + 1] == "2"
     assert plan.cmd[plan.cmd.index("--data-parallel-size") + 1] == "4"
     procs = build_launch_plans(
-        ServerSpec("/m", device="gpu", tensor_parallel_size=2, replicas=2, replica_mode="processes", gpu_ids=list("0123"))
+        ServerSpec(
+            "/m", device="gpu", tensor_parallel_size=2, replicas=2, replica_mode="processes", gpu_ids=list("0123")
+        )
     )
     assert [(p.port, p.env["CUDA_VISIBLE_DEVICES"]) for p in procs] == [(8000, "0,1"), (8001, "2,3")]
     with pytest.raises(ValueError, match="need 6 GPUs"):
@@ -502,7 +520,9 @@ def test_harness_starts_and_stops_a_server_per_model(tmp_path, monkeypatch, tiny
             self.servers = [ScriptedOpenAIServer(models=[spec.name], reply=_reply) for _ in range(spec.replicas)]
 
         def start(self):
-            events.append(f"start {self.spec.model_path} tp={self.spec.tensor_parallel_size} replicas={self.spec.replicas}")
+            events.append(
+                f"start {self.spec.model_path} tp={self.spec.tensor_parallel_size} replicas={self.spec.replicas}"
+            )
             for server in self.servers:
                 server.start()
             return self

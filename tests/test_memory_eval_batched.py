@@ -28,8 +28,14 @@ class ScriptedEngine(FixedWeightsEngine):
     prompt; raises on call ``fail_at`` or on a prompt holding ``fail_on`` (a crash mid-run), rejects
     prompts holding ``reject`` (ValueError) and answers prompts holding ``slow`` after 250 ms."""
 
-    def __init__(self, tok, fail_at: int | None = None, reject: str | None = None, fail_on: str | None = None,
-                 slow: str | None = None):
+    def __init__(
+        self,
+        tok,
+        fail_at: int | None = None,
+        reject: str | None = None,
+        fail_on: str | None = None,
+        slow: str | None = None,
+    ):
         self.tok, self.fail_at, self.reject, self.fail_on, self.slow = tok, fail_at, reject, fail_on, slow
         self.prompts: list[str] = []
         self.calls = 0
@@ -46,8 +52,11 @@ class ScriptedEngine(FixedWeightsEngine):
         self.prompts.append(text)
         await asyncio.sleep(0.25 if self.slow is not None and self.slow in text else 0)
         seen = re.findall(r"mem (\d+)", text)  # the memory so far, "mem k" after k + 1 turns
-        reply = "\\boxed{7}" if ("Your answer:" in text or "Put the answer" in text) else \
-            f"mem {int(seen[-1]) + 1 if seen else 0}"
+        reply = (
+            "\\boxed{7}"
+            if ("Your answer:" in text or "Put the answer" in text)
+            else f"mem {int(seen[-1]) + 1 if seen else 0}"
+        )
         ids = self.tok.encode(reply, add_special_tokens=False) + [self.tok.convert_tokens_to_ids("<|im_end|>")]
         return [GenerationOutput(ids, None, "stop")]
 
@@ -66,8 +75,9 @@ def _cells(tmp_path, tok):
     return [memory, direct], n_chunks
 
 
-CONFIG = AgentConfig(chunk_tokens=CHUNK, max_memory_tokens=8, max_final_tokens=8, max_input_tokens=64,
-                     max_output_tokens=8)
+CONFIG = AgentConfig(
+    chunk_tokens=CHUNK, max_memory_tokens=8, max_final_tokens=8, max_input_tokens=64, max_output_tokens=8
+)
 
 
 def test_every_turn_batched_and_records_scored(tmp_path, tok):
@@ -81,9 +91,15 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
         engine.shutdown()
     wall = time.perf_counter() - started
     # 2 memory items: n_chunks updates + the final answer each; 2 direct items: one prompt each
-    assert {k: counts[k] for k in ("finished", "failed", "resumed", "remaining", "requests", "turns", "stopped")} == \
-        {"finished": 4, "failed": 0, "resumed": 0, "remaining": 0, "requests": 2 * (n_chunks + 1) + 2,
-         "turns": n_chunks + 1, "stopped": 0}
+    assert {k: counts[k] for k in ("finished", "failed", "resumed", "remaining", "requests", "turns", "stopped")} == {
+        "finished": 4,
+        "failed": 0,
+        "resumed": 0,
+        "remaining": 0,
+        "requests": 2 * (n_chunks + 1) + 2,
+        "turns": n_chunks + 1,
+        "stopped": 0,
+    }
     assert counts["prepare_s"] >= 0 and counts["tokenize_s"] > 0 and counts["generate_s"] > 0
     # preparing and requesting are disjoint parts of the call; tokenizing happens while requesting
     assert counts["prepare_s"] + counts["generate_s"] <= wall + 3e-3
@@ -92,7 +108,12 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
     direct = read_records(tmp_path / "niah_3" / "m-direct.jsonl")
     for r in memory.values():
-        assert (r["status"], r["num_chunks"], r["requests"], r["judge_strict_boxed"]) == ("ok", n_chunks, n_chunks + 1, 1.0)
+        assert (r["status"], r["num_chunks"], r["requests"], r["judge_strict_boxed"]) == (
+            "ok",
+            n_chunks,
+            n_chunks + 1,
+            1.0,
+        )
         assert r["memory"] == f"mem {n_chunks - 1}"  # each update saw the previous memory, no end token
         assert "<|im_end|>" not in r["response"]
     assert all(r["requests"] == 1 and r["num_chunks"] == 0 for r in direct.values())
@@ -159,8 +180,13 @@ def test_tokenizing_threads_do_not_change_the_results(tmp_path, tok, schedule):
         finally:
             engine.shutdown()
         assert counts["finished"] == 4
-        results.append((_outputs(out / "niah_3" / "m-memory.jsonl"), _outputs(out / "niah_3" / "m-direct.jsonl"),
-                        sorted(engine.prompts)))  # requests are sent as their prompts are tokenized: any order
+        results.append(
+            (
+                _outputs(out / "niah_3" / "m-memory.jsonl"),
+                _outputs(out / "niah_3" / "m-direct.jsonl"),
+                sorted(engine.prompts),
+            )
+        )  # requests are sent as their prompts are tokenized: any order
     assert results[0] == results[1]  # same memories, responses and prompts
     assert [m for m, *_ in results[0][0].values()] == [f"mem {n_chunks - 1}"] * 2
 
@@ -174,7 +200,9 @@ def test_the_two_schedules_give_the_same_records(tmp_path, tok):
             run_batched(cells, engine, tok, CONFIG, schedule=schedule)
         finally:
             engine.shutdown()
-        outputs[schedule] = [_outputs(tmp_path / schedule / "niah_3" / f"{label}.jsonl") for label in ("m-memory", "m-direct")]
+        outputs[schedule] = [
+            _outputs(tmp_path / schedule / "niah_3" / f"{label}.jsonl") for label in ("m-memory", "m-direct")
+        ]
     assert outputs["items"] == outputs["turns"]
     with pytest.raises(ValueError, match="schedule='fast'"):
         run_batched(cells, ScriptedEngine(tok), tok, CONFIG, schedule="fast")
@@ -201,8 +229,11 @@ def test_a_failed_preparation_keeps_the_saved_state(tmp_path, tok):
     state = tmp_path / "niah_3" / "m-memory.state.json"
     state.parent.mkdir(parents=True, exist_ok=True)
     state.write_text('{"0": {"next_chunk": 2, "memory": "mem 1", "requests": 2}}')
-    broken = BatchCell(CellInfo("niah", 3, "m-memory", "m", "recurrent-boxed"),
-                       [*cells[0].items, EvalItem(9, "q?", [0, 1], ["7"], doc_pool=["only one document"])], tmp_path)
+    broken = BatchCell(
+        CellInfo("niah", 3, "m-memory", "m", "recurrent-boxed"),
+        [*cells[0].items, EvalItem(9, "q?", [0, 1], ["7"], doc_pool=["only one document"])],
+        tmp_path,
+    )
     engine = ScriptedEngine(tok)
     try:
         with pytest.raises(IndexError):
@@ -227,7 +258,9 @@ def test_a_rejected_request_fails_its_item_only(tmp_path, tok):
     assert {r["status"] for r in direct.values()} == {"error"}
     assert all("does not fit" in r["error"] for r in direct.values())
     memory = read_records(tmp_path / "niah_3" / "m-memory.jsonl")
-    assert {r["status"] for r in memory.values()} == {"ok"} and all(r["num_chunks"] == n_chunks for r in memory.values())
+    assert {r["status"] for r in memory.values()} == {"ok"} and all(
+        r["num_chunks"] == n_chunks for r in memory.values()
+    )
 
 
 def test_a_stop_event_ends_the_run_with_the_memory_saved(tmp_path, tok):

@@ -84,7 +84,9 @@ def _write_dataset(root: Path) -> None:
     for docs in (3, 6):
         rows = []
         for q in range(3):
-            context = "\n\n".join(f"Document {d + 1}:\n" + " ".join(paragraphs[(q + d) % 18 : (q + d) % 18 + 3]) for d in range(docs))
+            context = "\n\n".join(
+                f"Document {d + 1}:\n" + " ".join(paragraphs[(q + d) % 18 : (q + d) % 18 + 3]) for d in range(docs)
+            )
             rows.append({"context": context, "input": f"Which town does river number {q} pass?", "answers": ["Brennock"],
                          "num_docs": docs, "index": q})  # fmt: skip
         (root / f"eval_{docs}.json").write_text(json.dumps(rows))
@@ -108,9 +110,16 @@ def test_eval_harness_against_vllm(vllm_server, tiny_model_path, tmp_path, capsy
             "--concurrency", "8", "--timeout", "120", "--no-progress"]  # fmt: skip
     # hotpotqa lengths 3 and 6 documents; niah at 512 tokens
     # hotpotqa's two cells run at once (--parallel-cells); the results must be the same complete set
-    argv_h = (argv[:argv.index("--tasks")] + ["--tasks", "hotpotqa", "--lengths", "3", "6", "--parallel-cells", "2"]
-              + argv[argv.index("--data-root"):])
-    argv_n = argv[:argv.index("--tasks")] + ["--tasks", "niah_single_1", "--lengths", "512"] + argv[argv.index("--data-root"):]
+    argv_h = (
+        argv[: argv.index("--tasks")]
+        + ["--tasks", "hotpotqa", "--lengths", "3", "6", "--parallel-cells", "2"]
+        + argv[argv.index("--data-root") :]
+    )
+    argv_n = (
+        argv[: argv.index("--tasks")]
+        + ["--tasks", "niah_single_1", "--lengths", "512"]
+        + argv[argv.index("--data-root") :]
+    )
     assert eval_run.main(argv_h) == 0
     assert eval_run.main(argv_n) == 0
     capsys.readouterr()
@@ -120,7 +129,12 @@ def test_eval_harness_against_vllm(vllm_server, tiny_model_path, tmp_path, capsy
     assert len(rows) == 3 * 3  # 3 methods x (hotpotqa 3, 6 docs + niah 512)
     for row in rows:
         expected = 2 if row["task"] == "niah_single_1" else 3
-        assert (int(row["n_items"]), int(row["n_ok"]), int(row["n_failed"]), int(row["n_missing"])) == (expected, expected, 0, 0)
+        assert (int(row["n_items"]), int(row["n_ok"]), int(row["n_failed"]), int(row["n_missing"])) == (
+            expected,
+            expected,
+            0,
+            0,
+        )
         for metric in ("em", "sub_em", "f1", "string_match_all", "strict_boxed"):
             assert 0.0 <= float(row[metric]) <= 100.0
     records = [json.loads(line) for line in (out / "hotpotqa_6" / "tiny-recurrent.jsonl").read_text().splitlines()]
@@ -130,5 +144,9 @@ def test_eval_harness_against_vllm(vllm_server, tiny_model_path, tmp_path, capsy
     assert all(r["requests"] == 1 and r["num_chunks"] == 0 for r in direct)
     markdown = (out / "summary.md").read_text()
     assert "## hotpotqa" in markdown and "## niah_single_1" in markdown
-    assert "sub_em (lenient)" in markdown and "string_match_all (lenient)" in markdown and "strict_boxed (strict)" in markdown
+    assert (
+        "sub_em (lenient)" in markdown
+        and "string_match_all (lenient)" in markdown
+        and "strict_boxed (strict)" in markdown
+    )
     assert (out / "accuracy_vs_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -25,8 +25,28 @@ CHUNK = 128
 
 def _args(out: Path, tok: Path, *extra: str):
     return make_data.build_parser().parse_args(
-        ["--tokenizer", str(tok), "--out", str(out), "--chunk-tokens", str(CHUNK), "--train-n", "6", "--val-n", "3",
-         "--train-max-chunks", "3", "--eval-n", "2", "--eval-lengths", "1,4", "--eval-seeds", "1,2", *extra])
+        [
+            "--tokenizer",
+            str(tok),
+            "--out",
+            str(out),
+            "--chunk-tokens",
+            str(CHUNK),
+            "--train-n",
+            "6",
+            "--val-n",
+            "3",
+            "--train-max-chunks",
+            "3",
+            "--eval-n",
+            "2",
+            "--eval-lengths",
+            "1,4",
+            "--eval-seeds",
+            "1,2",
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +59,19 @@ def data_dir(tiny_model_path, tmp_path_factory):
 
 def test_data_files_match_the_generator_row_for_row(data_dir, tiny_model_path):
     train = pd.read_parquet(data_dir / "train.parquet")
-    ref = pd.DataFrame(make_needle_qa_dataset(6, (1, 3), CHUNK, str(tiny_model_path), seed=make_data.TRAIN_SEED,
-                                              data_source=make_data.DATA_SOURCE))
+    ref = pd.DataFrame(
+        make_needle_qa_dataset(
+            6, (1, 3), CHUNK, str(tiny_model_path), seed=make_data.TRAIN_SEED, data_source=make_data.DATA_SOURCE
+        )
+    )
     assert list(train["context"]) == list(ref["context"])
     assert [r["ground_truth"][0] for r in train["reward_model"]] == [r["ground_truth"][0] for r in ref["reward_model"]]
     assert set(train["data_source"]) == {"synthetic_qa"}
     # all four kinds, lengths within 1..3 chunks
     assert {e["kind"] for e in train["extra_info"]} == set(make_data.DEFAULT_KINDS)
-    assert all(1 <= e["num_chunks"] <= 3 and e["context_tokens"] <= e["num_chunks"] * CHUNK for e in train["extra_info"])
+    assert all(
+        1 <= e["num_chunks"] <= 3 and e["context_tokens"] <= e["num_chunks"] * CHUNK for e in train["extra_info"]
+    )
 
 
 def test_eval_grid_has_every_kind_length_and_seed_with_exact_chunk_counts(data_dir):
@@ -67,8 +92,9 @@ def test_eval_grid_has_every_kind_length_and_seed_with_exact_chunk_counts(data_d
 def test_existing_files_are_kept(data_dir, tiny_model_path):
     path = data_dir / "val.parquet"
     before = path.stat().st_mtime_ns
-    written = make_data.write_files(make_data.plan_files(_args(data_dir, tiny_model_path)), str(tiny_model_path),
-                                    CHUNK, workers=1)
+    written = make_data.write_files(
+        make_data.plan_files(_args(data_dir, tiny_model_path)), str(tiny_model_path), CHUNK, workers=1
+    )
     assert written == [] and path.stat().st_mtime_ns == before
 
 
@@ -78,10 +104,22 @@ def test_make_data_rejects_unknown_kinds(tiny_model_path, tmp_path):
 
 
 def test_launch_script_overrides_compose_and_validate(tmp_path):
-    env = {**os.environ, "DRY_RUN": "1", "DATA_DIR": "/data", "MODEL_PATH": "/models/smollm2", "OUT_DIR": str(tmp_path),
-           "STEPS": "7", "MAX_WALL": "300"}
-    out = subprocess.run(["bash", str(REPO / "recipe" / "miniature" / "run_memory_smollm2.sh"), "trainer.test_freq=3"],
-                         env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    env = {
+        **os.environ,
+        "DRY_RUN": "1",
+        "DATA_DIR": "/data",
+        "MODEL_PATH": "/models/smollm2",
+        "OUT_DIR": str(tmp_path),
+        "STEPS": "7",
+        "MAX_WALL": "300",
+    }
+    out = subprocess.run(
+        ["bash", str(REPO / "recipe" / "miniature" / "run_memory_smollm2.sh"), "trainer.test_freq=3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out[1:3] == ["-m", "verl.trainer.main_ppo"]
     overrides = out[3:]
     assert overrides[-1] == "trainer.test_freq=3"  # extra arguments come last and win
@@ -102,8 +140,17 @@ def test_wall_time_limit_is_validated():
 
 
 def test_inproc_launch_plans():
-    spec = ServerSpec(model_path="/m", served_model_name="m", port=9000, device="gpu", replicas=2,
-                      gpu_memory_utilization=0.2, backend="inproc", gpu_ids=["0", "1"], max_model_len=8192)
+    spec = ServerSpec(
+        model_path="/m",
+        served_model_name="m",
+        port=9000,
+        device="gpu",
+        replicas=2,
+        gpu_memory_utilization=0.2,
+        backend="inproc",
+        gpu_ids=["0", "1"],
+        max_model_len=8192,
+    )
     plans = build_launch_plans(spec)
     assert [p.port for p in plans] == [9000, 9001]
     assert plans[0].cmd[1:3] == ["-m", "serve.inproc_server"]
@@ -123,13 +170,49 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
     root = tmp_path / "root"
     root.mkdir()
     (root / "data").symlink_to(data_dir)
-    cmd = [sys.executable, "-m", "recipe.miniature.evaluate", "--root", str(root), "--system", "untrained",
-           "--runner", runner,
-           "--model", str(tiny_model_path), "--device", "cpu", "--engine", "hf", "--dtype", "float32",
-           "--lengths", "1,4", "--chunk-tokens", str(CHUNK), "--max-memory-tokens", "8", "--max-final-tokens", "8",
-           "--max-input-tokens", "200", "--max-model-len", "1024", "--port", "8741", "--serve-timeout", "120"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipe.miniature.evaluate",
+        "--root",
+        str(root),
+        "--system",
+        "untrained",
+        "--runner",
+        runner,
+        "--model",
+        str(tiny_model_path),
+        "--device",
+        "cpu",
+        "--engine",
+        "hf",
+        "--dtype",
+        "float32",
+        "--lengths",
+        "1,4",
+        "--chunk-tokens",
+        str(CHUNK),
+        "--max-memory-tokens",
+        "8",
+        "--max-final-tokens",
+        "8",
+        "--max-input-tokens",
+        "200",
+        "--max-model-len",
+        "1024",
+        "--port",
+        "8741",
+        "--serve-timeout",
+        "120",
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for seed in (1, 2):
         for kind in make_data.DEFAULT_KINDS:
@@ -144,7 +227,10 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
         assert meta["failed_items"] == 0 and meta["eval_wall_s"] > 0
     else:
         meta = json.loads((root / "meta" / "eval_untrained_runs.jsonl").read_text().splitlines()[-1])
-        assert (meta["finished"], meta["remaining"]) == (2 * 2 * 4 * 2 * 2, 0)  # seeds x labels x kinds x lengths x items
+        assert (meta["finished"], meta["remaining"]) == (
+            2 * 2 * 4 * 2 * 2,
+            0,
+        )  # seeds x labels x kinds x lengths x items
 
 
 def test_shards_partition_the_seed_kind_groups():
@@ -175,12 +261,27 @@ def test_pipeline_runs_the_rl_evaluation_as_shards(data_dir, tiny_model_path, tm
     root.mkdir()
     (root / "data").symlink_to(data_dir)
     (root / "rl_model").symlink_to(tiny_model_path)
-    eval_args = (f"--device cpu --engine hf --dtype float32 --lengths 1,4 --chunk-tokens {CHUNK} "
-                 "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024")
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "ROOT": str(root), "MODEL_PATH": str(tiny_model_path),
-           "PYTHON": sys.executable, "RL_SHARDS": "2", "EVAL_ARGS": eval_args}
-    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=env)
+    eval_args = (
+        f"--device cpu --engine hf --dtype float32 --lengths 1,4 --chunk-tokens {CHUNK} "
+        "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024"
+    )
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "ROOT": str(root),
+        "MODEL_PATH": str(tiny_model_path),
+        "PYTHON": sys.executable,
+        "RL_SHARDS": "2",
+        "EVAL_ARGS": eval_args,
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     logs = {p.name: p.read_text() for p in (root / "logs").glob("*.log")}
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:] + str(logs)[-3000:]
     assert "shard 0/2: rc=0" in logs["eval_rl.log"] and "shard 1/2: rc=0" in logs["eval_rl.log"]
@@ -195,16 +296,38 @@ def test_pipeline_runs_the_rl_evaluation_as_shards(data_dir, tiny_model_path, tm
     assert sorted((r["shard"], r["finished"]) for r in runs) == [("0/2", 16), ("1/2", 16)]
     (root / "rl_model").unlink()  # no model: both shards fail, and so does the stage
     (root / "eval").rename(root / "eval_done")
-    failed = subprocess.run(["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, env=env)
+    failed = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/pipeline.sh"), "eval_rl"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert failed.returncode != 0 and "rc=0" not in (root / "logs" / "eval_rl.log").read_text()
 
 
 def test_serve_cli_dry_run_with_the_inproc_backend(capsys):
     from serve.vllm_server import main as serve_main
 
-    assert serve_main(["--model", "/models/m", "--backend", "inproc", "--device", "gpu", "--port", "9100",
-                       "--gpu-memory-utilization", "0.2", "--dry-run"]) == 0
+    assert (
+        serve_main(
+            [
+                "--model",
+                "/models/m",
+                "--backend",
+                "inproc",
+                "--device",
+                "gpu",
+                "--port",
+                "9100",
+                "--gpu-memory-utilization",
+                "0.2",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out.strip()
     assert "-m serve.inproc_server --model /models/m" in line and "--port 9100" in line
     assert line.startswith("VLLM_ENABLE_V1_MULTIPROCESSING=0 ")
@@ -214,23 +337,39 @@ def test_h200_driver_waits_for_a_finished_pipeline_and_packs_the_results(tmp_pat
     """recipe/miniature/h200_run.sh wait: returns at once on DONE, prints the status, packs results.tgz
     without data, checkpoints or merged models."""
     root, out = tmp_path / "mini", tmp_path / "out"
-    for rel, text in {"logs/pipeline.log": "[pipeline] end report rc=0\n", "DONE": "today\n",
-                      "eval/seed1/niah_single_8/rl-memory.jsonl": "{}\n", "data/eval/x.parquet": "",
-                      "train/global_step_3/actor/w.pt": "", "rl_model/model.safetensors": "",
-                      "train/logs/metrics.jsonl": json.dumps({"step": 3, "critic/score/mean": 0.25}) + "\n"}.items():
+    for rel, text in {
+        "logs/pipeline.log": "[pipeline] end report rc=0\n",
+        "DONE": "today\n",
+        "eval/seed1/niah_single_8/rl-memory.jsonl": "{}\n",
+        "data/eval/x.parquet": "",
+        "train/global_step_3/actor/w.pt": "",
+        "rl_model/model.safetensors": "",
+        "train/logs/metrics.jsonl": json.dumps({"step": 3, "critic/score/mean": 0.25}) + "\n",
+    }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(out)}
-    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "wait", "30"], capture_output=True,
-                          text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "wait", "30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "DONE today" in proc.stdout and "step 3 {'critic/score/mean': 0.25}" in proc.stdout
-    names = subprocess.run(["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True,
-                           check=True).stdout.split()
+    names = subprocess.run(
+        ["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert "./eval/seed1/niah_single_8/rl-memory.jsonl" in names and "./train/logs/metrics.jsonl" in names
     assert not any(n.endswith((".parquet", ".pt", ".safetensors")) for n in names)
-    bad = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "nonsense"], capture_output=True,
-                         text=True, timeout=60, env=env)
+    bad = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert bad.returncode == 2 and "usage:" in bad.stderr
 
 
@@ -238,31 +377,55 @@ def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
     """h200_run.sh resume-untrained DIR copies an earlier run's untrained-* records and saved memories
     (the same untrained model on the same questions), never the RL model's."""
     src, root = tmp_path / "old_eval", tmp_path / "mini"
-    files = ["seed1/niah_single_512/untrained-memory.jsonl", "seed1/niah_single_512/untrained-memory.state.json",
-             "seed2/multidoc_qa_8/untrained-direct.meta.json", "seed1/niah_single_512/rl-memory.state.json",
-             "seed1/niah_single_512/rl-memory.jsonl"]
+    files = [
+        "seed1/niah_single_512/untrained-memory.jsonl",
+        "seed1/niah_single_512/untrained-memory.state.json",
+        "seed2/multidoc_qa_8/untrained-direct.meta.json",
+        "seed1/niah_single_512/rl-memory.state.json",
+        "seed1/niah_single_512/rl-memory.jsonl",
+    ]
     for rel in files:
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(rel)
     env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(tmp_path / "out")}
-    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(src)],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resume-untrained: 3 files" in proc.stdout
     copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
     assert copied == sorted(files[:3])
     assert (root / "eval" / files[1]).read_text() == files[1]
-    missing = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained",
-                              str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=60, env=env)
+    missing = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert missing.returncode == 2 and "no folder" in missing.stderr
-    rl = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-rl", str(src)],
-                        capture_output=True, text=True, timeout=60, env=env)
+    rl = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-rl", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert rl.returncode == 0 and "resume-rl: 2 files" in rl.stdout
     copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
     assert copied == sorted(files)
     # the RL model's memories only go with the same model: RESUME_RL without RL_MODEL_PARTS stops `start`
-    alone = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "start"], capture_output=True,
-                           text=True, timeout=60, env={**env, "RESUME_RL": str(src)})
+    alone = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "start"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "RESUME_RL": str(src)},
+    )
     assert "RESUME_RL needs RL_MODEL_PARTS" in alone.stderr and "pipeline launched" not in alone.stdout
 
 
@@ -282,10 +445,24 @@ def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
     stub = tmp_path / "py"
     stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     stub.chmod(0o755)
-    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(tmp_path / "out"), "MINI_CODE": str(REPO),
-           "MODEL_PATH": str(root / "rl_model"), "PYTHON": str(stub), "RL_SHARDS": "2", "FETCH_MODEL": "0"}
-    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "eval-rl", "40"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=env)
+    env = {
+        **os.environ,
+        "MINI_ROOT": str(root),
+        "OUT": str(tmp_path / "out"),
+        "MINI_CODE": str(REPO),
+        "MODEL_PATH": str(root / "rl_model"),
+        "PYTHON": str(stub),
+        "RL_SHARDS": "2",
+        "FETCH_MODEL": "0",
+    }
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "eval-rl", "40"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "RL evaluation relaunched" in proc.stdout and (root / "DONE").is_file() and not (root / "FAILED").exists()
     lines = calls.read_text().splitlines()
@@ -293,5 +470,7 @@ def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
     assert any("--shard 1/2" in line for line in lines) and "recipe.miniature.report" in lines[-1]
     assert not any("main_ppo" in line or "--system untrained" in line or "model_merger" in line for line in lines)
     assert [p.read_text() for p in (root / "logs").glob("eval_rl.before-*.log")] == ["first attempt\n"]
-    assert ("RL_SHARDS=2 TRAIN=0 EVAL_UNTRAINED=0 bash recipe/miniature/pipeline.sh all"
-            in (root / "meta" / "commands.txt").read_text())
+    assert (
+        "RL_SHARDS=2 TRAIN=0 EVAL_UNTRAINED=0 bash recipe/miniature/pipeline.sh all"
+        in (root / "meta" / "commands.txt").read_text()
+    )

@@ -69,11 +69,22 @@ def test_h200_driver_returns_the_model_a_few_parts_per_command(tiny_model_path, 
     (root / "meta").mkdir(parents=True)
     (root / "meta" / "rl_checkpoint.txt").write_text("/tmp/mini/train/global_step_17\n")
     outs = [tmp_path / f"out{i}" for i in range(3)]
-    env = {**os.environ, "MINI_ROOT": str(root), "PARTS_DIR": str(parts), "MODEL_PART_MIB": "0.06",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "MINI_ROOT": str(root),
+        "PARTS_DIR": str(parts),
+        "MODEL_PART_MIB": "0.06",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     for out in outs:
-        proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "fetch-model"], cwd=REPO,
-                              capture_output=True, text=True, timeout=120, env={**env, "OUT": str(out)})
+        proc = subprocess.run(
+            ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "fetch-model"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "OUT": str(out)},
+        )
         assert proc.returncode == 0, proc.stderr
         assert (out / pack_model.MANIFEST).is_file() and (out / "results.tgz").is_file()
     manifest = json.loads((parts / pack_model.MANIFEST).read_text())
@@ -87,6 +98,12 @@ def test_h200_driver_returns_the_model_a_few_parts_per_command(tiny_model_path, 
     # a model that came from parts is not sent back again
     (root / "meta" / ".rl_model_from_parts").touch()
     shutil.rmtree(parts)
-    proc = subprocess.run(["bash", str(REPO / "recipe/miniature/h200_run.sh"), "fetch-model"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env={**env, "OUT": str(tmp_path / "out9")})
+    proc = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "fetch-model"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "OUT": str(tmp_path / "out9")},
+    )
     assert proc.returncode == 0 and not list((tmp_path / "out9").glob(pack_model.PREFIX + "*"))

@@ -76,7 +76,11 @@ def _make_root(tmp_path: Path, counts: dict, short_cell: bool = False) -> Path:
     for (system, task, seed), per_length in counts.items():
         for length, correct in zip(LENGTHS, per_length):
             if correct is not None:
-                n_items = 5 if short_cell and (system, task, seed, length) == ("untrained-memory", "niah_single", 1, 32) else 4
+                n_items = (
+                    5
+                    if short_cell and (system, task, seed, length) == ("untrained-memory", "niah_single", 1, 32)
+                    else 4
+                )
                 _write_cell(root / "eval" / f"seed{seed}", task, length, system, correct, n_items)
     return root
 
@@ -89,7 +93,9 @@ def _log_training(root: Path) -> None:
         if step % 10 == 0:
             metrics["val-core/memory/reward/mean@1"] = 0.1 + step / 100
         tracker.log(metrics, step=step)
-    tracker.log({"critic/score/mean": 0.5, "timing_s/step": 2.0, "val-core/memory/reward/mean@1": 0.45}, step=30)  # resumed
+    tracker.log(
+        {"critic/score/mean": 0.5, "timing_s/step": 2.0, "val-core/memory/reward/mean@1": 0.45}, step=30
+    )  # resumed
     tracker.finish()
 
 
@@ -161,7 +167,9 @@ def test_tables_match_hand_computed_means(tmp_path):
     with (out / "results.csv").open() as fh:
         table = list(csv.DictReader(fh))
     assert len(table) == 3 * 2 * 6 * 2  # systems x tasks x lengths x seeds, missing cells included
-    row = next(r for r in table if (r["system"], r["task"], r["length"], r["seed"]) == ("rl-memory", "multidoc_qa", "128", "2"))
+    row = next(
+        r for r in table if (r["system"], r["task"], r["length"], r["seed"]) == ("rl-memory", "multidoc_qa", "128", "2")
+    )
     assert (row["metric"], float(row["lenient"]), float(row["strict"]), float(row["in_response"]), row["n_items"],
             row["status"]) == ("sub_em", 50.0, 25.0, 75.0, "4", "ok")  # fmt: skip
     missing = [r for r in table if r["status"] == "missing"]
@@ -169,14 +177,20 @@ def test_tables_match_hand_computed_means(tmp_path):
     assert all(r["lenient"] == "" and r["in_response"] == "" for r in missing)
 
     claims, supplementary = md.split("## Claim check", 1)[1].split("## Accuracy", 1)[0].split("### Supplementary", 1)
-    assert "(a) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**" in claims
+    assert (
+        "(a) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**"
+        in claims
+    )
     assert "128 chunks: rl-memory 75.0% vs untrained-memory 0.0%, margin +75.0 points; spread 25.0" in claims
     assert "(b) rl-memory's accuracy at 512 chunks is within 10 points of its accuracy at 8 chunks: holds.**" in claims
     assert "difference -6.2 points" in claims  # 75 - 81.25
     assert "does not hold" not in claims
     # format-free: 128 chunks rl (100 + 87.5)/2 = 93.75 vs untrained (1+1)/8 = 25 both seeds; spread max(12.5, 0)
     assert "in_response" in supplementary.split("\n", 1)[0]
-    assert "(a, in-response) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**" in supplementary
+    assert (
+        "(a, in-response) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**"
+        in supplementary
+    )
     assert "128 chunks: rl-memory 93.8% vs untrained-memory 25.0%, margin +68.8 points; spread 12.5" in supplementary
     assert "(b, in-response) rl-memory's accuracy at 512 chunks is within 10 points" in supplementary
     assert "512 chunks: 100.0%, 8 chunks: 100.0%, difference +0.0 points" in supplementary
@@ -217,7 +231,9 @@ def test_claims_not_checked_where_cells_are_missing(tmp_path):
     counts = {k: (v[:4] + [None] if k[0] == "rl-memory" else v) for k, v in GOOD.items()}  # rl-memory never at 512
     root = _make_root(tmp_path, counts)
     md = report.write_report(root, tmp_path / "out", report.ReportSettings(tasks=TASKS))["markdown"].read_text()
-    assert "seed spread: holds where measured, not fully checked.** It holds at 32, 128 chunks; not checked at 512" in md
+    assert (
+        "seed spread: holds where measured, not fully checked.** It holds at 32, 128 chunks; not checked at 512" in md
+    )
     assert "512 chunks: no data for rl-memory" in md
     assert "8 chunks: cannot be checked.** No rl-memory data at 512 chunks." in md
 
@@ -240,7 +256,9 @@ def test_training_log_and_run_facts(tmp_path):
     log = report.read_training_log(root / "train" / "logs" / "metrics.jsonl")
     assert list(log.index) == list(range(31))
     assert log.loc[30, "critic/score/mean"] == pytest.approx(0.5)  # the re-logged step wins
-    assert log["val-core/memory/reward/mean@1"].dropna().to_dict() == pytest.approx({0: 0.1, 10: 0.2, 20: 0.3, 30: 0.45})
+    assert log["val-core/memory/reward/mean@1"].dropna().to_dict() == pytest.approx(
+        {0: 0.1, 10: 0.2, 20: 0.3, 30: 0.45}
+    )
 
     out = tmp_path / "results"
     rc = report.main(["--root", str(root), "--out", str(out), "--commands", str(commands), "--hardware", str(hardware)]
@@ -251,7 +269,10 @@ def test_training_log_and_run_facts(tmp_path):
     assert "mean of the first 10 steps 0.055, of the last 10 steps 0.275" in md
     assert "Sum of `timing_s/step`: 60 s" in md  # 30 steps x 2 s
     val = _by_first_cells(_table(md, "Validation (0–1 scale):"), 1)
-    assert val[("0",)]["`val-core/memory/reward/mean@1`"] == "0.100" and val[("30",)]["`val-core/memory/reward/mean@1`"] == "0.450"
+    assert (
+        val[("0",)]["`val-core/memory/reward/mean@1`"] == "0.100"
+        and val[("30",)]["`val-core/memory/reward/mean@1`"] == "0.450"
+    )
     assert "ROOT=<root> python -m recipe.miniature.train --steps 30" in md and "NVIDIA H200, 143771 MiB" in md
     assert '"train_s": 1234' in md and '"out": "<root>/train"' in md
     # paths relative to the root (or the bare file name outside it), never absolute
@@ -261,7 +282,10 @@ def test_training_log_and_run_facts(tmp_path):
     # the reward definition is copied into the training section once (not repeated under run facts),
     # and meta/commands.txt is not repeated either
     training = md.split("## Training", 1)[1].split("## Run facts", 1)[0]
-    assert "Reward definition (from `meta/reward.txt`):\n\n1 iff the last \\boxed{} equals a gold answer, else 0" in training
+    assert (
+        "Reward definition (from `meta/reward.txt`):\n\n1 iff the last \\boxed{} equals a gold answer, else 0"
+        in training
+    )
     assert md.count("equals a gold answer") == 1 and md.count("--steps 30") == 1
     _check_png(out / "training_curve.png")
 
@@ -303,15 +327,24 @@ def test_format_free_check_where_the_lenient_metric_is_zero(tmp_path):
     md = report.write_report(root, tmp_path / "out", settings)["markdown"].read_text()
     claims, supplementary = md.split("## Claim check", 1)[1].split("## Accuracy", 1)[0].split("### Supplementary", 1)
     # lenient: 0 vs 0 with spread 0 -> margin 0 is not more than the spread
-    assert "(a) rl-memory beats untrained-memory" in claims and "seed spread: does not hold.** It fails at 32, 512" in claims
+    assert (
+        "(a) rl-memory beats untrained-memory" in claims
+        and "seed spread: does not hold.** It fails at 32, 512" in claims
+    )
     # in-response (both tasks alike, so a seed's mean is count/4): rl 32 -> 75, 50 -> 62.5, spread 25;
     # untrained 32 -> 25 both, spread 0; margin 37.5 > 25. 512: rl 50 both; untrained 0, 25 -> 12.5, spread 25;
     # margin 37.5 > 25
-    assert "(a, in-response) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**" in supplementary
+    assert (
+        "(a, in-response) rl-memory beats untrained-memory at every length > 8 chunks by more than the seed spread: holds.**"
+        in supplementary
+    )
     assert "32 chunks: rl-memory 62.5% vs untrained-memory 25.0%, margin +37.5 points; spread 25.0" in supplementary
     assert "512 chunks: rl-memory 50.0% vs untrained-memory 12.5%, margin +37.5 points; spread 25.0" in supplementary
     # (b): rl 8 chunks 75 both seeds; 512: 50 -> difference -25 > 10
-    assert "(b, in-response) rl-memory's accuracy at 512 chunks is within 10 points of its accuracy at 8 chunks: does not hold.**" in supplementary
+    assert (
+        "(b, in-response) rl-memory's accuracy at 512 chunks is within 10 points of its accuracy at 8 chunks: does not hold.**"
+        in supplementary
+    )
     assert "512 chunks: 50.0%, 8 chunks: 75.0%, difference -25.0 points (|-25.0| > 10)" in supplementary
     main = _by_first_cells(_table(md, "## Accuracy vs document length"), 1)
     assert main[("`untrained-memory`",)]["512 ch"] == "0.0 / 0.0 / 12.5"
@@ -334,16 +367,28 @@ def test_cells_stopped_with_most_items_undone_are_not_reported(tmp_path):
 
 
 REPO = Path(__file__).resolve().parents[1]
-COMMITTED_RUNS = [("run5", "docs/results"), ("run4", "docs/results/run4"), ("run3", "docs/results/run3"),
-                  ("run", "docs/results/run")]
+COMMITTED_RUNS = [
+    ("run5", "docs/results"),
+    ("run4", "docs/results/run4"),
+    ("run3", "docs/results/run3"),
+    ("run", "docs/results/run"),
+]
 
 
 @pytest.mark.parametrize(("run", "out"), COMMITTED_RUNS)
 def test_committed_reports_regenerate_from_their_records(run, out, tmp_path):
     """docs/results: every committed report's tables are what its listed command makes of its records."""
     root = REPO / "docs" / "results" / run
-    argv = ["--root", str(root), "--out", str(tmp_path), "--commands", str(root / "meta" / "commands.txt"),
-            "--hardware", str(root / "meta" / "hardware.txt")]
+    argv = [
+        "--root",
+        str(root),
+        "--out",
+        str(tmp_path),
+        "--commands",
+        str(root / "meta" / "commands.txt"),
+        "--hardware",
+        str(root / "meta" / "hardware.txt"),
+    ]
     assert report.main(argv) == 0
     for name in ("results.md", "results.csv"):
         assert (tmp_path / name).read_text() == (REPO / out / name).read_text(), f"{out}/{name} is stale"

@@ -81,7 +81,9 @@ def test_quickstart_builtin_example_prints_chunks_memory_and_answer(monkeypatch,
 def test_quickstart_context_file(tmp_path, monkeypatch, capsys):
     doc = tmp_path / "doc.txt"
     doc.write_text("The code word is {tangerine}. " * 50)
-    with ScriptedOpenAIServer(models=["mem"], reply=lambda c: "Therefore, the answer is tangerine. \\boxed{tangerine}") as srv:
+    with ScriptedOpenAIServer(
+        models=["mem"], reply=lambda c: "Therefore, the answer is tangerine. \\boxed{tangerine}"
+    ) as srv:
         monkeypatch.setenv("URL", srv.base_url)
         rc = quickstart.main(["--model", "mem", "--context-file", str(doc), "--question", "Code word?",
                               "--chunk-size", "100", "--final-style", "answer_is"])  # fmt: skip
@@ -90,7 +92,10 @@ def test_quickstart_context_file(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "[chunk 4/4]" in out and "answer: tangerine. \\boxed{tangerine}" in out
     # 100 tokens ~ 400 characters, cut back to the last space: 13 whole 30-character sentences + "The code "
-    assert prompts[0].count("{tangerine}") == 13 and "<section>\n" + "The code word is {tangerine}. " * 13 + "The code \n</section>" in prompts[0]
+    assert (
+        prompts[0].count("{tangerine}") == 13
+        and "<section>\n" + "The code word is {tangerine}. " * 13 + "The code \n</section>" in prompts[0]
+    )
     assert 'format your response as follows "Therefore, the answer is' in prompts[-1]
     assert quickstart.main(["--model", "mem", "--context-file", str(doc)]) == 2
     assert "--question is required" in capsys.readouterr().err

@@ -356,7 +356,9 @@ def test_dispatch_routes() -> None:
         # strict route: unboxed text scores 0 even though it contains the gold
         assert rs.default_compute_score(source, "Paris", ["Paris"]) == 0.0, source
     # other RULER tasks: string_match_all on the whole response
-    assert rs.default_compute_score("ruler_niah_multivalue", "123 and 456", ["123", "456", "789"]) == pytest.approx(2 / 3)
+    assert rs.default_compute_score("ruler_niah_multivalue", "123 and 456", ["123", "456", "789"]) == pytest.approx(
+        2 / 3
+    )
     assert rs.default_compute_score("ruler_vt", "Paris", ["Paris"]) == 1.0
     for source in ("openai/gsm8k", "gsm8k"):
         assert rs.default_compute_score(source, "so it is 18", "18") == 1.0
@@ -403,9 +405,36 @@ def test_register_scorer(restore_registry) -> None:
 # ----------------------------------------------------------------------------- robustness (properties)
 
 _TRICKY_PIECES = [
-    "\\boxed{", "\\boxed ", "\\boxed", "\\fbox{", "{", "}", "$", "\\", "the answer is", "The answer is",
-    "</think>", "<think>", "*", ".", "#### ", "-", ",", "1", "42", "Paris", " ", "\n", "a", "the", "é", "Σ",
-    "<｜end▁of▁sentence｜>", "\\dfrac", "yes", "no",
+    "\\boxed{",
+    "\\boxed ",
+    "\\boxed",
+    "\\fbox{",
+    "{",
+    "}",
+    "$",
+    "\\",
+    "the answer is",
+    "The answer is",
+    "</think>",
+    "<think>",
+    "*",
+    ".",
+    "#### ",
+    "-",
+    ",",
+    "1",
+    "42",
+    "Paris",
+    " ",
+    "\n",
+    "a",
+    "the",
+    "é",
+    "Σ",
+    "<｜end▁of▁sentence｜>",
+    "\\dfrac",
+    "yes",
+    "no",
 ]
 tricky_text = st.lists(st.sampled_from(_TRICKY_PIECES), max_size=60).map("".join)
 any_text = st.one_of(st.text(max_size=400), tricky_text)

@@ -115,7 +115,9 @@ def test_greedy_batch_equals_model_generate_in_order(engine, varied_model):
 def test_concurrent_requests_are_batched_and_rows_finish_at_different_steps(varied_model):
     """Concurrent generate() calls from a user event loop share one batch; rows with different
     max_tokens finish at different steps (exercises batch compaction) and stay correct."""
-    eng = HFRolloutEngine(copy.deepcopy(varied_model), device="cpu", max_batch_size=8, max_model_len=64, batch_wait_s=0.05)
+    eng = HFRolloutEngine(
+        copy.deepcopy(varied_model), device="cpu", max_batch_size=8, max_model_len=64, batch_wait_s=0.05
+    )
     try:
         lengths = [1, 2, 3, 9, 14]
 

@@ -38,8 +38,9 @@ ray = pytest.importorskip("ray")
 
 
 def _rows(values: list[float], uids: list[str]):
-    from verl.protocol import DataProto
     import torch
+
+    from verl.protocol import DataProto
 
     return DataProto.from_dict({"x": torch.tensor(values, dtype=torch.float32)}, {"uid": list(uids)})
 
@@ -61,8 +62,13 @@ class EchoWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self) -> dict:
         return {
-            "tag": self.tag, "rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
-            "local_world_size": self.local_world_size, "pid": os.getpid(), "device": self.device,
+            "tag": self.tag,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "local_world_size": self.local_world_size,
+            "pid": os.getpid(),
+            "device": self.device,
             "master": (self.master_addr, self.master_port),
             "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")},
         }
@@ -174,16 +180,22 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def groups(ray_cluster) -> dict[str, RayWorkerGroup]:
     """All groups at once: their processes start (and import torch, via preload) concurrently."""
-    colocated = create_colocated_worker_cls({"actor": RayClassWithInitArgs(EchoWorker, tag="actor"),
-                                             "ref": RayClassWithInitArgs(RefWorker)})
+    colocated = create_colocated_worker_cls(
+        {"actor": RayClassWithInitArgs(EchoWorker, tag="actor"), "ref": RayClassWithInitArgs(RefWorker)}
+    )
     made = {
-        "g4": RayWorkerGroup(ResourcePool([4], use_gpu=False, name_prefix="g4"),
-                             RayClassWithInitArgs(EchoWorker, tag="plain"), name_prefix="g4"),
+        "g4": RayWorkerGroup(
+            ResourcePool([4], use_gpu=False, name_prefix="g4"),
+            RayClassWithInitArgs(EchoWorker, tag="plain"),
+            name_prefix="g4",
+        ),
         "g3": RayWorkerGroup(ResourcePool([3], use_gpu=False, name_prefix="g3"), colocated, name_prefix="g3"),
-        "g2": RayWorkerGroup(ResourcePool([2], use_gpu=False, name_prefix="g2"),
-                             RayClassWithInitArgs(EchoWorker), name_prefix="g2"),
-        "broken": RayWorkerGroup(ResourcePool([1], use_gpu=False, name_prefix="bad"),
-                                 RayClassWithInitArgs(BrokenWorker, "boom in __init__")),
+        "g2": RayWorkerGroup(
+            ResourcePool([2], use_gpu=False, name_prefix="g2"), RayClassWithInitArgs(EchoWorker), name_prefix="g2"
+        ),
+        "broken": RayWorkerGroup(
+            ResourcePool([1], use_gpu=False, name_prefix="bad"), RayClassWithInitArgs(BrokenWorker, "boom in __init__")
+        ),
     }
     for future in (made["g4"].preload(), made["g3"].actor_preload(), made["g2"].preload()):
         assert isinstance(future, WorkerGroupFuture)  # not waited for: later calls queue behind it
@@ -253,7 +265,9 @@ def test_one_to_all_identity_and_env(group4):
 
 def test_all_to_all_sends_entry_i_to_rank_i(group4):
     assert group4.add([10, 20, 30, 40], y=[1, 2, 3, 4]) == [(0, 11), (1, 22), (2, 33), (3, 44)]
-    with pytest.raises(ValueError, match=r"add \(ALL_TO_ALL\): argument 0 must be a list with one entry per rank \(4\)"):
+    with pytest.raises(
+        ValueError, match=r"add \(ALL_TO_ALL\): argument 0 must be a list with one entry per rank \(4\)"
+    ):
         group4.add([1, 2, 3])
 
 

@@ -61,7 +61,13 @@ def test_jsonl_lines_parse_and_match_logged_values(tmp_path: Path) -> None:
     tracker.log({"critic/score/mean": 0.75, "n": 3, "t": torch.tensor(2.5), "a": np.int64(4)}, step=1)
     path = tmp_path / "metrics.jsonl"
     # Flushed at once: readable before finish() (nothing is lost if the process dies here).
-    assert json.loads(path.read_text().splitlines()[0]) == {"step": 1, "critic/score/mean": 0.75, "n": 3, "t": 2.5, "a": 4}
+    assert json.loads(path.read_text().splitlines()[0]) == {
+        "step": 1,
+        "critic/score/mean": 0.75,
+        "n": 3,
+        "t": 2.5,
+        "a": 4,
+    }
     tracker.log({"critic/score/mean": 0.5}, step=2)
     tracker.finish()
     tracker.finish()  # idempotent
@@ -78,9 +84,14 @@ def test_jsonl_lines_parse_and_match_logged_values(tmp_path: Path) -> None:
 
 def test_generations_go_to_their_own_jsonl(tmp_path: Path) -> None:
     with Tracking("p", "e", ["jsonl"], log_dir=tmp_path) as tracker:
-        tracker.log_generations([{"input": "q1", "output": "a1", "score": 1.0}, {"input": "q2", "output": "a2", "score": 0}], 5)
+        tracker.log_generations(
+            [{"input": "q1", "output": "a1", "score": 1.0}, {"input": "q2", "output": "a2", "score": 0}], 5
+        )
     lines = [json.loads(x) for x in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
-    assert lines == [{"step": 5, "input": "q1", "output": "a1", "score": 1.0}, {"step": 5, "input": "q2", "output": "a2", "score": 0}]
+    assert lines == [
+        {"step": 5, "input": "q1", "output": "a1", "score": 1.0},
+        {"step": 5, "input": "q2", "output": "a2", "score": 0},
+    ]
 
 
 def test_tensorboard_event_file_holds_the_scalars(tmp_path: Path) -> None:
@@ -103,7 +114,9 @@ def test_wandb_offline_run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("WANDB_SILENT", "true")
     for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    tracker = Tracking("proj", "exp", ["wandb"], config={"algorithm": {"adv_estimator": "grpo"}}, log_dir=tmp_path / "logs")
+    tracker = Tracking(
+        "proj", "exp", ["wandb"], config={"algorithm": {"adv_estimator": "grpo"}}, log_dir=tmp_path / "logs"
+    )
     run = tracker.backends["wandb"].run
     assert run.project == "proj" and run.name == "exp"
     assert run.config["algorithm"] == {"adv_estimator": "grpo"}
@@ -132,8 +145,8 @@ def make_batch(with_final_mask_tensor: bool = False) -> DataProto:
     attention = torch.zeros(rows, PROMPT_W + RESP_W, dtype=torch.long)
     scores = torch.zeros(rows, RESP_W)
     for i, (p, r) in enumerate(zip(PROMPT_LENS, RESP_LENS)):
-        attention[i, PROMPT_W - p: PROMPT_W] = 1  # left-padded prompt
-        attention[i, PROMPT_W: PROMPT_W + r] = 1  # right-padded response
+        attention[i, PROMPT_W - p : PROMPT_W] = 1  # left-padded prompt
+        attention[i, PROMPT_W : PROMPT_W + r] = 1  # right-padded response
         scores[i, r - 1] = TRAJ_SCORE[SAMPLE_INDEX[i]]  # broadcast score at the last response token
     response_mask = attention[:, PROMPT_W:].float()
     advantages = torch.tensor([TRAJ_ADV[t] for t in SAMPLE_INDEX]).unsqueeze(-1) * response_mask
@@ -154,25 +167,42 @@ def make_batch(with_final_mask_tensor: bool = False) -> DataProto:
 
 EXPECTED_DATA_METRICS = {
     # conversation-weighted: scores per conversation are [1, 1, 1, 0]
-    "critic/score/mean": 0.75, "critic/score/max": 1.0, "critic/score/min": 0.0,
-    "critic/rewards/mean": 0.375, "critic/rewards/max": 0.5, "critic/rewards/min": 0.0,
+    "critic/score/mean": 0.75,
+    "critic/score/max": 1.0,
+    "critic/score/min": 0.0,
+    "critic/rewards/mean": 0.375,
+    "critic/rewards/max": 0.5,
+    "critic/rewards/min": 0.0,
     "critic/pass@n": 0.75,
     # 6 response tokens at +0.5 (traj 0: 3 + 2 + 1) and 3 at -0.5 (traj 1): (3 - 1.5) / 9
-    "critic/advantages/mean": 1.5 / 9, "critic/advantages/max": 0.5, "critic/advantages/min": -0.5,
+    "critic/advantages/mean": 1.5 / 9,
+    "critic/advantages/max": 0.5,
+    "critic/advantages/min": -0.5,
     "critic/returns/mean": 1.5 / 9,
-    "response_length/mean": 2.25, "response_length/max": 3.0, "response_length/min": 1.0,
+    "response_length/mean": 2.25,
+    "response_length/max": 3.0,
+    "response_length/min": 1.0,
     "response_length/clip_ratio": 0.5,  # rows 0 and 3 use the full width 3
-    "prompt_length/mean": 3.25, "prompt_length/max": 4.0, "prompt_length/min": 2.0,
+    "prompt_length/mean": 3.25,
+    "prompt_length/max": 4.0,
+    "prompt_length/min": 2.0,
     "prompt_length/clip_ratio": 0.5,
-    "response_length/memory_turn/mean": 2.5, "response_length/memory_turn/max": 3.0,
+    "response_length/memory_turn/mean": 2.5,
+    "response_length/memory_turn/max": 3.0,
     "response_length/memory_turn/clip_ratio": 0.5,
-    "response_length/final_turn/mean": 2.0, "response_length/final_turn/max": 3.0,
+    "response_length/final_turn/mean": 2.0,
+    "response_length/final_turn/max": 3.0,
     "response_length/final_turn/clip_ratio": 0.5,
     # trajectory-weighted: final answers score [1, 0]
     "trajectory/count": 2.0,
-    "trajectory/score/mean": 0.5, "trajectory/reward/mean": 0.25, "trajectory/reward/max": 0.5,
-    "trajectory/reward/min": 0.0, "trajectory/pass_rate": 0.5,
-    "trajectory/num_conv/mean": 2.0, "trajectory/num_conv/min": 1.0, "trajectory/num_conv/max": 3.0,
+    "trajectory/score/mean": 0.5,
+    "trajectory/reward/mean": 0.25,
+    "trajectory/reward/max": 0.5,
+    "trajectory/reward/min": 0.0,
+    "trajectory/pass_rate": 0.5,
+    "trajectory/num_conv/mean": 2.0,
+    "trajectory/num_conv/min": 1.0,
+    "trajectory/num_conv/max": 3.0,
 }
 
 
@@ -240,16 +270,18 @@ def test_validation_metrics_grouped_by_sample_uid() -> None:
     rewards = [1, 1, 0, 1, 0, 1, 1, 1] + [0, 0, 0, 0]
     preds = ["a"] * 12  # non-numeric infos are skipped
     metrics = process_validation_metrics(sources, uids, {"reward": rewards, "pred": preds})
-    assert metrics == pytest.approx({
-        "val-core/hotpotqa/reward/mean@4": 0.75,  # (0.5 + 1) / 2
-        "val-core/hotpotqa/reward/best@4": 1.0,  # (1 + 1) / 2
-        "val-aux/hotpotqa/reward/worst@4": 0.5,  # (0 + 1) / 2
-        "val-aux/hotpotqa/reward/std@4": 0.25,  # (0.5 + 0) / 2
-        "val-core/squad/reward/mean@4": 0.0,
-        "val-core/squad/reward/best@4": 0.0,
-        "val-aux/squad/reward/worst@4": 0.0,
-        "val-aux/squad/reward/std@4": 0.0,
-    })
+    assert metrics == pytest.approx(
+        {
+            "val-core/hotpotqa/reward/mean@4": 0.75,  # (0.5 + 1) / 2
+            "val-core/hotpotqa/reward/best@4": 1.0,  # (1 + 1) / 2
+            "val-aux/hotpotqa/reward/worst@4": 0.5,  # (0 + 1) / 2
+            "val-aux/hotpotqa/reward/std@4": 0.25,  # (0.5 + 0) / 2
+            "val-core/squad/reward/mean@4": 0.0,
+            "val-core/squad/reward/best@4": 0.0,
+            "val-aux/squad/reward/worst@4": 0.0,
+            "val-aux/squad/reward/std@4": 0.0,
+        }
+    )
 
 
 def test_validation_metrics_acc_is_core_when_present() -> None:

@@ -40,25 +40,48 @@ def _data(tmp: Path, tok_path: Path, n: int, name: str) -> str:
 def _cfg(tmp: Path, model: Path, out: str, steps: int, extra=()):
     train, val = _data(tmp, model, 4, "train"), _data(tmp, model, 2, "val")
     overrides = [
-        f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=2", "data.shuffle=True",
-        "data.truncation=center", "+data.context_key=context",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.seed=123",
-        "actor_rollout_ref.rollout.prompt_length=512", "actor_rollout_ref.rollout.response_length=16",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        "data.train_batch_size=2",
+        "data.shuffle=True",
+        "data.truncation=center",
+        "+data.context_key=context",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.seed=123",
+        "actor_rollout_ref.rollout.prompt_length=512",
+        "actor_rollout_ref.rollout.response_length=16",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "algorithm.grpo_use_adv=False", "algorithm.adv_estimator=grpo",
+        "algorithm.grpo_use_adv=False",
+        "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4", "reward_model.reward_manager=naive",
-        "recurrent.enable=memory", "recurrent.memory.config.chunk_size=24",
-        "recurrent.memory.config.max_memorization_length=8", "recurrent.memory.config.max_final_response_length=8",
-        "recurrent.memory.config.max_chunks=4", "recurrent.memory.config.max_prompt_length=32",
-        "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
-        f"trainer.total_training_steps={steps}", "trainer.save_freq=2", "trainer.test_freq=2",
-        "trainer.val_before_train=True", "trainer.logger=[console,jsonl]", f"trainer.default_local_dir={out}",
-        "trainer.progress_bar=False", "trainer.project_name=t", "trainer.experiment_name=t",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "reward_model.reward_manager=naive",
+        "recurrent.enable=memory",
+        "recurrent.memory.config.chunk_size=24",
+        "recurrent.memory.config.max_memorization_length=8",
+        "recurrent.memory.config.max_final_response_length=8",
+        "recurrent.memory.config.max_chunks=4",
+        "recurrent.memory.config.max_prompt_length=32",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.save_freq=2",
+        "trainer.test_freq=2",
+        "trainer.val_before_train=True",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={out}",
+        "trainer.progress_bar=False",
+        "trainer.project_name=t",
+        "trainer.experiment_name=t",
         f"custom_reward_function.path={Path(__file__).parent / 'fixtures' / 'parity_reward.py'}",
         *extra,
     ]
@@ -75,8 +98,15 @@ def runs(tiny_model_path, tmp_path_factory):
     resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3))
     straight = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 3))
     # the same first step on 2 Ray worker processes (FSDP2 over gloo), data split unevenly across ranks
-    two_ranks = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "c"), 1,
-                                  extra=["trainer.n_gpus_per_node=2", "trainer.val_before_train=False"]))
+    two_ranks = main_ppo.run(
+        _cfg(
+            tmp,
+            tiny_model_path,
+            str(tmp / "c"),
+            1,
+            extra=["trainer.n_gpus_per_node=2", "trainer.val_before_train=False"],
+        )
+    )
     yield {"first": first, "resumed": resumed, "straight": straight, "two_ranks": two_ranks, "tmp": tmp}
     ray.shutdown()
 
@@ -122,8 +152,12 @@ def test_checkpoint_and_jsonl_logs_written(runs):
 def test_wall_time_limit_stops_with_a_checkpoint_and_the_next_command_resumes(tiny_model_path, tmp_path, runs):
     """trainer.max_wall_time_s: each command does one step past the limit, validates, saves, and stops; rerun
     continues."""
-    extra = ["trainer.max_wall_time_s=0.001", "trainer.val_before_train=False", "trainer.test_freq=10",
-             "trainer.save_freq=-1"]
+    extra = [
+        "trainer.max_wall_time_s=0.001",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=10",
+        "trainer.save_freq=-1",
+    ]
     out = tmp_path / "w"
     first = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 3, extra=extra))
     assert [h["step"] for h in first] == [1]
@@ -151,11 +185,24 @@ def test_two_ray_ranks_match_one_process(runs):
 
 def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, runs):
     """Filter on: every kept group has reward variance; the batch is refilled from more questions."""
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "d"), 1, extra=[
-        "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.test_freq=-1",
-        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=4",
-        "algorithm.overlong_buffer.enable=True", "algorithm.overlong_buffer.len=4",
-        "algorithm.overlong_buffer.penalty_factor=0.5"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "d"),
+            1,
+            extra=[
+                "trainer.val_before_train=False",
+                "trainer.save_freq=-1",
+                "trainer.test_freq=-1",
+                "algorithm.filter_groups.enable=True",
+                "algorithm.filter_groups.max_num_gen_batches=4",
+                "algorithm.overlong_buffer.enable=True",
+                "algorithm.overlong_buffer.len=4",
+                "algorithm.overlong_buffer.penalty_factor=0.5",
+            ],
+        )
+    )
     h = {x["step"]: x for x in hist}[1]
     assert h["train/total_groups"] >= h["train/kept_groups"]
     assert 1 <= h["train/num_gen_batches"] <= 4
@@ -169,10 +216,22 @@ def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
     """The same launch path on GPUs: Ray workers, FSDP2 over NCCL (bf16 compute), HF engine on CUDA."""
     ngpu = min(2, torch.cuda.device_count())
     started_here = not ray.is_initialized()
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "g"), 2, extra=[
-        "trainer.device=cuda", f"trainer.n_gpus_per_node={ngpu}", "trainer.val_before_train=False",
-        "trainer.test_freq=-1", "actor_rollout_ref.model.use_remove_padding=True",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=True"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "g"),
+            2,
+            extra=[
+                "trainer.device=cuda",
+                f"trainer.n_gpus_per_node={ngpu}",
+                "trainer.val_before_train=False",
+                "trainer.test_freq=-1",
+                "actor_rollout_ref.model.use_remove_padding=True",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            ],
+        )
+    )
     steps = {h["step"]: h for h in hist}
     assert set(steps) >= {1, 2}
     for h in steps.values():
@@ -186,10 +245,21 @@ def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
 def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):
     """actor_rollout_ref.rollout.mode=async: the memory agent as one coroutine per sample, served by
     the engines of 2 Ray worker processes (least-loaded routing, sticky sessions)."""
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "am"), 1, extra=[
-        "actor_rollout_ref.rollout.mode=async", "trainer.n_gpus_per_node=2",
-        "trainer.val_before_train=False", "trainer.save_freq=-1",
-        "trainer.test_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "am"),
+            1,
+            extra=[
+                "actor_rollout_ref.rollout.mode=async",
+                "trainer.n_gpus_per_node=2",
+                "trainer.val_before_train=False",
+                "trainer.save_freq=-1",
+                "trainer.test_freq=-1",
+            ],
+        )
+    )
     h = {x["step"]: x for x in hist}[1]
     assert h["trajectory/num_conv/min"] >= 4  # >= 3 memory turns + the final answer, as in sync mode
     assert h["actor/grad_norm"] == h["actor/grad_norm"] and "actor/pg_loss" in h
@@ -202,23 +272,53 @@ def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):
 
     fixture = Path(__file__).parent / "fixtures" / "gsm8k_small.jsonl"
     script = Path(__file__).parents[1] / "examples" / "data_preprocess" / "gsm8k_multiturn_w_tools.py"
-    subprocess.run([sys.executable, str(script), "--train_file", str(fixture), "--test_file", str(fixture),
-                    "--local_dir", str(tmp_path / "gsm")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--train_file",
+            str(fixture),
+            "--test_file",
+            str(fixture),
+            "--local_dir",
+            str(tmp_path / "gsm"),
+        ],
+        check=True,
+    )
     overrides = [
-        f"data.train_files={tmp_path / 'gsm' / 'train.parquet'}", f"data.val_files={tmp_path / 'gsm' / 'test.parquet'}",
-        "data.train_batch_size=2", "data.max_prompt_length=512", "data.truncation=left",
-        f"actor_rollout_ref.model.path={tiny_model_path}", "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.seed=1",
-        "actor_rollout_ref.rollout.prompt_length=1024", "actor_rollout_ref.rollout.response_length=16",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=grpo",
+        f"data.train_files={tmp_path / 'gsm' / 'train.parquet'}",
+        f"data.val_files={tmp_path / 'gsm' / 'test.parquet'}",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=512",
+        "data.truncation=left",
+        f"actor_rollout_ref.model.path={tiny_model_path}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.seed=1",
+        "actor_rollout_ref.rollout.prompt_length=1024",
+        "actor_rollout_ref.rollout.response_length=16",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
-        "reward_model.reward_manager=naive", "recurrent.enable=tool_gsm8k",
-        "recurrent.tool_gsm8k.config.max_turn=2", "recurrent.tool_gsm8k.config.max_generation_per_turn=16",
-        "trainer.device=cpu", "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
-        "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=False",
-        "trainer.logger=[console]", f"trainer.default_local_dir={tmp_path / 'tg'}", "trainer.progress_bar=False",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "reward_model.reward_manager=naive",
+        "recurrent.enable=tool_gsm8k",
+        "recurrent.tool_gsm8k.config.max_turn=2",
+        "recurrent.tool_gsm8k.config.max_generation_per_turn=16",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={tmp_path / 'tg'}",
+        "trainer.progress_bar=False",
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
@@ -237,9 +337,20 @@ def test_rollout_engine_follows_the_actor(runs):
 def test_actor_log_probs_use_the_rollout_temperature(tiny_model_path, tmp_path, runs):
     """At rollout temperature 0.7 the actor's recomputed log-probs must be those of the distribution
     the engine sampled from (logits / 0.7), as at temperature 1; else PPO optimises another policy."""
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "t"), 1, extra=[
-        "actor_rollout_ref.rollout.temperature=0.7", "trainer.val_before_train=False", "trainer.save_freq=-1",
-        "trainer.test_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "t"),
+            1,
+            extra=[
+                "actor_rollout_ref.rollout.temperature=0.7",
+                "trainer.val_before_train=False",
+                "trainer.save_freq=-1",
+                "trainer.test_freq=-1",
+            ],
+        )
+    )
     step = {h["step"]: h for h in hist}[1]
     assert step["rollout/logprob_abs_diff_max"] < 1e-3
 
@@ -249,11 +360,23 @@ def test_actor_log_probs_use_the_rollout_temperature(tiny_model_path, tmp_path, 
 def test_vllm_rollout_training_with_weight_sync(tiny_model_path, tmp_path, runs):
     """rollout.name=vllm (in-process vLLM, CPU build): 2 steps; after the first update the engine's
     sampling log-probs must still match the actor's, which only holds if the weights were synced."""
-    hist = main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "v"), 2, extra=[
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.enforce_eager=True",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
-        "trainer.val_before_train=False", "trainer.save_freq=-1", "trainer.test_freq=-1"]))
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "v"),
+            2,
+            extra=[
+                "actor_rollout_ref.rollout.name=vllm",
+                "actor_rollout_ref.rollout.enforce_eager=True",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
+                "trainer.val_before_train=False",
+                "trainer.save_freq=-1",
+                "trainer.test_freq=-1",
+            ],
+        )
+    )
     steps = {h["step"]: h for h in hist}
     assert steps[1]["actor/grad_norm"] > 0
     assert steps[2]["rollout/logprob_abs_diff_max"] < 1e-3

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -201,7 +202,9 @@ class DataProto:
             elif isinstance(value, (np.ndarray, list, tuple)):
                 non_tensors[key] = value
             else:
-                raise TypeError(f"data['{key}'] must be a torch.Tensor, numpy array or list, got {type(value).__name__}")
+                raise TypeError(
+                    f"data['{key}'] must be a torch.Tensor, numpy array or list, got {type(value).__name__}"
+                )
         return cls.from_dict(tensors, non_tensors, meta_info)
 
     # ---------------------------------------------------------------- basics
@@ -218,7 +221,9 @@ class DataProto:
             if not isinstance(self.batch, TensorDict):
                 raise TypeError(f"batch must be a TensorDict, got {type(self.batch).__name__}")
             if len(self.batch.batch_size) != 1:
-                raise ValueError(f"batch must have exactly one batch dimension, got batch_size={list(self.batch.batch_size)}")
+                raise ValueError(
+                    f"batch must have exactly one batch dimension, got batch_size={list(self.batch.batch_size)}"
+                )
         if not isinstance(self.meta_info, dict):
             raise TypeError(f"meta_info must be a dict, got {type(self.meta_info).__name__}")
         reference = "batch" if self.batch is not None else None
@@ -229,7 +234,9 @@ class DataProto:
             if reference is None:
                 reference = f"non_tensor_batch['{key}']"
             if value.shape[0] != num_rows:
-                raise ValueError(f"non_tensor_batch['{key}'] has {value.shape[0]} rows but {reference} has {num_rows} rows")
+                raise ValueError(
+                    f"non_tensor_batch['{key}'] has {value.shape[0]} rows but {reference} has {num_rows} rows"
+                )
 
     def __repr__(self) -> str:
         def columns(items: Any) -> str:
@@ -253,8 +260,10 @@ class DataProto:
         if isinstance(item, (int, np.integer)):
             return self._row(int(item))
         if isinstance(item, slice):
-            return self._with_rows(self.batch[item] if self.batch is not None else None,
-                                   {k: v[item] for k, v in self.non_tensor_batch.items()})
+            return self._with_rows(
+                self.batch[item] if self.batch is not None else None,
+                {k: v[item] for k, v in self.non_tensor_batch.items()},
+            )
         if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
             return self._take(self._as_row_indices(item))
         raise TypeError(f"cannot index a DataProto with {type(item).__name__}")
@@ -347,7 +356,9 @@ class DataProto:
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
         return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
-    def rename(self, old_keys: str | Sequence[str] | None = None, new_keys: str | Sequence[str] | None = None) -> DataProto:
+    def rename(
+        self, old_keys: str | Sequence[str] | None = None, new_keys: str | Sequence[str] | None = None
+    ) -> DataProto:
         """Rename tensor keys (or non-tensor keys) in place and return ``self``."""
         old_keys, new_keys = _as_key_list(old_keys), _as_key_list(new_keys)
         if len(old_keys) != len(new_keys):
@@ -363,7 +374,9 @@ class DataProto:
                     raise ValueError(f"cannot rename non_tensor_batch['{old}'] to '{new}': key '{new}' already exists")
                 self.non_tensor_batch[new] = self.non_tensor_batch.pop(old)
             else:
-                raise _missing_key_error("batch or non_tensor_batch", old, batch_available + list(self.non_tensor_batch))
+                raise _missing_key_error(
+                    "batch or non_tensor_batch", old, batch_available + list(self.non_tensor_batch)
+                )
             batch_available = list(self.batch.keys()) if self.batch is not None else []
         return self
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from recipe.miniature.make_data import EVAL_LENGTHS
 from serve.vllm_server import ServerSpec, VLLMServerGroup
-from taskutils.memory_eval.agents import AgentConfig
 from taskutils.memory_data.synthetic_qa import DEFAULT_KINDS
+from taskutils.memory_eval.agents import AgentConfig
 from taskutils.memory_eval.run import EvalPlan, ModelEntry, TaskEntry, run_plan
 
 logger = logging.getLogger("miniature.eval")
@@ -83,11 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=_ints, default=[1, 2], help="evaluation seeds (data/eval/seed{S}/)")
     p.add_argument("--lengths", type=_ints, default=list(EVAL_LENGTHS), help="document lengths in chunks")
     p.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=list(DEFAULT_KINDS))
-    p.add_argument("--labels", type=lambda s: [k for k in s.split(",") if k],
-                   help="only these labels of the system (default: all)")
-    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="I/N",
-                   help="only the (seed, kind) groups g with g %% N == I: N processes side by side, each with its own "
-                        "engine, share the grid (at this model size one engine leaves most of a GPU idle)")
+    p.add_argument(
+        "--labels", type=lambda s: [k for k in s.split(",") if k], help="only these labels of the system (default: all)"
+    )
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        default=(0, 1),
+        metavar="I/N",
+        help="only the (seed, kind) groups g with g %% N == I: N processes side by side, each with its own "
+        "engine, share the grid (at this model size one engine leaves most of a GPU idle)",
+    )
     g = p.add_argument_group("agent (defaults: the training settings of run_memory_smollm2.sh)")
     g.add_argument("--chunk-tokens", type=int, default=512)
     g.add_argument("--max-memory-tokens", type=int, default=128)
@@ -98,9 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, default=64, help="items in flight per cell")
     p.add_argument("--runner", choices=["batched", "http"], default="batched", help="see the module docstring")
     p.add_argument("--deadline-s", type=float, help="batched: stop after this many seconds, saving state (exit 3)")
-    p.add_argument("--schedule", choices=["items", "turns"], default="items",
-                   help="batched: items = each item sends its next request when the last returns; turns = lockstep")
-    p.add_argument("--workers", type=int, help="batched: threads that tokenize documents and prompts (default: all cores)")
+    p.add_argument(
+        "--schedule",
+        choices=["items", "turns"],
+        default="items",
+        help="batched: items = each item sends its next request when the last returns; turns = lockstep",
+    )
+    p.add_argument(
+        "--workers", type=int, help="batched: threads that tokenize documents and prompts (default: all cores)"
+    )
     s = p.add_argument_group("server / engine")
     s.add_argument("--port", type=int, default=8100)
     s.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto")
@@ -109,17 +121,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.15)
     s.add_argument("--max-num-seqs", type=int, default=512)
-    s.add_argument("--max-num-batched-tokens", type=int, default=4096,
-                   help="vLLM: tokens per scheduler step (its in-process default, 2048, makes the ~100K prompt "
-                        "tokens of 128 memory updates take 50 steps)")
-    s.add_argument("--cudagraph-max-tokens", type=int,
-                   help="vLLM on GPU: capture CUDA graphs for steps of up to this many tokens (default: "
-                        "--max-num-batched-tokens; 0: vLLM's default, 512). Beyond the captured sizes a step "
-                        "runs eagerly (~20 ms for SmolLM2 on an H200), which every step holding a prefill did")
+    s.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=4096,
+        help="vLLM: tokens per scheduler step (its in-process default, 2048, makes the ~100K prompt "
+        "tokens of 128 memory updates take 50 steps)",
+    )
+    s.add_argument(
+        "--cudagraph-max-tokens",
+        type=int,
+        help="vLLM on GPU: capture CUDA graphs for steps of up to this many tokens (default: "
+        "--max-num-batched-tokens; 0: vLLM's default, 512). Beyond the captured sizes a step "
+        "runs eagerly (~20 ms for SmolLM2 on an H200), which every step holding a prefill did",
+    )
     s.add_argument("--enforce-eager", action="store_true")
-    s.add_argument("--kv-cache-gib", type=float,
-                   help="vLLM on GPU: KV cache size in GiB (kv_cache_memory_bytes); skips vLLM's memory profiling, "
-                        "so engines started side by side (--shard) cannot disturb each other's measurement")
+    s.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        help="vLLM on GPU: KV cache size in GiB (kv_cache_memory_bytes); skips vLLM's memory profiling, "
+        "so engines started side by side (--shard) cannot disturb each other's measurement",
+    )
     s.add_argument("--serve-timeout", type=float, default=900.0)
     s.add_argument("--wait-for", help="after the server is up, wait until this file exists (data still being made)")
     s.add_argument("--wait-timeout", type=float, default=1800.0, help="seconds to wait for --wait-for")
@@ -143,16 +165,23 @@ def _labels(args: argparse.Namespace) -> list[tuple[str, str]]:
 def _data_root(args: argparse.Namespace, seed: int) -> Path:
     data_root = Path(args.root) / "data" / "eval" / f"seed{seed}"
     if not data_root.is_dir():
-        raise SystemExit(f"{data_root} is missing: run python -m recipe.miniature.make_data "
-                         f"--out {data_root.parents[1]}")
+        raise SystemExit(
+            f"{data_root} is missing: run python -m recipe.miniature.make_data --out {data_root.parents[1]}"
+        )
     return data_root
 
 
 def _agent_config(args: argparse.Namespace) -> AgentConfig:
     """The agent settings (both runners); the direct baseline answers within the final-answer budget."""
-    return AgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
-                       max_final_tokens=args.max_final_tokens, max_input_tokens=args.max_input_tokens,
-                       max_output_tokens=args.max_final_tokens, temperature=args.temperature, top_p=args.top_p)
+    return AgentConfig(
+        chunk_tokens=args.chunk_tokens,
+        max_memory_tokens=args.max_memory_tokens,
+        max_final_tokens=args.max_final_tokens,
+        max_input_tokens=args.max_input_tokens,
+        max_output_tokens=args.max_final_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+    )
 
 
 def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPlan]:
@@ -167,12 +196,26 @@ def plans_for(args: argparse.Namespace, base_url: str, name: str) -> list[EvalPl
             continue
         data_root = _data_root(args, seed)
         for label, method in _labels(args):
-            model = ModelEntry(model=name, methods=[method], label=label, base_url=base_url, tokenizer=args.model,
-                               concurrency=args.concurrency, agent=agent)
+            model = ModelEntry(
+                model=name,
+                methods=[method],
+                label=label,
+                base_url=base_url,
+                tokenizer=args.model,
+                concurrency=args.concurrency,
+                agent=agent,
+            )
             tasks = [TaskEntry(kind, list(args.lengths)) for kind in kinds]
-            plans.append(EvalPlan(models=[model], tasks=tasks, out=str(root / "eval" / f"seed{seed}"),
-                                  data_root=str(data_root), progress=False,
-                                  parallel_cells=len(tasks) * len(args.lengths)))
+            plans.append(
+                EvalPlan(
+                    models=[model],
+                    tasks=tasks,
+                    out=str(root / "eval" / f"seed{seed}"),
+                    data_root=str(data_root),
+                    progress=False,
+                    parallel_cells=len(tasks) * len(args.lengths),
+                )
+            )
     return plans
 
 
@@ -242,8 +285,16 @@ def main_batched(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.time()
     try:
-        counts = run_batched(batched_cells(args, name), engine, tokenizer, _agent_config(args), deadline=deadline,
-                             stop=stop, workers=args.workers, schedule=args.schedule)
+        counts = run_batched(
+            batched_cells(args, name),
+            engine,
+            tokenizer,
+            _agent_config(args),
+            deadline=deadline,
+            stop=stop,
+            workers=args.workers,
+            schedule=args.schedule,
+        )
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if callable(shutdown):
@@ -255,8 +306,10 @@ def main_batched(args: argparse.Namespace) -> int:
     (root / "meta").mkdir(parents=True, exist_ok=True)
     with (root / "meta" / f"eval_{args.system}_runs.jsonl").open("a") as fh:
         fh.write(json.dumps(meta) + "\n")
-    print(f"[miniature.eval] {args.system} (shard {meta['shard']}): {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
-          f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['requests']} requests (at most {counts['turns']} per item)")
+    print(
+        f"[miniature.eval] {args.system} (shard {meta['shard']}): {eval_s:.0f} s, {counts['finished']} finished, {counts['failed']} failed, "
+        f"{counts['resumed']} resumed, {counts['remaining']} remaining after {counts['requests']} requests (at most {counts['turns']} per item)"
+    )
     return 3 if counts["remaining"] else 0
 
 
@@ -266,8 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     if not shard_groups(args.seeds, args.kinds, args.shard):
-        raise SystemExit(f"--shard {args.shard[0]}/{args.shard[1]}: no (seed, kind) group falls in it "
-                         f"({len(args.seeds) * len(args.kinds)} groups)")
+        raise SystemExit(
+            f"--shard {args.shard[0]}/{args.shard[1]}: no (seed, kind) group falls in it "
+            f"({len(args.seeds) * len(args.kinds)} groups)"
+        )
     if args.runner == "batched":
         return main_batched(args)
     root = Path(args.root)

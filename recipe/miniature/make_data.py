@@ -78,8 +78,16 @@ def _worker_init(tokenizer: str, chunk_tokens: int) -> None:
 def _rows(job: tuple[int, FileSpec, int, int]) -> tuple[int, int, list[dict]]:
     """Rows ``start..stop-1`` of file ``spec`` (as make_needle_qa_dataset(spec.n, ...) makes them)."""
     file_id, spec, start, stop = job
-    rows = make_needle_qa_rows(range(start, stop), spec.chunks, _WORKER["chunk_tokens"], _WORKER["counter"],
-                               _WORKER["haystack"], spec.seed, spec.kinds, DATA_SOURCE)
+    rows = make_needle_qa_rows(
+        range(start, stop),
+        spec.chunks,
+        _WORKER["chunk_tokens"],
+        _WORKER["counter"],
+        _WORKER["haystack"],
+        spec.seed,
+        spec.kinds,
+        DATA_SOURCE,
+    )
     return file_id, start, rows
 
 
@@ -95,13 +103,21 @@ def plan_files(args: argparse.Namespace) -> list[FileSpec]:
             for length in args.eval_lengths:
                 for kind in kinds:
                     # the sample seed mixes the evaluation seed and the length: lengths do not share needles
-                    files.append(FileSpec(out / "eval" / f"seed{seed}" / f"eval_{kind}_{length}.parquet",
-                                          args.eval_n, (length, length), 1000 * seed + length, (kind,)))
+                    files.append(
+                        FileSpec(
+                            out / "eval" / f"seed{seed}" / f"eval_{kind}_{length}.parquet",
+                            args.eval_n,
+                            (length, length),
+                            1000 * seed + length,
+                            (kind,),
+                        )
+                    )
     return files
 
 
-def write_files(files: list[FileSpec], tokenizer: str, chunk_tokens: int, workers: int, force: bool = False,
-                rows_per_job: int = 4) -> list[Path]:
+def write_files(
+    files: list[FileSpec], tokenizer: str, chunk_tokens: int, workers: int, force: bool = False, rows_per_job: int = 4
+) -> list[Path]:
     """Generate the missing files in ``workers`` processes (jobs of ``rows_per_job`` rows, longest first)."""
     from tqdm.auto import tqdm
 
@@ -155,8 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-n", type=int, default=16, help="evaluation rows per kind, length and seed")
     p.add_argument("--eval-lengths", type=_ints, default=list(EVAL_LENGTHS), help="comma list of chunk counts")
     p.add_argument("--eval-seeds", type=_ints, default=[1, 2], help="comma list of evaluation seeds")
-    p.add_argument("--kinds", type=lambda s: [k for k in s.split(",") if k], default=list(DEFAULT_KINDS),
-                   help=f"comma list of task kinds (default: {','.join(DEFAULT_KINDS)})")
+    p.add_argument(
+        "--kinds",
+        type=lambda s: [k for k in s.split(",") if k],
+        default=list(DEFAULT_KINDS),
+        help=f"comma list of task kinds (default: {','.join(DEFAULT_KINDS)})",
+    )
     p.add_argument("--workers", type=int, default=max(1, min(16, (os.cpu_count() or 2) - 1)))
     p.add_argument("--only-train", action="store_true", help="write train.parquet and val.parquet only")
     p.add_argument("--force", action="store_true", help="regenerate existing files")

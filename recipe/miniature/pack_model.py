@@ -60,8 +60,14 @@ def pack(model_dir: str | Path, out_dir: str | Path, part_bytes: int = DEFAULT_P
     parts = [blob[i : i + part_bytes] for i in range(0, len(blob), part_bytes)]
     for index, part in enumerate(parts):
         (out_dir / f"{PREFIX}{index:03d}").write_bytes(part)
-    manifest = {"parts": len(parts), "bytes": len(blob), "part_bytes": part_bytes,
-                "sha256": hashlib.sha256(blob).hexdigest(), "source": str(model_dir), "dtype": "bfloat16"}
+    manifest = {
+        "parts": len(parts),
+        "bytes": len(blob),
+        "part_bytes": part_bytes,
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "source": str(model_dir),
+        "dtype": "bfloat16",
+    }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -74,7 +80,7 @@ def unpack(part_dirs: list[str | Path], out_dir: str | Path) -> dict:
         if (folder / MANIFEST).is_file():
             manifest = json.loads((folder / MANIFEST).read_text())
         for path in folder.glob(PREFIX + "*"):
-            found.setdefault(int(path.name[len(PREFIX):]), path)
+            found.setdefault(int(path.name[len(PREFIX) :]), path)
     if manifest is None:
         raise FileNotFoundError(f"no {MANIFEST} in {[str(d) for d in part_dirs]}")
     missing = [i for i in range(manifest["parts"]) if i not in found]

@@ -74,7 +74,12 @@ SCORES_LABEL = "lenient / strict / in-response"
 TRAIN_LOG = Path("train") / "logs" / "metrics.jsonl"  # relative to the root
 REWARD_FILE = Path("meta") / "reward.txt"
 NO_RESULTS = "No evaluation results were found under the root (no `eval/seed{S}/` folder with harness results)."
-HOLDS, FAILS, UNCHECKED, PARTIAL = "holds", "does not hold", "cannot be checked", "holds where measured, not fully checked"
+HOLDS, FAILS, UNCHECKED, PARTIAL = (
+    "holds",
+    "does not hold",
+    "cannot be checked",
+    "holds where measured, not fully checked",
+)
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 _MAX_FACT_CHARS = 4000
 
@@ -274,7 +279,9 @@ def _pts(value: float) -> str:
     return f"{value:+.1f}"
 
 
-def check_claims(table: pd.DataFrame, settings: ReportSettings, score: str = "lenient", tag: str = "") -> list[ClaimResult]:
+def check_claims(
+    table: pd.DataFrame, settings: ReportSettings, score: str = "lenient", tag: str = ""
+) -> list[ClaimResult]:
     """(a) trained beats baseline beyond the training length by more than the seed spread; (b) far ≈ train length.
 
     ``table`` is :func:`system_means`' output; all numbers are its ``score`` column in % (the lenient
@@ -324,11 +331,15 @@ def check_claims(table: pd.DataFrame, settings: ReportSettings, score: str = "le
         checked = [n for n in beyond if n not in unchecked]
         where = f"It holds at {', '.join(map(str, checked))} chunks" if checked else "No length could be checked"
         verdict = PARTIAL if checked else UNCHECKED
-        claim_a = ClaimResult(name_a, verdict, f"{where}; not checked at {', '.join(map(str, unchecked))} chunks.", details)
+        claim_a = ClaimResult(
+            name_a, verdict, f"{where}; not checked at {', '.join(map(str, unchecked))} chunks.", details
+        )
     else:
         claim_a = ClaimResult(name_a, HOLDS, f"At all of {', '.join(map(str, beyond))} chunks.", details)
     if incomplete:
-        claim_a.details.append(f"cells with missing tasks/seeds/items at {', '.join(map(str, incomplete))} chunks (marked *)")
+        claim_a.details.append(
+            f"cells with missing tasks/seeds/items at {', '.join(map(str, incomplete))} chunks (marked *)"
+        )
 
     f_cell, t_cell = _cell(table, trained, far), _cell(table, trained, train)
     absent = [str(n) for n, c in ((train, t_cell), (far, f_cell)) if c is None]
@@ -441,10 +452,14 @@ def _missing_lines(grid: pd.DataFrame, s: ReportSettings) -> list[str]:
                 elif missing:
                     items.append(f"seed {seed}: missing {', '.join(missing)}")
                 for _, r in seed_bad[seed_bad["status"] == "incomplete"].iterrows():
-                    items.append(f"seed {seed}: {r['task']} has {int(r['n_missing'])} of {int(r['n_items'])} items without a record (scored 0)")
+                    items.append(
+                        f"seed {seed}: {r['task']} has {int(r['n_missing'])} of {int(r['n_items'])} items without a record (scored 0)"
+                    )
                 for _, r in seed_bad[seed_bad["status"] == "unfinished"].iterrows():
                     done = int(r["n_items"]) - int(r["n_missing"])
-                    items.append(f"seed {seed}: {r['task']} unfinished, {done} of {int(r['n_items'])} items done (not reported)")
+                    items.append(
+                        f"seed {seed}: {r['task']} unfinished, {done} of {int(r['n_items'])} items done (not reported)"
+                    )
             lines.append(f"`{sys_}` at {n} chunks: " + "; ".join(items))
     return lines
 
@@ -538,16 +553,18 @@ def render_markdown(grid: pd.DataFrame, seeds: pd.DataFrame, table: pd.DataFrame
     parts = [
         "# Miniature MemAgent reproduction: results",
         "",
-        (f"Accuracy in % over **all** questions of a cell (failed or unanswered questions score 0), as "
-        f"`{SCORES_LABEL}`. Lenient = the evaluation metric of each task ({metrics}), read from the answer "
-        f"format the prompt asks for (the paper's metric); strict = `{STRICT_METRIC}`, the training verifier, "
-        f"on the same responses; in-response = `{FORMAT_FREE_METRIC}`, format-free: the fraction of gold "
-        f"answers that appear anywhere in the raw final response, whatever its format (it shows whether the "
-        f"memory kept the answer when the model does not follow the answer format). Length = number of chunks "
-        f"of the document; training used documents of <= {s.train_chunks} chunks. "
-        f"Seeds: {', '.join(map(str, s.seeds)) or 'none found'}. `{MISSING}` = not run, or stopped with "
-        f"more than half of its questions unanswered (not reported); `{INCOMPLETE_MARK}` = incomplete cell (a task, a seed or some questions missing; see below). Paths are relative to the run "
-        f"root (`<root>` in copied files)."),
+        (
+            f"Accuracy in % over **all** questions of a cell (failed or unanswered questions score 0), as "
+            f"`{SCORES_LABEL}`. Lenient = the evaluation metric of each task ({metrics}), read from the answer "
+            f"format the prompt asks for (the paper's metric); strict = `{STRICT_METRIC}`, the training verifier, "
+            f"on the same responses; in-response = `{FORMAT_FREE_METRIC}`, format-free: the fraction of gold "
+            f"answers that appear anywhere in the raw final response, whatever its format (it shows whether the "
+            f"memory kept the answer when the model does not follow the answer format). Length = number of chunks "
+            f"of the document; training used documents of <= {s.train_chunks} chunks. "
+            f"Seeds: {', '.join(map(str, s.seeds)) or 'none found'}. `{MISSING}` = not run, or stopped with "
+            f"more than half of its questions unanswered (not reported); `{INCOMPLETE_MARK}` = incomplete cell (a task, a seed or some questions missing; see below). Paths are relative to the run "
+            f"root (`<root>` in copied files)."
+        ),
         "",
         "## Claim check",
         "",
@@ -637,8 +654,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commands", help="text file with the commands that produced the run (copied into results.md)")
     p.add_argument("--hardware", help="text file describing the hardware (e.g. nvidia-smi output)")
     p.add_argument("--train-chunks", type=int, default=d.train_chunks, help="training length in chunks")
-    p.add_argument("--far-chunks", type=int, default=d.far_chunks, help="length compared with the training length in claim (b)")
-    p.add_argument("--tolerance", type=float, default=d.tolerance_points, help="points allowed between far and train length")
+    p.add_argument(
+        "--far-chunks", type=int, default=d.far_chunks, help="length compared with the training length in claim (b)"
+    )
+    p.add_argument(
+        "--tolerance", type=float, default=d.tolerance_points, help="points allowed between far and train length"
+    )
     p.add_argument("--systems", type=_str_list, default=list(d.systems), help="expected labels, comma-separated")
     p.add_argument("--tasks", type=_str_list, default=list(d.tasks), help="expected tasks, comma-separated")
     p.add_argument("--lengths", type=_int_list, default=list(d.lengths), help="expected lengths in chunks")

@@ -20,8 +20,9 @@ text); see docs/async.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from recurrent.chat_template.utils import ChatTemplate
 
@@ -151,7 +152,7 @@ def tokenize_conversation(
         block = text[start:end]
         content = msg.get("content") if isinstance(msg.get("content"), str) else None
         if content is not None and block.startswith(content):
-            suffix = block[len(content):]
+            suffix = block[len(content) :]
         else:  # e.g. structured tool_calls: the block is not "content + end"
             content, suffix = block, ""
         if turn is not None:
@@ -167,8 +168,8 @@ def tokenize_conversation(
             if not finished:
                 if i != len(normalized) - 1 or add_generation_prompt:
                     add(suffix_ids, 0)  # not generated, but the conversation continues after it
-            elif turn is not None and turn.token_ids[turn.content_len:] == suffix_ids:
-                end_lp = turn.log_probs[turn.content_len:] if turn.log_probs is not None else None
+            elif turn is not None and turn.token_ids[turn.content_len :] == suffix_ids:
+                end_lp = turn.log_probs[turn.content_len :] if turn.log_probs is not None else None
                 add(suffix_ids, 1, end_lp)
             else:
                 add(suffix_ids, 1)  # end-of-turn the template closes the turn with (e.g. after a stop string)

@@ -98,8 +98,13 @@ class ChatTemplate:
             )
         return rendered[0], [(int(s), int(e)) for s, e in indices[0]]
 
-    def render_text(self, tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                    tools: list[dict] | None = None) -> str:
+    def render_text(
+        self,
+        tokenizer: Any,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: list[dict] | None = None,
+    ) -> str:
         """Only the rendered text."""
         return self.render(tokenizer, messages, add_generation_prompt, tools)[0]
 
@@ -127,8 +132,9 @@ def renders_like(tokenizer: Any, own_source: str, candidate: ChatTemplate) -> bo
     for messages, gen in _PROBES:
         try:
             ours = candidate.render_text(tokenizer, messages, gen)
-            theirs = tokenizer.apply_chat_template(messages, chat_template=own_source, tokenize=False,
-                                                   add_generation_prompt=gen)
+            theirs = tokenizer.apply_chat_template(
+                messages, chat_template=own_source, tokenize=False, add_generation_prompt=gen
+            )
         except Exception:  # noqa: BLE001 - a template that cannot render a probe does not match
             return False
         if ours != theirs:

@@ -59,15 +59,18 @@ class AsyncMemoryAgent(AsyncRAgent):
         step = 0
         while step * cfg.chunk_size < length:
             if step >= cfg.max_chunks:
-                raise ValueError(f"context of {length} tokens needs more than max_chunks={cfg.max_chunks} chunks "
-                                 f"of {cfg.chunk_size} tokens (the dataset should have truncated it)")
+                raise ValueError(
+                    f"context of {length} tokens needs more than max_chunks={cfg.max_chunks} chunks "
+                    f"of {cfg.chunk_size} tokens (the dataset should have truncated it)"
+                )
             t0 = time.perf_counter()
-            ids = context[step * cfg.chunk_size:(step + 1) * cfg.chunk_size].tolist()
+            ids = context[step * cfg.chunk_size : (step + 1) * cfg.chunk_size].tolist()
             chunk = self.tokenizer.decode(ids, skip_special_tokens=True)
             messages = [{"role": "user", "content": render_update_prompt(question, memory, chunk)}]
             t1 = time.perf_counter()
-            completion = await self.proxy.chat(messages, request_id=session, **base,
-                                               max_completion_tokens=cfg.max_memorization_length)
+            completion = await self.proxy.chat(
+                messages, request_id=session, **base, max_completion_tokens=cfg.max_memorization_length
+            )
             t2 = time.perf_counter()
             answer = msg(completion.choices[0])
             conversations.append(messages + [answer])
@@ -77,16 +80,18 @@ class AsyncMemoryAgent(AsyncRAgent):
             step += 1
         messages = [{"role": "user", "content": render_final_prompt(question, memory)}]
         t1 = time.perf_counter()
-        completion = await self.proxy.chat(messages, request_id=session, **base,
-                                           max_completion_tokens=cfg.max_final_response_length)
+        completion = await self.proxy.chat(
+            messages, request_id=session, **base, max_completion_tokens=cfg.max_final_response_length
+        )
         timing["mt_async_gen"] += time.perf_counter() - t1
         conversations.append(messages + [msg(completion.choices[0])])
         if idx == 0 and logger.isEnabledFor(logging.DEBUG):
             for conv in conversations:
                 logger.debug("[sample 0] %s", [(m["role"], _clip(m["content"])) for m in conv])
         n = len(conversations)
-        return AsyncOutput(conversations, sample_index=[idx] * n, final_mask=[False] * (n - 1) + [True],
-                           timing_raw=timing)
+        return AsyncOutput(
+            conversations, sample_index=[idx] * n, final_mask=[False] * (n - 1) + [True], timing_raw=timing
+        )
 
 
 def _clip(text: str, limit: int = 2000) -> str:

@@ -20,7 +20,14 @@ from typing import Any
 
 from recurrent.async_utils import AsyncOutput, AsyncRAgent, msg
 from recurrent.interface import RConfig, RRegister
-from recurrent.tool import INVALID_TOOL, ToolCall, ToolSchema, merge_system_prompt, toolcall_extract, toolcall_system_prompt
+from recurrent.tool import (
+    INVALID_TOOL,
+    ToolCall,
+    ToolSchema,
+    merge_system_prompt,
+    toolcall_extract,
+    toolcall_system_prompt,
+)
 from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.reward_score import gsm8k
 
@@ -28,12 +35,18 @@ TOOL_NAME = "calc_gsm8k_reward"
 TOOLS = [
     ToolSchema(
         name=TOOL_NAME,
-        description=("A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, "
-                     "0.0 if parsed answer is incorrect or not correctly parsed)"),
+        description=(
+            "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, "
+            "0.0 if parsed answer is incorrect or not correctly parsed)"
+        ),
         parameters={
             "type": "object",
-            "properties": {"answer": {"type": "string",
-                                      "description": "The model's answer to the GSM8K math problem, must be a digits"}},
+            "properties": {
+                "answer": {
+                    "type": "string",
+                    "description": "The model's answer to the GSM8K math problem, must be a digits",
+                }
+            },
             "required": ["answer"],
         },
     )
@@ -53,8 +66,10 @@ class RToolGsm8kConfig(RConfig):
         for name in ("max_turn", "max_generation_per_turn"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < (0 if name == "max_turn" else 1):
-                raise ValueError(f"recurrent.tool_gsm8k.config.{name} must be a non-negative integer "
-                                 f"(max_generation_per_turn >= 1), got {value!r}")
+                raise ValueError(
+                    f"recurrent.tool_gsm8k.config.{name} must be a non-negative integer "
+                    f"(max_generation_per_turn >= 1), got {value!r}"
+                )
 
 
 class ToolGsm8kDataset(RLHFDataset):
@@ -106,11 +121,16 @@ class AsyncToolGsm8kAgent(AsyncRAgent):
         try:
             ground_truth = tools_kwargs[TOOL_NAME]["create_kwargs"]["ground_truth"]
         except (KeyError, TypeError):
-            raise KeyError(f"row {idx}: tools_kwargs.{TOOL_NAME}.create_kwargs.ground_truth is missing "
-                           "(preprocess the data with examples/data_preprocess/gsm8k_multiturn_w_tools.py)") from None
+            raise KeyError(
+                f"row {idx}: tools_kwargs.{TOOL_NAME}.create_kwargs.ground_truth is missing "
+                "(preprocess the data with examples/data_preprocess/gsm8k_multiturn_w_tools.py)"
+            ) from None
         messages = merge_system_prompt([dict(m) for m in raw], self.system_prompt)
-        params = {**self.sampling_params(gen_item.meta_info), "max_completion_tokens": cfg.max_generation_per_turn,
-                  "stop": ["</tool_call>"]}
+        params = {
+            **self.sampling_params(gen_item.meta_info),
+            "max_completion_tokens": cfg.max_generation_per_turn,
+            "stop": ["</tool_call>"],
+        }
         session = f"tool-{idx}"
         timing = {"mt_async_gen": 0.0}
         t0 = time.perf_counter()
@@ -127,8 +147,13 @@ class AsyncToolGsm8kAgent(AsyncRAgent):
             t0 = time.perf_counter()
             messages.append(msg((await self.proxy.chat(messages, request_id=session, **params)).choices[0]))
             timing["mt_async_gen"] += time.perf_counter() - t0
-        return AsyncOutput([messages], sample_index=[idx], final_mask=[True], timing_raw=timing,
-                           metrics={"workflow/tool_call": tool_calls, "workflow/invalid_tool_call": invalid_calls})
+        return AsyncOutput(
+            [messages],
+            sample_index=[idx],
+            final_mask=[True],
+            timing_raw=timing,
+            metrics={"workflow/tool_call": tool_calls, "workflow/invalid_tool_call": invalid_calls},
+        )
 
 
 REGISTER = RRegister(config_cls=RToolGsm8kConfig, dataset_cls=ToolGsm8kDataset, agent_cls=AsyncToolGsm8kAgent)

@@ -40,11 +40,16 @@ class AsyncTrivialAgent(AsyncRAgent):
         messages = [dict(m) for m in gen_item.non_tensor_batch["raw_prompt"]]
         max_tokens = int(self._rollout_get("response_length", 1024))
         t0 = time.perf_counter()
-        completion = await self.proxy.chat(messages, request_id=f"trivial-{idx}",
-                                           **self.sampling_params(gen_item.meta_info), max_completion_tokens=max_tokens)
+        completion = await self.proxy.chat(
+            messages,
+            request_id=f"trivial-{idx}",
+            **self.sampling_params(gen_item.meta_info),
+            max_completion_tokens=max_tokens,
+        )
         timing = {"mt_async_gen": time.perf_counter() - t0}
-        return AsyncOutput([messages + [msg(completion.choices[0])]], sample_index=[idx], final_mask=[True],
-                           timing_raw=timing)
+        return AsyncOutput(
+            [messages + [msg(completion.choices[0])]], sample_index=[idx], final_mask=[True], timing_raw=timing
+        )
 
 
 AsyncTrivalAgent = AsyncTrivialAgent  # the original's spelling

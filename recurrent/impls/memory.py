@@ -50,8 +50,13 @@ class MemoryConfig(RConfig):
     style: str | None = None
 
     def __post_init__(self):
-        for name in ("max_prompt_length", "chunk_size", "max_memorization_length", "max_chunks",
-                     "max_final_response_length"):
+        for name in (
+            "max_prompt_length",
+            "chunk_size",
+            "max_memorization_length",
+            "max_chunks",
+            "max_final_response_length",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"recurrent.memory.config.{name} must be a positive integer, got {value!r}")
@@ -113,8 +118,7 @@ class MemoryAgent(RAgent):
         self.final_template = TokenTemplate(chat.replace("{message}", MEMORY_FINAL_TEMPLATE_BOXED), tokenizer)
         self.no_memory = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
         self.drop_ids = torch.tensor([t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None])
-        logger.info("[RECURRENT] max_input_length: %d",
-                    config.max_raw_input_length + self.update_template.length)
+        logger.info("[RECURRENT] max_input_length: %d", config.max_raw_input_length + self.update_template.length)
 
     def start(self, gen_batch: DataProto, timing_raw: dict) -> None:
         self.contexts = gen_batch.non_tensor_batch["context_ids"]

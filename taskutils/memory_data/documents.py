@@ -13,7 +13,7 @@ a per-sample shuffle (``layout="random"``); ``layout="fixed"`` reproduces the or
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from collections.abc import Sequence
 
 from taskutils.memory_data.sources import QAItem
 
@@ -44,9 +44,7 @@ def expand_index_context(context: str | Sequence[int], pool: Sequence[str]) -> s
     return render_documents([pool[int(i)] for i in context])
 
 
-def sample_other_documents(
-    pool_size: int, count: int, exclude: set[int], rng: random.Random
-) -> list[int]:
+def sample_other_documents(pool_size: int, count: int, exclude: set[int], rng: random.Random) -> list[int]:
     """``count`` distinct pool indices not in ``exclude``, uniformly at random, in random order."""
     available = pool_size - len(exclude)
     if count > available:

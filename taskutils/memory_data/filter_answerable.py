@@ -26,9 +26,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -89,11 +90,19 @@ async def query_with_retries(client: Any, model: str, prompt: str, settings: Sam
     (the evaluation harness's retry policy: 429, 5xx, timeouts and dropped connections)."""
     from taskutils.memory_eval.client import RetryPolicy, create_with_retries
 
-    policy = RetryPolicy(max_attempts=settings.max_retries + 1, base_delay=settings.retry_base_delay,
-                         max_delay=settings.retry_max_delay)
+    policy = RetryPolicy(
+        max_attempts=settings.max_retries + 1, base_delay=settings.retry_base_delay, max_delay=settings.retry_max_delay
+    )
     resp = await create_with_retries(
-        client, policy, model=model, messages=[{"role": "user", "content": prompt}], n=settings.n,
-        temperature=settings.temperature, top_p=settings.top_p, max_tokens=settings.max_tokens)
+        client,
+        policy,
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        n=settings.n,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_tokens=settings.max_tokens,
+    )
     return [c.message.content or "" for c in resp.choices]
 
 
@@ -123,8 +132,11 @@ def load_cache(path: Path, questions: Sequence[str] | None = None) -> dict[tuple
 
 
 async def collect_responses(
-    questions: Sequence[str], endpoints: Sequence[Endpoint], settings: SamplingSettings,
-    cache_path: Path, concurrency: int = 256,
+    questions: Sequence[str],
+    endpoints: Sequence[Endpoint],
+    settings: SamplingSettings,
+    cache_path: Path,
+    concurrency: int = 256,
 ) -> dict[tuple[int, str], list[str]]:
     """Query every (row, endpoint) pair missing from the cache; returns all responses obtained.
 
@@ -179,7 +191,9 @@ async def collect_responses(
 
 
 def _score_columns(
-    rows: range, ground_truths: Sequence[Sequence[str]], endpoints: Sequence[Endpoint],
+    rows: range,
+    ground_truths: Sequence[Sequence[str]],
+    endpoints: Sequence[Endpoint],
     cache: dict[tuple[int, str], list[str]],
 ) -> dict[str, list[Any]]:
     cols: dict[str, list[Any]] = {}
@@ -208,8 +222,13 @@ def _score_columns(
 
 
 def write_outputs(
-    input_path: Path, result_path: Path, out_path: Path, endpoints: Sequence[Endpoint],
-    cache: dict[tuple[int, str], list[str]], ground_truths: Sequence[Sequence[str]], keep: int | None,
+    input_path: Path,
+    result_path: Path,
+    out_path: Path,
+    endpoints: Sequence[Endpoint],
+    cache: dict[tuple[int, str], list[str]],
+    ground_truths: Sequence[Sequence[str]],
+    keep: int | None,
     batch_size: int = 512,
 ) -> tuple[int, int, int]:
     """Stream the input parquet into the result file (+ score columns) and the filtered file.
@@ -313,10 +332,20 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="process parquet (hotpotqa_*_process.parquet)")
     p.add_argument("--out", required=True, help="filtered parquet (first --keep unanswerable rows)")
     p.add_argument("--result", help="all rows with responses/scores (default: <input>_result.parquet)")
-    p.add_argument("--endpoint", action="append", required=True, metavar="NAME=URL",
-                   help="judged model endpoint, repeatable (e.g. pretrain=http://localhost:8000/v1)")
-    p.add_argument("--model", action="append", default=[], metavar="NAME=MODEL",
-                   help="model name for an endpoint (default: the first model the server lists)")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="judged model endpoint, repeatable (e.g. pretrain=http://localhost:8000/v1)",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME=MODEL",
+        help="model name for an endpoint (default: the first model the server lists)",
+    )
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "EMPTY"))
     p.add_argument("--keep", type=int, default=None, help="rows to keep (paper: 32768 train, 128 dev; default all)")
     p.add_argument("--n", type=int, default=2, help="samples per question and endpoint (2)")
@@ -328,8 +357,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-base-delay", type=float, default=1.0, help="first backoff delay in seconds")
     p.add_argument("--timeout", type=float, default=3600.0, help="per-request timeout in seconds")
     p.add_argument("--no-resume", action="store_true", help="ignore and delete cached responses")
-    p.add_argument("--allow-failed", action="store_true",
-                   help="write outputs even if some requests failed (those rows are not kept)")
+    p.add_argument(
+        "--allow-failed",
+        action="store_true",
+        help="write outputs even if some requests failed (those rows are not kept)",
+    )
     return p
 
 
@@ -343,21 +375,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_resume and cache_path.exists():
         cache_path.unlink()
     endpoints = parse_endpoints(args.endpoint, args.model, args.api_key)
-    settings = SamplingSettings(args.n, args.temperature, args.top_p, args.max_tokens, args.max_retries,
-                                args.retry_base_delay, timeout=args.timeout)
+    settings = SamplingSettings(
+        args.n,
+        args.temperature,
+        args.top_p,
+        args.max_tokens,
+        args.max_retries,
+        args.retry_base_delay,
+        timeout=args.timeout,
+    )
     questions, ground_truths = read_questions(input_path)
     cache = asyncio.run(collect_responses(questions, endpoints, settings, cache_path, args.concurrency))
     missing = sum((row, ep.name) not in cache for row in range(len(questions)) for ep in endpoints)
     if missing and not args.allow_failed:
-        logger.error("%d of %d requests have no response; rerun to retry, or pass --allow-failed", missing,
-                     len(questions) * len(endpoints))
+        logger.error(
+            "%d of %d requests have no response; rerun to retry, or pass --allow-failed",
+            missing,
+            len(questions) * len(endpoints),
+        )
         return 1
     out_path.parent.mkdir(parents=True, exist_ok=True)
     n_rows, n_clean, n_kept = write_outputs(
         input_path, result_path, out_path, endpoints, cache, ground_truths, args.keep
     )
-    logger.info("%d rows: %d not answerable without context (%.1f%%); kept %d -> %s; all rows -> %s",
-                n_rows, n_clean, 100.0 * n_clean / max(1, n_rows), n_kept, out_path, result_path)
+    logger.info(
+        "%d rows: %d not answerable without context (%.1f%%); kept %d -> %s; all rows -> %s",
+        n_rows,
+        n_clean,
+        100.0 * n_clean / max(1, n_rows),
+        n_kept,
+        out_path,
+        result_path,
+    )
     if args.keep is not None and n_kept < args.keep:
         logger.warning("only %d rows survived, fewer than --keep %d", n_kept, args.keep)
     return 0

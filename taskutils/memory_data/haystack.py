@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Sequence
 from itertools import accumulate
 from pathlib import Path
-from typing import Sequence
 
 from taskutils.memory_data.tokens import TokenCounter
 

@@ -28,8 +28,9 @@ import logging
 import multiprocessing
 import os
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -101,8 +102,16 @@ def _rows_for_range(args: tuple[int, int]) -> list[dict[str, Any]]:
 
 
 def build_process_split(
-    source: QASource, split: str, out_dir: Path, num_questions: int, num_docs: int, seed: int,
-    fixed_layout: bool, workers: int = 1, shard_size: int = 2000, force: bool = False,
+    source: QASource,
+    split: str,
+    out_dir: Path,
+    num_questions: int,
+    num_docs: int,
+    seed: int,
+    fixed_layout: bool,
+    workers: int = 1,
+    shard_size: int = 2000,
+    force: bool = False,
 ) -> Path:
     """Write ``hotpotqa_{split}_process.parquet`` (first ``num_questions`` questions) and return its path."""
     out = out_dir / f"hotpotqa_{split}_process.parquet"
@@ -119,8 +128,11 @@ def build_process_split(
         logger.warning("%s has only %d valid questions (< %d requested)", source.path, len(items), num_questions)
     _STATE.update(source=source, items=items, num_docs=num_docs, seed=seed, split=split, fixed_layout=fixed_layout)
     params = {
-        "input": os.path.abspath(source.path), "num_docs": num_docs, "seed": seed,
-        "fixed_layout": fixed_layout, "pool_size": len(source.docs),
+        "input": os.path.abspath(source.path),
+        "num_docs": num_docs,
+        "seed": seed,
+        "fixed_layout": fixed_layout,
+        "pool_size": len(source.docs),
     }
     use_pool = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
     pool = multiprocessing.get_context("fork").Pool(workers) if use_pool else None
@@ -157,8 +169,14 @@ def read_eval_question_indices(path: str | Path) -> list[int]:
 
 
 def build_eval_sets(
-    source: QASource, question_indices: Sequence[int], lengths: Sequence[int], out_dir: Path, seed: int,
-    fixed_layout: bool, index_only_above: int = 10_000, force: bool = False,
+    source: QASource,
+    question_indices: Sequence[int],
+    lengths: Sequence[int],
+    out_dir: Path,
+    seed: int,
+    fixed_layout: bool,
+    index_only_above: int = 10_000,
+    force: bool = False,
 ) -> list[Path]:
     """Write ``eval_{D}.json`` for each D in ``lengths``; returns the paths."""
     by_index = source.item_by_index()
@@ -199,16 +217,26 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--dev-questions", type=int, default=200, help="first N dev questions (200)")
     p.add_argument("--train-docs", type=int, default=200, help="documents per train sample (200)")
     p.add_argument("--dev-docs", type=int, default=200, help="documents per dev sample (200)")
-    p.add_argument("--eval-lengths", type=_int_list, default=list(DEFAULT_EVAL_LENGTHS),
-                   help="comma list of document counts for eval_{D}.json (50,100,...,25600)")
+    p.add_argument(
+        "--eval-lengths",
+        type=_int_list,
+        default=list(DEFAULT_EVAL_LENGTHS),
+        help="comma list of document counts for eval_{D}.json (50,100,...,25600)",
+    )
     p.add_argument("--eval-from", help="filtered dev parquet or eval JSON whose question indices to use")
-    p.add_argument("--eval-questions", type=int, default=128,
-                   help="without --eval-from: use the first N dev questions (128)")
-    p.add_argument("--index-only-above", type=int, default=10_000,
-                   help="eval sets with more documents store index lists instead of text (10000)")
+    p.add_argument(
+        "--eval-questions", type=int, default=128, help="without --eval-from: use the first N dev questions (128)"
+    )
+    p.add_argument(
+        "--index-only-above",
+        type=int,
+        default=10_000,
+        help="eval sets with more documents store index lists instead of text (10000)",
+    )
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--fixed-layout", action="store_true",
-                   help="reproduce the original layout: random.Random(4).shuffle per sample")
+    p.add_argument(
+        "--fixed-layout", action="store_true", help="reproduce the original layout: random.Random(4).shuffle per sample"
+    )
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--shard-size", type=int, default=2000, help="rows per resumable shard (2000)")
     p.add_argument("--skip-malformed", action="store_true", help="log and skip malformed input rows")
@@ -235,21 +263,42 @@ def main(argv: list[str] | None = None) -> int:
         if args.train:
             train = read_hotpotqa(args.train, args.skip_malformed)
             logger.info("train: %d questions, %d unique documents", len(train.items), len(train.docs))
-            build_process_split(train, "train", out_dir, args.train_questions, args.train_docs, args.seed,
-                                args.fixed_layout, args.workers, args.shard_size, args.force)
+            build_process_split(
+                train,
+                "train",
+                out_dir,
+                args.train_questions,
+                args.train_docs,
+                args.seed,
+                args.fixed_layout,
+                args.workers,
+                args.shard_size,
+                args.force,
+            )
             del train
         if dev is not None:
             logger.info("dev: %d questions, %d unique documents", len(dev.items), len(dev.docs))
-            build_process_split(dev, "dev", out_dir, args.dev_questions, args.dev_docs, args.seed,
-                                args.fixed_layout, args.workers, args.shard_size, args.force)
+            build_process_split(
+                dev,
+                "dev",
+                out_dir,
+                args.dev_questions,
+                args.dev_docs,
+                args.seed,
+                args.fixed_layout,
+                args.workers,
+                args.shard_size,
+                args.force,
+            )
     if "eval" in stages:
         if args.eval_from:
             indices = read_eval_question_indices(args.eval_from)
         else:
             logger.warning("no --eval-from: using the first %d dev questions (not filtered)", args.eval_questions)
             indices = [item.index for item in dev.items[: args.eval_questions]]
-        build_eval_sets(dev, indices, args.eval_lengths, out_dir, args.seed, args.fixed_layout,
-                        args.index_only_above, args.force)
+        build_eval_sets(
+            dev, indices, args.eval_lengths, out_dir, args.seed, args.fixed_layout, args.index_only_above, args.force
+        )
     return 0
 
 

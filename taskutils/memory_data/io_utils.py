@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +17,11 @@ REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.list_
 
 
 def qa_row(
-    data_source: str, question: str, context: str, answers: list[str], extra_info: dict[str, Any],
+    data_source: str,
+    question: str,
+    context: str,
+    answers: list[str],
+    extra_info: dict[str, Any],
     ability: str = "memory",
 ) -> dict[str, Any]:
     """One training/validation row in the MemAgent parquet schema (spec §5.3/§5.8).
@@ -87,9 +92,7 @@ def write_sharded_parquet(
     manifest = {"params": params, "num_rows": num_rows, "shard_size": shard_size}
     old = read_manifest(parts / "manifest.json")
     if old is not None and old != json.loads(json.dumps(manifest)):
-        raise ValueError(
-            f"{parts} holds shards made with other settings ({old}); rerun with --force to rebuild"
-        )
+        raise ValueError(f"{parts} holds shards made with other settings ({old}); rerun with --force to rebuild")
     parts.mkdir(parents=True, exist_ok=True)
     (parts / "manifest.json").write_text(json.dumps(manifest, indent=2))
     shard_files = []

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,10 @@ def _check_hotpotqa_row(row: Any, where: str) -> None:
 
 
 def _validated_rows(
-    rows: list[Any], path: Path, check: Callable[[Any, str], None], describe: Callable[[int, Any], str],
+    rows: list[Any],
+    path: Path,
+    check: Callable[[Any, str], None],
+    describe: Callable[[int, Any], str],
     skip_malformed: bool,
 ) -> list[tuple[int, Any]]:
     good = []
@@ -137,8 +141,12 @@ def _well_formed_paragraphs(row: Any) -> list[Any]:
     if not isinstance(context, list):
         return []
     return [
-        p for p in context
-        if isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
+        p
+        for p in context
+        if isinstance(p, (list, tuple))
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and isinstance(p[1], list)
         and all(isinstance(x, str) for x in p[1])
     ]
 

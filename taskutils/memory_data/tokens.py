@@ -10,7 +10,8 @@ using the Rust ``tokenizers`` backend (``len(Encoding)``, no Python id lists) wh
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -146,7 +147,7 @@ def fit_to_budget(
     """
     offset = 0
     for _ in range(rounds):
-        n, _ = fit_largest(lambda k: estimate(k) + offset, budget, n_guess, n_min, n_max, tolerance)
+        n, _ = fit_largest(lambda k, offset=offset: estimate(k) + offset, budget, n_guess, n_min, n_max, tolerance)
         t = exact(n)
         new_offset = t - estimate(n)
         if t <= budget:

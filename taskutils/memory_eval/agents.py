@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import openai
 
-from recurrent.prompts import NO_MEMORY, render_final_prompt, render_update_prompt, render_template
+from recurrent.prompts import NO_MEMORY, render_final_prompt, render_template, render_update_prompt
 from taskutils.memory_eval.chunking import DEFAULT_CHARS_PER_TOKEN, TokenSpanner, iter_chunks, middle_truncate
 from taskutils.memory_eval.client import RequestStats, RetryPolicy, chat_completion
 from verl.utils.reward_score.lenient import extract_solution
@@ -140,7 +141,9 @@ class MemoryAgent:
         start = time.perf_counter()
         context = context.strip()
         if cfg.max_context_tokens is not None:
-            context, before, after = middle_truncate(context, cfg.max_context_tokens, self.tokenizer, cfg.chars_per_token)
+            context, before, after = middle_truncate(
+                context, cfg.max_context_tokens, self.tokenizer, cfg.chars_per_token
+            )
             out.truncated_from_tokens = before if after < before else None
         memory = NO_MEMORY
         for index, chunk in enumerate(iter_chunks(context, cfg.chunk_tokens, self.tokenizer, cfg.chars_per_token)):

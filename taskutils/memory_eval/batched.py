@@ -254,7 +254,11 @@ def run_batched(
         if job.prompt is not None:
             return "direct", job.prompt, direct_params
         if job.next_chunk < len(job.chunks):
-            return "memory", render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]), memory_params
+            return (
+                "memory",
+                render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]),
+                memory_params,
+            )
         style = MEMORY_METHODS[cells[job.cell].info.method]
         return "final", render_final_prompt(job.item.question, job.memory, style=style), final_params
 

@@ -24,9 +24,10 @@ shorter at a window seam. The chunks always concatenate back to the exact docume
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_CHARS_PER_TOKEN",

@@ -26,9 +26,10 @@ A row with a missing context, an empty question, or non-string / missing answers
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = [
     "EvalDataError",

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 __all__ = ["ResultStore", "read_jsonl_last_by", "read_records", "write_meta", "read_meta", "result_paths"]
 
@@ -120,7 +121,7 @@ class ResultStore:
             self._fh.close()
             self._fh = None
 
-    def __enter__(self) -> "ResultStore":
+    def __enter__(self) -> ResultStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

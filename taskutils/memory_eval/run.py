@@ -25,9 +25,10 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from serve.vllm_server import ServerSpec, VLLMServerGroup
 from taskutils.memory_eval.agents import METHODS, AgentConfig, make_agent
@@ -136,7 +137,9 @@ def _server_spec(model: ModelEntry) -> ServerSpec:
     known = {f.name for f in fields(ServerSpec)}
     unknown = sorted(set(conf) - known)
     if unknown or "model_path" not in conf:
-        raise ValueError(f"serve settings of {model.model!r}: need 'path'; unknown keys {unknown}; known: {sorted(known)}")
+        raise ValueError(
+            f"serve settings of {model.model!r}: need 'path'; unknown keys {unknown}; known: {sorted(known)}"
+        )
     return ServerSpec(**conf)
 
 
@@ -174,8 +177,9 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
             label = model.label_for(method)
             cell_slots = asyncio.Semaphore(max(1, plan.parallel_cells))
 
-            async def run_one(task: TaskEntry, length: int, path: Path, agents=agents, label=label,
-                              method=method, slots=cell_slots) -> int:
+            async def run_one(
+                task: TaskEntry, length: int, path: Path, agents=agents, label=label, method=method, slots=cell_slots
+            ) -> int:
                 async with slots:
                     return await _run_one_cell(plan, model, task, length, path, pool, agents, label, method)
 
@@ -189,8 +193,17 @@ async def _run_model(plan: EvalPlan, model: ModelEntry, cells: list[tuple[TaskEn
     return failed
 
 
-async def _run_one_cell(plan: EvalPlan, model: ModelEntry, task: TaskEntry, length: int, path: Path, pool: Any,
-                        agents: list[Any], label: str, method: str) -> int:
+async def _run_one_cell(
+    plan: EvalPlan,
+    model: ModelEntry,
+    task: TaskEntry,
+    length: int,
+    path: Path,
+    pool: Any,
+    agents: list[Any],
+    label: str,
+    method: str,
+) -> int:
     """Run one (task, length) cell of one model and method; return its failed + invalid item count."""
     items, invalid = load_eval_items(path, pool, plan.limit, plan.skip_invalid)
     results_path, meta_path = result_paths(plan.out, task.name, length, label)
@@ -365,8 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype")
     s.add_argument("--enforce-eager", action="store_true")
     s.add_argument("--serve-arg", action="append", help="extra vLLM argument (repeatable), e.g. --serve-arg=--seed=0")
-    s.add_argument("--serve-backend", choices=["vllm", "inproc"], default="vllm",
-                   help="vllm: `vllm serve`; inproc: the project's in-process vLLM engine (serve.inproc_server)")
+    s.add_argument(
+        "--serve-backend",
+        choices=["vllm", "inproc"],
+        default="vllm",
+        help="vllm: `vllm serve`; inproc: the project's in-process vLLM engine (serve.inproc_server)",
+    )
     s.add_argument("--serve-timeout", type=float, default=1800.0, help="seconds to wait for /health")
     d = p.add_argument_group("data")
     d.add_argument("--tasks", nargs="+", help="hotpotqa and/or RULER task names (niah_single_1, vt, fwe, qa_1, ...)")
@@ -380,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--chunk-size", type=int, default=5000, help="tokens per chunk (memory agent)")
     a.add_argument("--max-memory-tokens", type=int, default=1024)
     a.add_argument("--max-final-tokens", type=int, default=1024)
-    a.add_argument("--max-context-tokens", type=int, default=None, help="memory agent: centre-truncate longer documents")
+    a.add_argument(
+        "--max-context-tokens", type=int, default=None, help="memory agent: centre-truncate longer documents"
+    )
     a.add_argument("--max-input-tokens", type=int, default=120_000, help="direct baseline: middle truncation")
     a.add_argument("--max-output-tokens", type=int, default=10_000, help="direct baseline")
     a.add_argument("--temperature", type=float, default=0.7)
@@ -394,8 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-attempts", type=int, default=6, help="attempts per request (429/5xx/timeouts)")
     r.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds (doubles)")
     r.add_argument("--max-backoff", type=float, default=60.0)
-    r.add_argument("--parallel-cells", type=int, default=None,
-                   help="(task, length) cells run at once, each with --concurrency items in flight (default 1)")
+    r.add_argument(
+        "--parallel-cells",
+        type=int,
+        default=None,
+        help="(task, length) cells run at once, each with --concurrency items in flight (default 1)",
+    )
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--with-paper", action="store_true", help="show the paper's Table 2 beside RULER-HotpotQA results")
     return p

@@ -15,9 +15,10 @@ import argparse
 import csv
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from taskutils.memory_eval.results import iter_cells, read_meta, read_records
 from taskutils.memory_eval.scoring import LENIENT_METRICS, SCORE_KEYS, STRICT_METRIC, primary_metric
@@ -163,7 +164,10 @@ def _fmt(value: float | None) -> str:
 def _paper_table(lengths: Sequence[int]) -> str:
     cols = [n for n in lengths if n in PAPER_TABLE2_DOCS] or PAPER_TABLE2_DOCS
     header = ["paper model (Table 2)"] + [length_label("hotpotqa", n) for n in cols]
-    body = [[name] + [_fmt(values[PAPER_TABLE2_DOCS.index(n)]) or "N/A" for n in cols] for name, values in PAPER_TABLE2.items()]
+    body = [
+        [name] + [_fmt(values[PAPER_TABLE2_DOCS.index(n)]) or "N/A" for n in cols]
+        for name, values in PAPER_TABLE2.items()
+    ]
     return _markdown_table(header, body)
 
 
@@ -175,7 +179,7 @@ def render_markdown(rows: Sequence[SummaryRow], with_paper: bool = False) -> str
     parts = ["# Evaluation summary", ""]
     parts.append(
         "Scores are accuracy in % over all items of each data file (failed/invalid/missing items score 0). "
-        "Lenient = the evaluation metrics of the paper (answer after \"the answer is\" or in \\boxed{}, "
+        'Lenient = the evaluation metrics of the paper (answer after "the answer is" or in \\boxed{}, '
         "normalised sub-EM etc.); strict_boxed = the training verifier (last \\boxed{} in the last 300 "
         "characters must equal a gold answer) on the same responses."
     )
@@ -239,10 +243,14 @@ def plot_accuracy(rows: Sequence[SummaryRow], path: str | Path, with_paper: bool
             xs = [length_tokens(task, r.length) for r in points]
             color = f"C{i % 10}"
             ax.plot(xs, [r.scores[primary] for r in points], "-o", color=color, label=f"{label} ({primary})")
-            ax.plot(xs, [r.scores[STRICT_METRIC] for r in points], "--x", color=color, alpha=0.6, label=f"{label} (strict)")
+            ax.plot(
+                xs, [r.scores[STRICT_METRIC] for r in points], "--x", color=color, alpha=0.6, label=f"{label} (strict)"
+            )
         if with_paper and _is_doc_count_task(task):
             for name in ("RL-MemAgent-14B", "RL-MemAgent-7B"):
-                pts = [(length_tokens(task, n), v) for n, v in zip(PAPER_TABLE2_DOCS, PAPER_TABLE2[name]) if n in lengths]
+                pts = [
+                    (length_tokens(task, n), v) for n, v in zip(PAPER_TABLE2_DOCS, PAPER_TABLE2[name]) if n in lengths
+                ]
                 if pts:
                     ax.plot(*zip(*pts), ":", color="grey", alpha=0.7, label=f"paper {name}")
         if lengths:

@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
@@ -149,9 +149,7 @@ class ScriptedOpenAIServer:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
-                "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                ],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": len(content) // 4, "completion_tokens": len(text) // 4, "total_tokens": 0},
             }
         )
@@ -180,7 +178,7 @@ class ScriptedOpenAIServer:
         loop.run_until_complete(self._runner.cleanup())
         loop.close()
 
-    def start(self) -> "ScriptedOpenAIServer":
+    def start(self) -> ScriptedOpenAIServer:
         self._thread = threading.Thread(target=self._serve, name="scripted-openai", daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
@@ -193,7 +191,7 @@ class ScriptedOpenAIServer:
         if self._thread is not None:
             self._thread.join(10)
 
-    def __enter__(self) -> "ScriptedOpenAIServer":
+    def __enter__(self) -> ScriptedOpenAIServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -17,8 +17,9 @@ __all__ = ["init_ray", "describe_cluster"]
 logger = logging.getLogger(__name__)
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, runtime_env: dict | None = None,
-             **kwargs: Any) -> None:
+def init_ray(
+    address: str | None = None, num_cpus: int | None = None, runtime_env: dict | None = None, **kwargs: Any
+) -> None:
     """Start or join Ray once (no-op when already initialised).
 
     Args:
@@ -47,5 +48,6 @@ def describe_cluster() -> list[dict[str, Any]]:
 
     return [
         {"node_ip": n["NodeManagerAddress"], "CPU": n["Resources"].get("CPU", 0), "GPU": n["Resources"].get("GPU", 0)}
-        for n in ray.nodes() if n.get("Alive")
+        for n in ray.nodes()
+        if n.get("Alive")
     ]

@@ -38,8 +38,9 @@ and collects.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 __all__ = [
     "Dispatch",
@@ -131,11 +132,10 @@ def split_dataproto_args(method: str, args: tuple, kwargs: dict, num_parts: int)
     split_kwargs = {key: parts(value) for key, value in kwargs.items()}
     if not found:
         types = [type(v).__name__ for v in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
-        raise TypeError(f"{method}: data-parallel dispatch needs at least one DataProto argument, got ({', '.join(types)})")
-    return [
-        (tuple(p[i] for p in split_args), {key: p[i] for key, p in split_kwargs.items()})
-        for i in range(num_parts)
-    ]
+        raise TypeError(
+            f"{method}: data-parallel dispatch needs at least one DataProto argument, got ({', '.join(types)})"
+        )
+    return [(tuple(p[i] for p in split_args), {key: p[i] for key, p in split_kwargs.items()}) for i in range(num_parts)]
 
 
 def collect_dataproto_outputs(method: str, outputs: Sequence[Any]) -> Any:
@@ -167,9 +167,14 @@ def _dispatch_all_to_all(wg: Any, method: str, args: tuple, kwargs: dict) -> Per
     named = [(f"argument {i}", v) for i, v in enumerate(args)] + [(f"argument '{k}'", v) for k, v in kwargs.items()]
     for label, value in named:
         if not isinstance(value, (list, tuple)) or len(value) != world_size:
-            got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
-            raise ValueError(f"{method} (ALL_TO_ALL): {label} must be a list with one entry per rank "
-                             f"({world_size}), got {got}")
+            got = (
+                f"{type(value).__name__} of length {len(value)}"
+                if isinstance(value, (list, tuple))
+                else type(value).__name__
+            )
+            raise ValueError(
+                f"{method} (ALL_TO_ALL): {label} must be a list with one entry per rank ({world_size}), got {got}"
+            )
     return [(tuple(v[i] for v in args), {k: v[i] for k, v in kwargs.items()}) for i in range(world_size)]
 
 
@@ -228,8 +233,10 @@ def check_mesh_info(mesh_name: str, info: Sequence[tuple[int, bool]]) -> int:
         if not members:
             raise ValueError(f"mesh '{mesh_name}': no rank has dp_rank {dp} (per-rank dp ranks: {dp_ranks})")
         if len(collectors) != 1:
-            raise ValueError(f"mesh '{mesh_name}': dp_rank {dp} needs exactly one rank with is_collect=True, "
-                             f"found ranks {collectors} among members {members}")
+            raise ValueError(
+                f"mesh '{mesh_name}': dp_rank {dp} needs exactly one rank with is_collect=True, "
+                f"found ranks {collectors} among members {members}"
+            )
     return dp_size
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from verl.single_controller.decorator import Execute, MethodSpec, registered_methods
 from verl.single_controller.resource_pool import ResourcePool
@@ -46,8 +47,15 @@ __all__ = [
 
 DEFAULT_ROLE = "default"
 # Actor options the resource pool decides; users may not override them.
-_POOL_OWNED_OPTIONS = {"num_cpus", "num_gpus", "resources", "scheduling_strategy", "placement_group",
-                       "placement_group_bundle_index", "name"}
+_POOL_OWNED_OPTIONS = {
+    "num_cpus",
+    "num_gpus",
+    "resources",
+    "scheduling_strategy",
+    "placement_group",
+    "placement_group_bundle_index",
+    "name",
+}
 # Values small enough to send with every call instead of through the object store once.
 _PLAIN_TYPES = (int, float, bool, str, bytes, type(None))
 
@@ -93,8 +101,10 @@ class ColocatedClassWithInitArgs(RayClassWithInitArgs):
         for role, cia in self.roles.items():
             for key, value in cia.options.items():
                 if key in self.options and self.options[key] != value:
-                    raise ValueError(f"colocated roles disagree on actor option '{key}': {self.options[key]!r} vs "
-                                     f"{value!r} (role '{role}')")
+                    raise ValueError(
+                        f"colocated roles disagree on actor option '{key}': {self.options[key]!r} vs "
+                        f"{value!r} (role '{role}')"
+                    )
                 self.options[key] = value
 
     def role_classes(self) -> dict[str, RayClassWithInitArgs]:
@@ -179,7 +189,9 @@ class WorkerHost:
                 gpu_ids = [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
                 if not gpu_ids:
                     raise RuntimeError(f"rank {rank}: device 'cuda' but Ray assigned no GPU to this worker")
-                if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") or not os.environ.get("CUDA_VISIBLE_DEVICES"):
+                if os.environ.get("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES") or not os.environ.get(
+                    "CUDA_VISIBLE_DEVICES"
+                ):
                     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
         except Exception as err:
             self._errors["setup"] = f"{type(err).__name__}: {err}"
@@ -199,8 +211,9 @@ class WorkerHost:
 
     def _role(self, role: str) -> Any:
         if role in self._errors or "setup" in self._errors:
-            raise RuntimeError(f"role '{role}' failed to build in this worker: "
-                               f"{self._errors.get(role) or self._errors['setup']}")
+            raise RuntimeError(
+                f"role '{role}' failed to build in this worker: {self._errors.get(role) or self._errors['setup']}"
+            )
         if role not in self._roles:
             raise KeyError(f"no role '{role}' in this worker (roles: {sorted(self._roles)})")
         return self._roles[role]
@@ -213,8 +226,10 @@ class WorkerHost:
         """``(dp_rank, is_collect)`` of ``role`` for ``mesh_name`` (see ``Worker.set_dispatch_info``)."""
         instance = self._role(role)
         if not hasattr(instance, "get_dispatch_info"):
-            raise TypeError(f"role '{role}' ({type(instance).__name__}) has no get_dispatch_info: "
-                            "subclass verl.single_controller.Worker to use mesh dispatch")
+            raise TypeError(
+                f"role '{role}' ({type(instance).__name__}) has no get_dispatch_info: "
+                "subclass verl.single_controller.Worker to use mesh dispatch"
+            )
         return instance.get_dispatch_info(mesh_name)
 
 
@@ -299,7 +314,8 @@ class RayWorkerGroup:
                 num_gpus=gpu_share,
                 name=f"{self.name_prefix}_{slot.rank}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index),
+                    placement_group=slot.placement_group, placement_group_bundle_index=slot.bundle_index
+                ),
             )
             hosts.append(host_cls.options(**options).remote())
         # Nothing below waits: every host gets the probes of all ranks as ObjectRefs, so it computes
@@ -368,8 +384,10 @@ class RayWorkerGroup:
         taken = set(dir(type(self))) | set(self.__dict__)
         for public, (role, method, spec) in self._methods.items():
             if public in taken or public.startswith("_"):
-                raise AttributeError(f"registered method '{public}' of role '{role}' clashes with a RayWorkerGroup "
-                                     "attribute or is private; rename it")
+                raise AttributeError(
+                    f"registered method '{public}' of role '{role}' clashes with a RayWorkerGroup "
+                    "attribute or is private; rename it"
+                )
             setattr(self, public, self._make_caller(public, role, method, spec))
 
     def _make_caller(self, public: str, role: str, method: str, spec: MethodSpec) -> Callable:
@@ -416,16 +434,20 @@ class RayWorkerGroup:
         rank_zero = spec.execute is Execute.RANK_ZERO or spec.dispatch.rank_zero_only
         per_rank = spec.dispatch.dispatch_fn(self, method, args, kwargs)
         if len(per_rank) != self.world_size:
-            raise ValueError(f"{method}: dispatch '{spec.dispatch.name}' produced {len(per_rank)} calls "
-                             f"for {self.world_size} ranks")
+            raise ValueError(
+                f"{method}: dispatch '{spec.dispatch.name}' produced {len(per_rank)} calls for {self.world_size} ranks"
+            )
         ranks = [0] if rank_zero else list(range(self.world_size))
         refs = self._submit(role, method, [per_rank[r] for r in ranks], ranks)
         if rank_zero:
+
             def finish(outputs: list) -> Any:
                 return outputs[0]
         else:
+
             def finish(outputs: list) -> Any:
                 return spec.dispatch.collect_fn(self, method, outputs)
+
         future = WorkerGroupFuture(refs, finish)
         return future.get() if spec.blocking else future
 
@@ -455,8 +477,11 @@ class RayWorkerGroup:
         refs = []
         for rank, (call_args, call_kwargs) in zip(ranks, calls):
             host = self._hosts[rank]
-            refs.append(host.call.remote(role, method, *[once(v) for v in call_args],
-                                         **{k: once(v) for k, v in call_kwargs.items()}))
+            refs.append(
+                host.call.remote(
+                    role, method, *[once(v) for v in call_args], **{k: once(v) for k, v in call_kwargs.items()}
+                )
+            )
         return refs
 
     def _route(self, name: str) -> tuple[str, str]:
@@ -467,7 +492,7 @@ class RayWorkerGroup:
             return self._role, name
         for role in self._role_classes:
             if name.startswith(role + "_"):
-                return role, name[len(role) + 1:]
+                return role, name[len(role) + 1 :]
         raise AttributeError(f"'{name}' names no role method; roles: {sorted(self._role_classes)}")
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:

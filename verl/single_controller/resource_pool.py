@@ -72,8 +72,10 @@ def cpus_per_worker_for_node(
     budget = (float(node_cpus) - reserved) / (processes_on_node * max_colocate_count)
     value = math.floor(min(base, budget) / _RAY_RESOURCE_STEP + 1e-6) * _RAY_RESOURCE_STEP
     if value < _RAY_RESOURCE_STEP:
-        raise ValueError(f"a node with {node_cpus} CPUs cannot host {processes_on_node} x {max_colocate_count} "
-                         f"worker processes and keep {reserved} CPUs free")
+        raise ValueError(
+            f"a node with {node_cpus} CPUs cannot host {processes_on_node} x {max_colocate_count} "
+            f"worker processes and keep {reserved} CPUs free"
+        )
     return round(value, 4)
 
 
@@ -165,7 +167,9 @@ class ResourcePool:
         import ray
 
         if not ray.is_initialized():
-            raise RuntimeError("ResourcePool needs a Ray cluster: call ray.init(...) (or ray.init(address='auto')) first")
+            raise RuntimeError(
+                "ResourcePool needs a Ray cluster: call ray.init(...) (or ray.init(address='auto')) first"
+            )
         return [n for n in ray.nodes() if n.get("Alive")]
 
     def _reserve_for(self, node_cpus: float) -> float:
@@ -177,20 +181,28 @@ class ResourcePool:
         """Pick/validate cpus_per_worker against the nodes that can host each entry (named errors)."""
         gpu_counts = sorted((int(n["Resources"].get("GPU", 0)) for n in nodes), reverse=True)
         if self.use_gpu and sum(gpu_counts) < self.world_size:
-            raise ValueError(f"ResourcePool '{self.name_prefix}' needs {self.world_size} GPUs "
-                             f"({self.process_on_nodes} per node) but the cluster has {sum(gpu_counts)} "
-                             f"(GPUs per node: {gpu_counts})")
+            raise ValueError(
+                f"ResourcePool '{self.name_prefix}' needs {self.world_size} GPUs "
+                f"({self.process_on_nodes} per node) but the cluster has {sum(gpu_counts)} "
+                f"(GPUs per node: {gpu_counts})"
+            )
         chosen: list[float] = []
         for count in self.process_on_nodes:
-            eligible = [float(n["Resources"].get("CPU", 0)) for n in nodes
-                        if not self.use_gpu or n["Resources"].get("GPU", 0) >= count]
+            eligible = [
+                float(n["Resources"].get("CPU", 0))
+                for n in nodes
+                if not self.use_gpu or n["Resources"].get("GPU", 0) >= count
+            ]
             if not eligible:
-                raise ValueError(f"ResourcePool '{self.name_prefix}': no node has {count} GPUs "
-                                 f"(GPUs per node: {gpu_counts})")
+                raise ValueError(
+                    f"ResourcePool '{self.name_prefix}': no node has {count} GPUs (GPUs per node: {gpu_counts})"
+                )
             node_cpus = max(eligible)
             reserve = self._reserve_for(node_cpus)
             if self._requested_cpus_per_worker is None:
-                chosen.append(cpus_per_worker_for_node(node_cpus, count, self.use_gpu, self.max_colocate_count, reserve))
+                chosen.append(
+                    cpus_per_worker_for_node(node_cpus, count, self.use_gpu, self.max_colocate_count, reserve)
+                )
                 continue
             held = count * self.max_colocate_count * self._requested_cpus_per_worker
             if node_cpus - held < reserve - 1e-9:
@@ -198,7 +210,8 @@ class ResourcePool:
                     f"ResourcePool '{self.name_prefix}': {count} processes x {self.max_colocate_count} colocated x "
                     f"cpus_per_worker={self._requested_cpus_per_worker} hold {held:g} of the node's {node_cpus:g} CPUs "
                     f"and leave less than reserved_cpus_per_node={reserve:g} for helper tasks; "
-                    f"lower cpus_per_worker (or leave it unset to size it automatically)")
+                    f"lower cpus_per_worker (or leave it unset to size it automatically)"
+                )
             chosen.append(self._requested_cpus_per_worker)
         return min(chosen)
 
@@ -225,8 +238,12 @@ class ResourcePool:
             bundle["GPU"] = 1
         tag = uuid.uuid4().hex[:6]
         pgs = [
-            placement_group([dict(bundle) for _ in range(count)], strategy="STRICT_PACK",
-                            name=f"{self.name_prefix}_{tag}_pg{i}", lifetime="detached" if self.detached else None)
+            placement_group(
+                [dict(bundle) for _ in range(count)],
+                strategy="STRICT_PACK",
+                name=f"{self.name_prefix}_{tag}_pg{i}",
+                lifetime="detached" if self.detached else None,
+            )
             for i, count in enumerate(self.process_on_nodes)
         ]
         ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.ready_timeout_s)
@@ -259,10 +276,12 @@ class ResourcePool:
         them: one more would wait for resources forever.
         """
         if len(self._groups) >= self.max_colocate_count:
-            raise ValueError(f"ResourcePool '{self.name_prefix}' already hosts {self._groups} and has "
-                             f"max_colocate_count={self.max_colocate_count}; cannot add worker group '{group_name}' "
-                             "(raise max_colocate_count, use another pool, or colocate roles in one process "
-                             "with create_colocated_worker_cls)")
+            raise ValueError(
+                f"ResourcePool '{self.name_prefix}' already hosts {self._groups} and has "
+                f"max_colocate_count={self.max_colocate_count}; cannot add worker group '{group_name}' "
+                "(raise max_colocate_count, use another pool, or colocate roles in one process "
+                "with create_colocated_worker_cls)"
+            )
         self._groups.append(group_name)
 
     def release(self, group_name: str) -> None:
@@ -279,9 +298,11 @@ class ResourcePool:
         self._pgs, self._slots = [], None
 
     def __repr__(self) -> str:
-        return (f"ResourcePool(name_prefix={self.name_prefix!r}, process_on_nodes={self.process_on_nodes}, "
-                f"use_gpu={self.use_gpu}, max_colocate_count={self.max_colocate_count}, "
-                f"cpus_per_worker={self.cpus_per_worker})")
+        return (
+            f"ResourcePool(name_prefix={self.name_prefix!r}, process_on_nodes={self.process_on_nodes}, "
+            f"use_gpu={self.use_gpu}, max_colocate_count={self.max_colocate_count}, "
+            f"cpus_per_worker={self.cpus_per_worker})"
+        )
 
 
 # verl's name
@@ -294,8 +315,13 @@ class ResourcePoolManager:
     ``ResourcePoolManager({"global_pool": [8, 8]}, {"actor_rollout": "global_pool", "ref": "global_pool"})``
     """
 
-    def __init__(self, resource_pool_spec: dict[str, list[int]], mapping: dict[str, str], use_gpu: bool = True,
-                 **pool_kwargs: Any) -> None:
+    def __init__(
+        self,
+        resource_pool_spec: dict[str, list[int]],
+        mapping: dict[str, str],
+        use_gpu: bool = True,
+        **pool_kwargs: Any,
+    ) -> None:
         for role, pool_name in mapping.items():
             if pool_name not in resource_pool_spec:
                 raise KeyError(f"role '{role}' maps to pool '{pool_name}' which is not in {sorted(resource_pool_spec)}")
@@ -309,8 +335,9 @@ class ResourcePoolManager:
         """Build every named pool (placement groups are created when a worker group first uses them)."""
         for name, counts in self.resource_pool_spec.items():
             if name not in self.resource_pool_dict:
-                self.resource_pool_dict[name] = ResourcePool(counts, use_gpu=self.use_gpu, name_prefix=name,
-                                                             **self.pool_kwargs)
+                self.resource_pool_dict[name] = ResourcePool(
+                    counts, use_gpu=self.use_gpu, name_prefix=name, **self.pool_kwargs
+                )
         return dict(self.resource_pool_dict)
 
     def get_resource_pool(self, role: str) -> ResourcePool:

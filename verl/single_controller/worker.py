@@ -161,7 +161,9 @@ class Worker:
         """``(dp_rank, is_collect)`` declared with :meth:`set_dispatch_info`; KeyError naming the meshes."""
         info = getattr(self, "_dispatch_info", {})
         if mesh_name not in info:
-            raise KeyError(f"rank {self.rank} ({type(self).__name__}) has no dispatch info for mesh '{mesh_name}'; "
-                           f"call set_dispatch_info('{mesh_name}', dp_rank, is_collect) first "
-                           f"(known meshes: {sorted(info)})")
+            raise KeyError(
+                f"rank {self.rank} ({type(self).__name__}) has no dispatch info for mesh '{mesh_name}'; "
+                f"call set_dispatch_info('{mesh_name}', dp_rank, is_collect) first "
+                f"(known meshes: {sorted(info)})"
+            )
         return info[mesh_name]

@@ -16,8 +16,8 @@ Helpers used by the entry point:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -133,8 +133,9 @@ class _Checker:
             valid = ", ".join(map(str, choices)) + (", null" if allow_none else "")
             self.error(f"{key} must be one of [{valid}] (got {value!r})")
 
-    def integer(self, key: str, minimum: Optional[int] = None, allow_none: bool = False,
-                also: Sequence[int] = ()) -> None:
+    def integer(
+        self, key: str, minimum: Optional[int] = None, allow_none: bool = False, also: Sequence[int] = ()
+    ) -> None:
         """Integer >= minimum (or one of ``also``, e.g. -1 meaning 'off'), or null when allowed."""
         if not self.present(key):
             return
@@ -178,16 +179,20 @@ def active_recurrent_name(cfg: Any) -> Optional[str]:
         return None
     available = sorted(k for k in (_get(cfg, "recurrent", None) or {}) if k != "enable")
     if enable is True or not isinstance(enable, str):
-        raise ConfigError([
-            f"recurrent.enable must be the NAME of a workflow sub-config (one of [{', '.join(available)}]) "
-            f"or False, not {enable!r}"
-        ])
+        raise ConfigError(
+            [
+                f"recurrent.enable must be the NAME of a workflow sub-config (one of [{', '.join(available)}]) "
+                f"or False, not {enable!r}"
+            ]
+        )
     sub = _get(cfg, f"recurrent.{enable}", None)
     if enable == "enable" or not isinstance(sub, DictConfig):
-        raise ConfigError([
-            f"recurrent.enable={enable!r} but there is no sub-config recurrent.{enable}; "
-            f"available: [{', '.join(available)}]"
-        ])
+        raise ConfigError(
+            [
+                f"recurrent.enable={enable!r} but there is no sub-config recurrent.{enable}; "
+                f"available: [{', '.join(available)}]"
+            ]
+        )
     return enable
 
 
@@ -336,14 +341,22 @@ def _check_micro_batch(c: _Checker, section: str, name: str, dynamic_key: str, t
 
 def _check_log_prob_passes(c: _Checker) -> None:
     r, ref = "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
-    _check_micro_batch(c, r, "log_prob_micro_batch_size", f"{r}.log_prob_use_dynamic_bsz",
-                       f"{r}.log_prob_max_token_len_per_gpu")
+    _check_micro_batch(
+        c, r, "log_prob_micro_batch_size", f"{r}.log_prob_use_dynamic_bsz", f"{r}.log_prob_max_token_len_per_gpu"
+    )
     needs_ref = c.get("actor_rollout_ref.actor.use_kl_loss") or c.get("algorithm.use_kl_in_reward")
     if needs_ref:
-        _check_micro_batch(c, ref, "log_prob_micro_batch_size", f"{ref}.log_prob_use_dynamic_bsz",
-                           f"{ref}.log_prob_max_token_len_per_gpu")
+        _check_micro_batch(
+            c,
+            ref,
+            "log_prob_micro_batch_size",
+            f"{ref}.log_prob_use_dynamic_bsz",
+            f"{ref}.log_prob_max_token_len_per_gpu",
+        )
     if c.get("algorithm.adv_estimator") == "gae":
-        _check_micro_batch(c, "critic", "ppo_micro_batch_size", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu")
+        _check_micro_batch(
+            c, "critic", "ppo_micro_batch_size", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu"
+        )
 
 
 def _check_rollout(c: _Checker) -> None:
@@ -374,14 +387,18 @@ def _check_rollout(c: _Checker) -> None:
         tp = c.get(f"{r}.tensor_model_parallel_size")
         world = _world_size(c)
         if _is_int(tp) and tp >= 1 and world is not None and world % tp != 0:
-            c.error(f"{r}.tensor_model_parallel_size ({tp}) must divide trainer.nnodes x trainer.n_gpus_per_node ({world})")
+            c.error(
+                f"{r}.tensor_model_parallel_size ({tp}) must divide trainer.nnodes x trainer.n_gpus_per_node ({world})"
+            )
         max_len = c.get(f"{r}.max_model_len")
         if max_len is None and _is_int(c.get(f"{r}.prompt_length")) and _is_int(c.get(f"{r}.response_length")):
             max_len = c.get(f"{r}.prompt_length") + c.get(f"{r}.response_length")
         budget = c.get(f"{r}.max_num_batched_tokens")
         if not c.get(f"{r}.enable_chunked_prefill", True) and _is_int(budget) and _is_int(max_len) and budget < max_len:
-            c.error(f"{r}.max_num_batched_tokens ({budget}) must be >= the max model length ({max_len}) when "
-                    f"{r}.enable_chunked_prefill is False")
+            c.error(
+                f"{r}.max_num_batched_tokens ({budget}) must be >= the max model length ({max_len}) when "
+                f"{r}.enable_chunked_prefill is False"
+            )
 
 
 def _world_size(c: _Checker) -> Optional[int]:
@@ -412,8 +429,10 @@ def _check_algorithm(c: _Checker) -> None:
     if c.get("algorithm.overlong_buffer.enable", False):
         length, max_resp = c.get("algorithm.overlong_buffer.len"), c.get("data.max_response_length")
         if not _is_int(length) or length < 1 or (_is_int(max_resp) and length > max_resp):
-            c.error(f"algorithm.overlong_buffer.len must be an integer in [1, data.max_response_length={max_resp}] "
-                    f"(got {length!r})")
+            c.error(
+                f"algorithm.overlong_buffer.len must be an integer in [1, data.max_response_length={max_resp}] "
+                f"(got {length!r})"
+            )
         c.number("algorithm.overlong_buffer.penalty_factor", lambda v: v >= 0, ">= 0")
 
 
@@ -459,11 +478,19 @@ def _check_recurrent(c: _Checker) -> None:
         return
     sub = f"recurrent.{name}"
     mode = c.get("actor_rollout_ref.rollout.mode")
-    path_key, obj_key = (f"{sub}.async_path", f"{sub}.async_name") if mode == "async" else (f"{sub}.path", f"{sub}.name")
+    path_key, obj_key = (
+        (f"{sub}.async_path", f"{sub}.async_name") if mode == "async" else (f"{sub}.path", f"{sub}.name")
+    )
     for key in (path_key, obj_key):
         if not c.get(key):
-            hint = "" if mode == "async" else " (this workflow may exist only in async mode: actor_rollout_ref.rollout.mode=async)"
-            c.error(f"{key} must be set to use recurrent.enable={name} with actor_rollout_ref.rollout.mode={mode}{hint}")
+            hint = (
+                ""
+                if mode == "async"
+                else " (this workflow may exist only in async mode: actor_rollout_ref.rollout.mode=async)"
+            )
+            c.error(
+                f"{key} must be set to use recurrent.enable={name} with actor_rollout_ref.rollout.mode={mode}{hint}"
+            )
     config = c.get(f"{sub}.config")
     if config is not None and not isinstance(config, DictConfig):
         c.error(f"{sub}.config must be a mapping of keyword arguments or null (got {config!r})")
@@ -471,24 +498,40 @@ def _check_recurrent(c: _Checker) -> None:
         _check_memory(c, sub)
     estimator = c.get("algorithm.adv_estimator")
     if estimator not in RECURRENT_ADV_ESTIMATORS:
-        c.error(f"algorithm.adv_estimator must be one of [{', '.join(RECURRENT_ADV_ESTIMATORS)}] in recurrent mode "
-                f"(recurrent.enable={name}; got {estimator!r})")
+        c.error(
+            f"algorithm.adv_estimator must be one of [{', '.join(RECURRENT_ADV_ESTIMATORS)}] in recurrent mode "
+            f"(recurrent.enable={name}; got {estimator!r})"
+        )
     if c.get("algorithm.use_kl_in_reward"):
-        c.error("algorithm.use_kl_in_reward=True is not supported in recurrent mode; use actor_rollout_ref.actor.use_kl_loss")
+        c.error(
+            "algorithm.use_kl_in_reward=True is not supported in recurrent mode; use actor_rollout_ref.actor.use_kl_loss"
+        )
     if c.get("reward_model.enable"):
         c.error("reward_model.enable=True (a learned reward model) is not supported in recurrent mode")
 
 
 def _check_memory(c: _Checker, sub: str) -> None:
     if c.get("data.truncation") != "center":
-        c.error(f"data.truncation must be center when recurrent.enable=memory (got {c.get('data.truncation')!r}): "
-                "long contexts keep their first and last halves")
-    for field in ("chunk_size", "max_prompt_length", "max_memorization_length", "max_chunks", "max_final_response_length"):
+        c.error(
+            f"data.truncation must be center when recurrent.enable=memory (got {c.get('data.truncation')!r}): "
+            "long contexts keep their first and last halves"
+        )
+    for field in (
+        "chunk_size",
+        "max_prompt_length",
+        "max_memorization_length",
+        "max_chunks",
+        "max_final_response_length",
+    ):
         c.integer(f"{sub}.config.{field}", 1)
     context_key = c.get(f"{sub}.config.context_key")
     if not isinstance(context_key, str) or not context_key:
         c.error(f"{sub}.config.context_key must be a column name (got {context_key!r})")
     data_key = c.get("data.context_key")
     if data_key is not None and data_key != context_key:
-        logger.warning("data.context_key=%r is informational; the memory dataset reads %s.config.context_key=%r",
-                       data_key, sub, context_key)
+        logger.warning(
+            "data.context_key=%r is informational; the memory dataset reads %s.config.context_key=%r",
+            data_key,
+            sub,
+            context_key,
+        )

@@ -45,6 +45,7 @@ def run(cfg: DictConfig) -> list[dict]:
     from transformers import AutoTokenizer
 
     from recurrent.interface import load_register
+    from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
     from verl.utils.checkpoint import CheckpointManager
@@ -52,8 +53,6 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.dataset.sampler import ResumableDataLoader
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
-
-    from verl.trainer.config_schema import apply_config_aliases, validate_config
 
     validate_config(cfg)
     with open_dict(cfg):
@@ -67,15 +66,21 @@ def run(cfg: DictConfig) -> list[dict]:
         data_key = cfg.data.get("context_key")
         wf_key = (wf_cfg.get("config") or {}).get("context_key")
         if data_key is not None and wf_key is not None and data_key != wf_key:
-            logger.warning("data.context_key=%r is informational; the workflow reads recurrent.%s.config.context_key=%r",
-                           data_key, name, wf_key)
+            logger.warning(
+                "data.context_key=%r is informational; the workflow reads recurrent.%s.config.context_key=%r",
+                data_key,
+                name,
+                wf_key,
+            )
         if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
             if not wf_cfg.get("async_path"):
                 raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
             register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
         else:
             if not wf_cfg.get("path"):
-                raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
+                raise ValueError(
+                    f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async"
+                )
             register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
         recurrent_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
     elif cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
@@ -86,21 +91,32 @@ def run(cfg: DictConfig) -> list[dict]:
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     if name:
         train_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.train_files)), tokenizer, data_cfg)
-        val_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.val_files)), tokenizer, data_cfg) \
-            if cfg.data.get("val_files") else None
+        val_ds = (
+            register.dataset_cls(recurrent_config, list(_files(cfg.data.val_files)), tokenizer, data_cfg)
+            if cfg.data.get("val_files")
+            else None
+        )
     else:  # single-turn PPO/GRPO on chat prompts
         from verl.utils.dataset.rl_dataset import RLHFDataset
 
         train_ds = RLHFDataset(list(_files(cfg.data.train_files)), tokenizer, data_cfg)
-        val_ds = RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
+        val_ds = (
+            RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
+        )
     seed = int(cfg.data.get("seed", 1) or 1)
-    train_loader = ResumableDataLoader(train_ds, batch_size=int(cfg.data.train_batch_size),
-                                       shuffle=bool(cfg.data.get("shuffle", True)), seed=seed, collate_fn=collate_fn)
+    train_loader = ResumableDataLoader(
+        train_ds,
+        batch_size=int(cfg.data.train_batch_size),
+        shuffle=bool(cfg.data.get("shuffle", True)),
+        seed=seed,
+        collate_fn=collate_fn,
+    )
     val_loader = None
     if val_ds is not None:
         vbs = cfg.data.get("val_batch_size") or len(val_ds)
-        val_loader = ResumableDataLoader(val_ds, batch_size=int(vbs), shuffle=False, seed=seed,
-                                         collate_fn=collate_fn, drop_last=False)
+        val_loader = ResumableDataLoader(
+            val_ds, batch_size=int(vbs), shuffle=False, seed=seed, collate_fn=collate_fn, drop_last=False
+        )
     total_steps = cfg.trainer.get("total_training_steps") or len(train_loader) * int(cfg.trainer.total_epochs)
     with open_dict(cfg):
         cfg.actor_rollout_ref.actor.optim.total_training_steps = int(total_steps)
@@ -108,9 +124,13 @@ def run(cfg: DictConfig) -> list[dict]:
             cfg.critic.optim.total_training_steps = int(total_steps)
 
     if not ray.is_initialized():
-        ray.init(address=cfg.trainer.get("ray_address"), num_cpus=cfg.trainer.get("ray_num_cpus"),
-                 include_dashboard=False, ignore_reinit_error=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(
+            address=cfg.trainer.get("ray_address"),
+            num_cpus=cfg.trainer.get("ray_num_cpus"),
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        )
     critic_wg = None
     if use_critic:
         from verl.trainer.ppo.critic_worker_group import build_actor_and_critic_groups
@@ -125,17 +145,23 @@ def run(cfg: DictConfig) -> list[dict]:
     reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=0)
     val_reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=1)
     log_dir = Path(cfg.trainer.get("log_dir") or Path(cfg.trainer.default_local_dir) / "logs")
-    tracker = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
-                       default_backend=list(cfg.trainer.logger), config=OmegaConf.to_container(cfg, resolve=True),
-                       log_dir=str(log_dir))
+    tracker = Tracking(
+        project_name=cfg.trainer.project_name,
+        experiment_name=cfg.trainer.experiment_name,
+        default_backend=list(cfg.trainer.logger),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        log_dir=str(log_dir),
+    )
     if name:
-        trainer = MultiConvTrainer(cfg, tokenizer, wg, register, recurrent_config, train_ds, val_ds,
-                                   reward_fn, val_reward_fn, tracker)
+        trainer = MultiConvTrainer(
+            cfg, tokenizer, wg, register, recurrent_config, train_ds, val_ds, reward_fn, val_reward_fn, tracker
+        )
     else:
         from verl.trainer.ppo.single_turn import SingleTurnPPOTrainer
 
-        trainer = SingleTurnPPOTrainer(cfg, tokenizer, wg, train_ds, val_ds, reward_fn, val_reward_fn, tracker,
-                                       critic_group=critic_wg)
+        trainer = SingleTurnPPOTrainer(
+            cfg, tokenizer, wg, train_ds, val_ds, reward_fn, val_reward_fn, tracker, critic_group=critic_wg
+        )
     ckpt = CheckpointManager(cfg.trainer.default_local_dir, max_ckpt_to_keep=cfg.trainer.get("max_actor_ckpt_to_keep"))
     try:
         history = fit(trainer, train_loader, val_loader, ckpt, int(total_steps))

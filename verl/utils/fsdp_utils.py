@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable, Iterator, Optional, Union
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -156,7 +157,9 @@ def offload_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer]) -> None:
         torch.cuda.synchronize()
 
 
-def load_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer], device: Union[str, torch.device, None] = None) -> None:
+def load_fsdp_optimizer(
+    optimizer: Optional[torch.optim.Optimizer], device: Union[str, torch.device, None] = None
+) -> None:
     """Move the optimizer state back to ``device`` (default: the current CUDA device)."""
     if optimizer is None or not optimizer.state:
         return
@@ -244,8 +247,9 @@ def build_optimizer(
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
 
 
-def warmup_lr_lambda(num_warmup_steps: int, warmup_style: str = "constant", total_training_steps: int = 0,
-                     min_lr_ratio: float = 0.0):
+def warmup_lr_lambda(
+    num_warmup_steps: int, warmup_style: str = "constant", total_training_steps: int = 0, min_lr_ratio: float = 0.0
+):
     """LR multiplier for scheduler step ``s`` (0-based; step ``s`` is the ``s``-th ``scheduler.step()``).
 
     Warm-up: ``(s + 1) / W`` for ``s < W`` (the first update already uses ``lr / W``; verl's ``s / W`` spends the

@@ -22,7 +22,8 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -103,7 +104,9 @@ def rearrange_micro_batches(
         logger.warning(
             "dynamic bsz: %d row(s) are longer than max_token_len=%d (longest %d tokens); each gets its own "
             "micro-batch. Raise ppo_max_token_len_per_gpu / log_prob_max_token_len_per_gpu to avoid this.",
-            len(oversized), max_token_len, max(lengths[i] for i in oversized),
+            len(oversized),
+            max_token_len,
+            max(lengths[i] for i in oversized),
         )
 
     def fits(parts: list[list[int]]) -> bool:

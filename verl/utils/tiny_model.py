@@ -119,9 +119,7 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
-    model.generation_config = GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    )
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
     model.save_pretrained(str(out))
     return out
 

@@ -102,8 +102,11 @@ class _ConsoleBackend:
     def log_generations(self, samples: list[dict], step: int) -> None:
         stream = self.stream or sys.stdout
         for i, sample in enumerate(samples):
-            print(f"[val-generation step:{step} #{i}] {json.dumps(_json_safe(sample), ensure_ascii=False)}",
-                  file=stream, flush=True)
+            print(
+                f"[val-generation step:{step} #{i}] {json.dumps(_json_safe(sample), ensure_ascii=False)}",
+                file=stream,
+                flush=True,
+            )
 
     def finish(self) -> None:
         pass
@@ -231,7 +234,9 @@ class Tracking:
             elif name == "tensorboard":
                 self.backends[name] = _TensorboardBackend(self.log_dir)
             elif name == "wandb":
-                self.backends[name] = _WandbBackend(project_name, experiment_name, _config_to_dict(config), self.log_dir)
+                self.backends[name] = _WandbBackend(
+                    project_name, experiment_name, _config_to_dict(config), self.log_dir
+                )
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         """Log one step's metrics to every backend (non-finite floats are kept; JSON writes them as NaN)."""
@@ -249,7 +254,7 @@ class Tracking:
             backend.finish()
         self.backends = {}
 
-    def __enter__(self) -> "Tracking":
+    def __enter__(self) -> Tracking:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -263,4 +268,3 @@ class Tracking:
                     backend.finish()
         except Exception:  # noqa: BLE001
             pass
-

@@ -58,8 +58,9 @@ class DataParallelComponent:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
         return tensor
 
-    def _micro_batch_rows(self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int,
-                          max_token_len: int) -> list[list[int]]:
+    def _micro_batch_rows(
+        self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int, max_token_len: int
+    ) -> list[list[int]]:
         """Row-index lists of the micro-batches (same count on every rank; some may be empty)."""
         if use_dynamic:
             return rearrange_micro_batches(seqlens, max_token_len, dp_group=self.dp_group, device=self.device)
@@ -97,8 +98,9 @@ class DataParallelComponent:
                 dist.all_reduce(param.grad, op=dist.ReduceOp.SUM, group=self.dp_group)
                 param.grad.div_(self.dp_size)
 
-    def _select_update_rows(self, data: DataProto, keys: list[str], optional: tuple[str, ...],
-                            what: str) -> tuple[TensorDict, TensorDict]:
+    def _select_update_rows(
+        self, data: DataProto, keys: list[str], optional: tuple[str, ...], what: str
+    ) -> tuple[TensorDict, TensorDict]:
         """The tensors an update needs, without padding rows or rows without tokens, plus a dummy row."""
         available = data.batch.keys() if data.batch is not None else []
         keys = list(keys) + [k for k in (*optional, MINI_BATCH_ID_KEY) if k in available]
@@ -113,8 +115,9 @@ class DataParallelComponent:
             keep &= ~data.batch[PADDING_ROW_KEY].bool().reshape(-1)
         return batch[torch.nonzero(keep).flatten()], dummy
 
-    def _run_mini_batches(self, batch: TensorDict, step: Callable[[TensorDict], dict[str, float]]
-                          ) -> tuple[dict[str, float], int, int]:
+    def _run_mini_batches(
+        self, batch: TensorDict, step: Callable[[TensorDict], dict[str, float]]
+    ) -> tuple[dict[str, float], int, int]:
         """``ppo_epochs`` passes of ``step(mini_batch)`` (one optimizer step each) over this rank's rows.
 
         Mini-batches are the driver's ``mini_batch_id`` groups when present, else contiguous nearly-equal

@@ -43,7 +43,9 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
     ``swap_space``, which vLLM no longer has, dropped with a warning)."""
     extra = {k: v for k, v in dict(rc.get("engine_kwargs") or {}).items() if v is not None}
     if extra.pop("swap_space", None) is not None:
-        logger.warning("actor_rollout_ref.rollout.engine_kwargs.swap_space is ignored: vLLM has no swap space since 0.11")
+        logger.warning(
+            "actor_rollout_ref.rollout.engine_kwargs.swap_space is ignored: vLLM has no swap space since 0.11"
+        )
     options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
     if rc.get("cudagraph_max_tokens"):
         options["cudagraph_max_tokens"] = int(rc.get("cudagraph_max_tokens"))
@@ -72,15 +74,20 @@ class ActorRolloutRefWorker(TrainingWorker):
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
         lora = None
         if int(model_cfg.get("lora_rank", 0) or 0) > 0:
-            lora = {"r": int(model_cfg.lora_rank), "lora_alpha": int(model_cfg.get("lora_alpha", 16)),
-                    "target_modules": model_cfg.get("target_modules", "all-linear")}
+            lora = {
+                "r": int(model_cfg.lora_rank),
+                "lora_alpha": int(model_cfg.get("lora_alpha", 16)),
+                "target_modules": model_cfg.get("target_modules", "all-linear"),
+            }
         self.model_path = str(model_cfg.path)
         actor_module = load_causal_lm(
-            self.model_path, dtype=train_dtype,
+            self.model_path,
+            dtype=train_dtype,
             attn_implementation=model_cfg.get("attn_implementation"),
             override_config=config_to_dict(model_cfg.get("override_config")) or None,
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
-            lora=lora, use_liger=bool(model_cfg.get("use_liger", False)),
+            lora=lora,
+            use_liger=bool(model_cfg.get("use_liger", False)),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         ).to(device)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
@@ -89,22 +96,31 @@ class ActorRolloutRefWorker(TrainingWorker):
             actor_module = apply_fsdp2(actor_module, param_dtype=param_dtype)
         optim = actor_cfg.get("optim", {})
         optimizer = build_optimizer(
-            actor_module, lr=float(optim.get("lr", 1e-6)), weight_decay=float(optim.get("weight_decay", 0.01)),
+            actor_module,
+            lr=float(optim.get("lr", 1e-6)),
+            weight_decay=float(optim.get("weight_decay", 0.01)),
             betas=tuple(optim.get("betas", (0.9, 0.999))),
         )
         self.lr_scheduler = build_lr_scheduler(
-            optimizer, total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+            optimizer,
+            total_training_steps=int(optim.get("total_training_steps", 0) or 0),
             lr_warmup_steps=optim.get("lr_warmup_steps", -1),
             lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
             warmup_style=str(optim.get("warmup_style", "constant")),
         )
-        actor_settings = {**config_to_dict(actor_cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        actor_settings = {
+            **config_to_dict(actor_cfg),
+            "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
+        }
         self.actor_module, self.optimizer = actor_module, optimizer
         self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
         if bool(actor_cfg.get("use_kl_loss", False)):
-            ref_module = load_causal_lm(self.model_path, dtype=train_dtype,
-                                        attn_implementation=model_cfg.get("attn_implementation"),
-                                        trust_remote_code=bool(model_cfg.get("trust_remote_code", False))).to(device)
+            ref_module = load_causal_lm(
+                self.model_path,
+                dtype=train_dtype,
+                attn_implementation=model_cfg.get("attn_implementation"),
+                trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            ).to(device)
             ref_module.requires_grad_(False)
             if self.sharded:
                 ref_module = apply_fsdp2(ref_module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
@@ -118,7 +134,9 @@ class ActorRolloutRefWorker(TrainingWorker):
 
         rc = self.config.rollout
         name = str(rc.get("name", "hf"))
-        max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(rc.get("response_length", 1024))
+        max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(
+            rc.get("response_length", 1024)
+        )
         if name == "hf":
             # The HF engine preallocates its KV cache for max_batch_size rows (vLLM's max_num_seqs is
             # a scheduler limit, far too large to preallocate): cap it. bf16 is slow on CPUs without
@@ -127,15 +145,21 @@ class ActorRolloutRefWorker(TrainingWorker):
             batch = int(rc.get("hf_max_batch_size") or min(int(rc.get("max_num_seqs") or cap), cap))
             dtype = "float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16"))
             self.rollout = get_rollout_engine(
-                "hf", model=self.model_path, device="cuda:0" if self.device_name == "cuda" else "cpu", dtype=dtype,
-                max_batch_size=batch, max_model_len=max_len,
+                "hf",
+                model=self.model_path,
+                device="cuda:0" if self.device_name == "cuda" else "cpu",
+                dtype=dtype,
+                max_batch_size=batch,
+                max_model_len=max_len,
             )
         else:
             self.rollout = get_rollout_engine(
-                "vllm", model_path=self.model_path,
+                "vllm",
+                model_path=self.model_path,
                 dtype="float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16")),
                 gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
-                enforce_eager=bool(rc.get("enforce_eager", True)), max_model_len=max_len,
+                enforce_eager=bool(rc.get("enforce_eager", True)),
+                max_model_len=max_len,
                 tensor_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
                 max_num_batched_tokens=int(rc.get("max_num_batched_tokens") or 8192),
                 max_num_seqs=int(rc.get("max_num_seqs") or 256),
@@ -199,7 +223,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         async def _all():
             import asyncio
 
-            return await asyncio.gather(*[self.rollout.generate(p, replace(sp, seed=s)) for p, s in zip(prompts, seeds)])
+            return await asyncio.gather(
+                *[self.rollout.generate(p, replace(sp, seed=s)) for p, s in zip(prompts, seeds)]
+            )
 
         return self.rollout.run_on_loop(_all())
 
@@ -260,16 +286,24 @@ class ActorRolloutRefWorker(TrainingWorker):
         from verl.utils.checkpoint import save_model_shards
 
         with self._resident("actor", with_optimizer=True):
-            save_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
-                              rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
+            save_model_shards(
+                path,
+                self.actor_module,
+                self.optimizer,
+                self.lr_scheduler,
+                rank=self.rank,
+                world_size=self.world_size,
+                hf_source_path=self.model_path,
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import load_model_shards
 
         with self._resident("actor", with_optimizer=True):
-            load_model_shards(path, self.actor_module, self.optimizer, self.lr_scheduler,
-                              rank=self.rank, world_size=self.world_size)
+            load_model_shards(
+                path, self.actor_module, self.optimizer, self.lr_scheduler, rank=self.rank, world_size=self.world_size
+            )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def shutdown_engines(self) -> None:

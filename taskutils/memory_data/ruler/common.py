@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 import string
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from taskutils.memory_data.haystack import SentenceHaystack
 from taskutils.memory_data.sources import QASource, read_hotpotqa, read_squad
@@ -104,8 +105,16 @@ def tolerance_for(max_length: int) -> int:
     return max(16, max_length // 200)
 
 
-def record(index: int, question: str, context: Any, outputs: list[str], answer_prefix: str, length: int,
-           **extra: Any) -> dict[str, Any]:
+def record(
+    index: int, question: str, context: Any, outputs: list[str], answer_prefix: str, length: int, **extra: Any
+) -> dict[str, Any]:
     """An ``eval_{task}_{len}.json`` record (spec §5.8)."""
-    return {"index": index, "input": question, "context": context, "outputs": outputs,
-            "answer_prefix": answer_prefix, "length": length, **extra}
+    return {
+        "index": index,
+        "input": question,
+        "context": context,
+        "outputs": outputs,
+        "answer_prefix": answer_prefix,
+        "length": length,
+        **extra,
+    }

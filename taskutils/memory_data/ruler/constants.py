@@ -68,8 +68,17 @@ TASKS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 DEFAULT_TASKS = (
-    "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
-    "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "fwe", "qa_1",
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "fwe",
+    "qa_1",
 )
 """The tasks of the original ``ruler_data_prepare.sh`` (``cwe`` and ``qa_2`` are defined but not run)."""
 

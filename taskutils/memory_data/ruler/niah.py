@@ -13,7 +13,8 @@ the target length.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from taskutils.memory_data.documents import sample_rng
 from taskutils.memory_data.haystack import NOISE_SENTENCES, insert_at_fractions
@@ -26,12 +27,11 @@ NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 
 def singular_template(template: str) -> str:
     """RULER's rewrite for one query with one value: "Some ... are" -> "A ... is" etc."""
-    return (template.replace("Some", "A").replace("are all", "is").replace("are", "is")
-            .replace("answers", "answer"))
+    return template.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
 
 
 def join_queries(queries: list[str]) -> str:
-    """"a" / "a, and b" / "a, b, and c" (RULER's multi-query phrasing)."""
+    """ "a" / "a, and b" / "a, b, and c" (RULER's multi-query phrasing)."""
     return queries[0] if len(queries) == 1 else ", ".join(queries[:-1]) + ", and " + queries[-1]
 
 
@@ -57,8 +57,16 @@ class LazyLines:
 
 
 def generate_niah(
-    task: str, index: int, max_length: int, res: RulerResources, haystack: str, key: str, value: str,
-    num_k: int, num_v: int, num_q: int,
+    task: str,
+    index: int,
+    max_length: int,
+    res: RulerResources,
+    haystack: str,
+    key: str,
+    value: str,
+    num_k: int,
+    num_v: int,
+    num_q: int,
 ) -> dict[str, Any]:
     """One NIAH sample for ``task`` at ``max_length`` tokens (deterministic per seed/task/length/index)."""
     rng = sample_rng(res.seed, task, max_length, index)
@@ -84,8 +92,11 @@ def generate_niah(
     budget = max_length - ttg
     q_tokens = counter.count(question)
     if haystack == "essay":
-        depths = rng.sample(NIAH_DEPTHS, len(needles)) if len(needles) <= len(NIAH_DEPTHS) else [
-            rng.choice(NIAH_DEPTHS) for _ in needles]
+        depths = (
+            rng.sample(NIAH_DEPTHS, len(needles))
+            if len(needles) <= len(NIAH_DEPTHS)
+            else [rng.choice(NIAH_DEPTHS) for _ in needles]
+        )
         fractions = [d / 100 for d in depths]
         needle_tokens = sum(counter.count_many([" " + s for s in needles]))
         essay = res.essay

@@ -71,12 +71,24 @@ def generate_qa(task: str, index: int, max_length: int, res: RulerResources, dat
     index_only = max_length > res.index_only_above
     per_doc = others_tokens(min(len(others), 64)) / max(1, min(len(others), 64))
     guess = min(len(others), max(0, int((budget - q_tokens - own_tokens) / max(per_doc, 1.0))))
-    n, total = fit_to_budget(estimate, estimate if index_only else exact, budget, guess, n_max=len(others),
-                             tolerance=tolerance_for(max_length))
+    n, total = fit_to_budget(
+        estimate,
+        estimate if index_only else exact,
+        budget,
+        guess,
+        n_max=len(others),
+        tolerance=tolerance_for(max_length),
+    )
     ids = ordered(n)
     context: Any = ids if index_only else render_documents([source.docs[i] for i in ids])
     return record(
-        index, question, context, list(item.answers), ANSWER_PREFIXES["qa"], total + ttg,
-        num_docs=len(ids), gold_docs=gold_positions(ids, item.gold_doc_ids), question_index=item.index,
+        index,
+        question,
+        context,
+        list(item.answers),
+        ANSWER_PREFIXES["qa"],
+        total + ttg,
+        num_docs=len(ids),
+        gold_docs=gold_positions(ids, item.gold_doc_ids),
+        question_index=item.index,
     )
-

@@ -41,7 +41,12 @@ def make_chains(rng: Any, num_chains: int, num_hops: int) -> tuple[list[list[str
 
 
 def generate_variable_tracking(
-    task: str, index: int, max_length: int, res: RulerResources, num_chains: int = 1, num_hops: int = 4,
+    task: str,
+    index: int,
+    max_length: int,
+    res: RulerResources,
+    num_chains: int = 1,
+    num_hops: int = 4,
 ) -> dict[str, Any]:
     """One variable-tracking sample at ``max_length`` tokens."""
     rng = sample_rng(res.seed, task, max_length, index)

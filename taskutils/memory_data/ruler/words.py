@@ -30,7 +30,12 @@ def zeta(alpha: float, terms: int = 10_000) -> float:
 
 
 def generate_cwe(
-    task: str, index: int, max_length: int, res: RulerResources, freq_cw: int = 30, freq_ucw: int = 3,
+    task: str,
+    index: int,
+    max_length: int,
+    res: RulerResources,
+    freq_cw: int = 30,
+    freq_ucw: int = 3,
     num_cw: int = 10,
 ) -> dict[str, Any]:
     """One common-words-extraction sample at ``max_length`` tokens."""

@@ -18,9 +18,9 @@ Advantages and returns are computed without gradient.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -37,15 +37,37 @@ from verl.trainer.ppo.dapo import (
 from verl.utils.torch_functional import entropy_from_logits, masked_mean, masked_sum, masked_whiten
 
 __all__ = [
-    "AdvantageEstimator", "ADV_ESTIMATORS", "register_adv_est", "get_adv_estimator_fn",
-    "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage",
-    "compute_reinforce_plus_plus_outcome_advantage", "compute_remax_outcome_advantage",
-    "compute_multiconv_advantage", "trajectory_token_weights", "TURN_WEIGHTING_MODES",
-    "AGG_MODES", "agg_loss", "grad_acc_mode", "local_loss_normalizer",
-    "POLICY_LOSSES", "register_policy_loss", "get_policy_loss_fn", "compute_policy_loss",
-    "KL_PENALTY_TYPES", "kl_penalty", "compute_entropy_loss", "compute_value_loss",
-    "FixedKLController", "AdaptiveKLController", "get_kl_controller",
-    "filter_zero_variance_groups", "overlong_reward_penalty", "index_to_group_ids", "group_relative_scores",
+    "AdvantageEstimator",
+    "ADV_ESTIMATORS",
+    "register_adv_est",
+    "get_adv_estimator_fn",
+    "compute_gae_advantage_return",
+    "compute_grpo_outcome_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_multiconv_advantage",
+    "trajectory_token_weights",
+    "TURN_WEIGHTING_MODES",
+    "AGG_MODES",
+    "agg_loss",
+    "grad_acc_mode",
+    "local_loss_normalizer",
+    "POLICY_LOSSES",
+    "register_policy_loss",
+    "get_policy_loss_fn",
+    "compute_policy_loss",
+    "KL_PENALTY_TYPES",
+    "kl_penalty",
+    "compute_entropy_loss",
+    "compute_value_loss",
+    "FixedKLController",
+    "AdaptiveKLController",
+    "get_kl_controller",
+    "filter_zero_variance_groups",
+    "overlong_reward_penalty",
+    "index_to_group_ids",
+    "group_relative_scores",
 ]
 
 

@@ -51,12 +51,22 @@ def build_ray_actor_and_critic_groups(cfg: DictConfig, device: str):
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-    pool = ResourcePool.from_trainer(int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node),
-                                     use_gpu=device == "cuda", max_colocate_count=2, name_prefix="actor_critic")
-    actor = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device),
-                           name_prefix="actor_rollout_ref", device=device)
-    critic = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, cfg.critic, device=device),
-                            name_prefix="critic", device=device)
+    pool = ResourcePool.from_trainer(
+        int(cfg.trainer.nnodes),
+        int(cfg.trainer.n_gpus_per_node),
+        use_gpu=device == "cuda",
+        max_colocate_count=2,
+        name_prefix="actor_critic",
+    )
+    actor = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device),
+        name_prefix="actor_rollout_ref",
+        device=device,
+    )
+    critic = RayWorkerGroup(
+        pool, RayClassWithInitArgs(CriticWorker, cfg.critic, device=device), name_prefix="critic", device=device
+    )
     return actor, critic
 
 

@@ -57,7 +57,9 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         _log(trainer, val, 0)
         history.append({"step": 0, **val})
 
-    bar = tqdm(total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.get("progress_bar", True))
+    bar = tqdm(
+        total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.get("progress_bar", True)
+    )
     epoch_iter = iter(train_loader)
 
     def next_batch() -> DataProto:
@@ -87,9 +89,11 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         bar.update(1)
         bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
         if out_of_time:
-            print(f"[trainer] stopping at step {step}/{total_steps} after {time.monotonic() - started:.0f} s "
-                  f"(trainer.max_wall_time_s={max_wall}); checkpoint written: run the same command again "
-                  "with trainer.resume_mode=auto to continue")
+            print(
+                f"[trainer] stopping at step {step}/{total_steps} after {time.monotonic() - started:.0f} s "
+                f"(trainer.max_wall_time_s={max_wall}); checkpoint written: run the same command again "
+                "with trainer.resume_mode=auto to continue"
+            )
             break
     bar.close()
     return history

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -188,8 +188,11 @@ def compute_timing_metrics(batch: DataProto, timing_raw: Mapping[str, float]) ->
     num_all_tokens = num_response_tokens + prompt_length[keep].sum().item()
     metrics = {f"timing_s/{name}": float(seconds) for name, seconds in timing_raw.items()}
     for name, seconds in timing_raw.items():
-        tokens = num_response_tokens if name in _RESPONSE_TOKEN_SECTIONS else (
-            num_all_tokens if name in _ALL_TOKEN_SECTIONS else None)
+        tokens = (
+            num_response_tokens
+            if name in _RESPONSE_TOKEN_SECTIONS
+            else (num_all_tokens if name in _ALL_TOKEN_SECTIONS else None)
+        )
         if tokens:
             metrics[f"timing_per_token_ms/{name}"] = float(seconds) * 1000.0 / tokens
     return metrics

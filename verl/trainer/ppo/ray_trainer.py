@@ -68,8 +68,19 @@ class RolloutClient:
 class MultiConvTrainer:
     """Sync-mode recurrent trainer (Multi-Conv GRPO with DAPO options)."""
 
-    def __init__(self, config: DictConfig, tokenizer, worker_group, register, recurrent_config,
-                 train_dataset, val_dataset, reward_fn, val_reward_fn, tracker=None):
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer,
+        worker_group,
+        register,
+        recurrent_config,
+        train_dataset,
+        val_dataset,
+        reward_fn,
+        val_reward_fn,
+        tracker=None,
+    ):
         self.config = config
         self.tokenizer = tokenizer
         self.wg = worker_group
@@ -84,7 +95,9 @@ class MultiConvTrainer:
 
             self.manager = build_async_manager(config, tokenizer, self.rollout, register, recurrent_config)
         else:
-            self.manager = LLMGenerationManager(tokenizer, self.rollout, register.agent_cls(tokenizer, recurrent_config))
+            self.manager = LLMGenerationManager(
+                tokenizer, self.rollout, register.agent_cls(tokenizer, recurrent_config)
+            )
         self.global_step = 0
         algo = config.algorithm
         use_adv = algo.get("grpo_use_adv", None)
@@ -96,12 +109,20 @@ class MultiConvTrainer:
         seed = rc.get("seed", None)
         if validate:
             vk = rc.val_kwargs
-            s = {"temperature": float(vk.get("temperature", 0)), "top_p": float(vk.get("top_p", 1.0)),
-                 "top_k": int(vk.get("top_k", -1)), "greedy": not bool(vk.get("do_sample", False))}
+            s = {
+                "temperature": float(vk.get("temperature", 0)),
+                "top_p": float(vk.get("top_p", 1.0)),
+                "top_k": int(vk.get("top_k", -1)),
+                "greedy": not bool(vk.get("do_sample", False)),
+            }
         else:
             # the engine's own log-probs of its samples: compared with the actor's to check weight sync
-            s = {"temperature": float(rc.get("temperature", 1.0)), "top_p": float(rc.get("top_p", 1.0)),
-                 "top_k": int(rc.get("top_k", -1)), "logprobs": True}
+            s = {
+                "temperature": float(rc.get("temperature", 1.0)),
+                "top_p": float(rc.get("top_p", 1.0)),
+                "top_k": int(rc.get("top_k", -1)),
+                "logprobs": True,
+            }
         if seed is not None:
             s["seed"] = int(seed) + 7919 * self.global_step + (1 << 20) * int(validate)
         return s
@@ -140,12 +161,18 @@ class MultiConvTrainer:
             metrics.update(conv.meta_info.get("metrics", {}))  # workflow metrics (async mode)
             # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, traj_adv = compute_multiconv_advantage(
-                scores, traj.non_tensor_batch["uid"], sample_index, conv.batch["response_mask"],
-                norm_adv_by_std_in_grpo=self.norm_by_std)
+                scores,
+                traj.non_tensor_batch["uid"],
+                sample_index,
+                conv.batch["response_mask"],
+                norm_adv_by_std_in_grpo=self.norm_by_std,
+            )
             conv.batch["advantages"], conv.batch["returns"] = adv, returns
             conv.batch["token_level_scores"] = scores[sample_index][:, None] * conv.batch["response_mask"]
             if cfg.actor_rollout_ref.actor.get("turn_weighting", "token") == "trajectory":
-                conv.batch["loss_weights"] = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
+                conv.batch["loss_weights"] = trajectory_token_weights(
+                    sample_index, conv.batch["response_mask"], "trajectory"
+                )
             conv.batch["mini_batch_id"] = self._mini_batch_ids(len(conv))
             # 5. old and reference log-probs, actor update, weight sync
             with timer("old_log_prob", timing):
@@ -199,10 +226,13 @@ class MultiConvTrainer:
         if dapo_filter and len(traj) > want_groups * n:  # trim to exactly the train batch (whole groups)
             keep_traj = torch.arange(len(traj)) < want_groups * n
             traj, conv, final_mask, sample_index, scores = _select_trajectories(
-                traj, conv, final_mask, sample_index, scores, keep_traj)
+                traj, conv, final_mask, sample_index, scores, keep_traj
+            )
         if len(traj) == 0:
-            raise RuntimeError("dynamic sampling kept no group with reward variance; raise "
-                               "algorithm.filter_groups.max_num_gen_batches or disable the filter")
+            raise RuntimeError(
+                "dynamic sampling kept no group with reward variance; raise "
+                "algorithm.filter_groups.max_num_gen_batches or disable the filter"
+            )
         return traj, conv, final_mask, sample_index, scores
 
     def _shape_rewards(self, scores, finals, metrics):
@@ -210,8 +240,10 @@ class MultiConvTrainer:
         ob = self.config.algorithm.get("overlong_buffer", {})
         if not ob.get("enable", False):
             return scores
-        limit = int(getattr(self.recurrent_config, "max_final_response_length", 0)
-                    or self.config.actor_rollout_ref.rollout.response_length)
+        limit = int(
+            getattr(self.recurrent_config, "max_final_response_length", 0)
+            or self.config.actor_rollout_ref.rollout.response_length
+        )
         lengths = finals.batch["response_mask"].sum(-1)
         penalty = overlong_reward_penalty(lengths, limit, int(ob.get("len", 1)), float(ob.get("penalty_factor", 1.0)))
         metrics["train/overlong_penalty_mean"] = float(penalty.mean())
@@ -270,7 +302,9 @@ class MultiConvTrainer:
             batch = DataProto.from_single_dict(batch_dict)
             traj, _, _, _, scores, finals = self.rollout_and_score(batch, n, True, timing)
             self._keep_val_samples(traj, finals, scores)
-            for src, q, s in zip(traj.non_tensor_batch["data_source"], traj.non_tensor_batch["sample_uuid"], scores.tolist()):
+            for src, q, s in zip(
+                traj.non_tensor_batch["data_source"], traj.non_tensor_batch["sample_uuid"], scores.tolist()
+            ):
                 per_source.setdefault(str(src), []).append(s)
                 per_question.setdefault(str(q), []).append(s)
         out = {f"val-core/{src}/reward/mean@{n}": float(np.mean(v)) for src, v in per_source.items()}

@@ -14,7 +14,10 @@ from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
 def build_ray_worker_group(cfg: DictConfig, device: str) -> RayWorkerGroup:
     pool = ResourcePool.from_trainer(
-        int(cfg.trainer.nnodes), int(cfg.trainer.n_gpus_per_node), use_gpu=device == "cuda", name_prefix="actor_rollout_ref"
+        int(cfg.trainer.nnodes),
+        int(cfg.trainer.n_gpus_per_node),
+        use_gpu=device == "cuda",
+        name_prefix="actor_rollout_ref",
     )
     worker = RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device)
     return RayWorkerGroup(pool, worker, name_prefix="actor_rollout_ref", device=device)

@@ -51,11 +51,18 @@ def single_turn_sampling(config: DictConfig, global_step: int, validate: bool) -
     rc = config.actor_rollout_ref.rollout
     if validate:
         vk = rc.val_kwargs
-        params = {"temperature": float(vk.get("temperature", 0)), "top_p": float(vk.get("top_p", 1.0)),
-                  "top_k": int(vk.get("top_k", -1)), "greedy": not bool(vk.get("do_sample", False))}
+        params = {
+            "temperature": float(vk.get("temperature", 0)),
+            "top_p": float(vk.get("top_p", 1.0)),
+            "top_k": int(vk.get("top_k", -1)),
+            "greedy": not bool(vk.get("do_sample", False)),
+        }
     else:
-        params = {"temperature": float(rc.get("temperature", 1.0)), "top_p": float(rc.get("top_p", 1.0)),
-                  "top_k": int(rc.get("top_k", -1))}
+        params = {
+            "temperature": float(rc.get("temperature", 1.0)),
+            "top_p": float(rc.get("top_p", 1.0)),
+            "top_k": int(rc.get("top_k", -1)),
+        }
     seed = rc.get("seed", None)
     if seed is not None:
         params["seed"] = int(seed) + 7919 * global_step + (1 << 20) * int(validate)
@@ -105,8 +112,18 @@ class SingleTurnPPOTrainer:
         critic_group: the critic group (local or Ray); required for ``gae``.
     """
 
-    def __init__(self, config: DictConfig, tokenizer, worker_group, train_dataset, val_dataset, reward_fn,
-                 val_reward_fn, tracker=None, critic_group=None):
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer,
+        worker_group,
+        train_dataset,
+        val_dataset,
+        reward_fn,
+        val_reward_fn,
+        tracker=None,
+        critic_group=None,
+    ):
         self.config = config
         self.tokenizer = tokenizer
         self.wg = worker_group
@@ -122,13 +139,17 @@ class SingleTurnPPOTrainer:
         algo = config.algorithm
         self.adv_estimator = str(algo.adv_estimator)
         if self.adv_estimator == "remax":
-            raise NotImplementedError("algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
-                                      "which the single-turn trainer does not run; use gae, grpo, rloo or "
-                                      "reinforce_plus_plus")
+            raise NotImplementedError(
+                "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
+                "which the single-turn trainer does not run; use gae, grpo, rloo or "
+                "reinforce_plus_plus"
+            )
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
         if self.adv_estimator not in _SINGLE_TURN_ESTIMATORS:
-            raise ValueError(f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
-                             f"(valid: {', '.join(_SINGLE_TURN_ESTIMATORS)}; grpo_multiconv needs recurrent.enable)")
+            raise ValueError(
+                f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
+                f"(valid: {', '.join(_SINGLE_TURN_ESTIMATORS)}; grpo_multiconv needs recurrent.enable)"
+            )
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
@@ -136,9 +157,11 @@ class SingleTurnPPOTrainer:
         self.use_kl_loss = bool(actor.get("use_kl_loss", False))
         self.use_kl_in_reward = bool(algo.get("use_kl_in_reward", False))
         if self.use_kl_in_reward and not self.use_kl_loss:
-            raise ValueError("algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
-                             "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
-                             "for the in-reward penalty only)")
+            raise ValueError(
+                "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
+                "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
+                "for the in-reward penalty only)"
+            )
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None
         use_adv = algo.get("grpo_use_adv", None)
         self.norm_by_std = bool(use_adv) if use_adv is not None else bool(algo.get("norm_adv_by_std_in_grpo", True))
@@ -156,8 +179,9 @@ class SingleTurnPPOTrainer:
         (``prompts, responses, input_ids, attention_mask, position_ids, response_mask``; responses padded to
         ``rollout.response_length``) and ``finish_reason``."""
         if "raw_prompt_ids" not in batch.non_tensor_batch:
-            raise KeyError("single-turn batches need 'raw_prompt_ids' (RLHFDataset); got "
-                           f"{sorted(batch.non_tensor_batch)}")
+            raise KeyError(
+                f"single-turn batches need 'raw_prompt_ids' (RLHFDataset); got {sorted(batch.non_tensor_batch)}"
+            )
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(n, interleave=True)
         try:
@@ -168,8 +192,9 @@ class SingleTurnPPOTrainer:
         params = SamplingParams.from_dict(single_turn_sampling(self.config, self.global_step, validate))
         outputs = [result[0] for result in self.rollout.generate_batch(prompts, params)]
         response_width = int(self.config.actor_rollout_ref.rollout.response_length)
-        tensors = build_conversation_batch(prompts, [o.token_ids for o in outputs], self.pad_id,
-                                           response_width=response_width)
+        tensors = build_conversation_batch(
+            prompts, [o.token_ids for o in outputs], self.pad_id, response_width=response_width
+        )
         finish = np.array([o.finish_reason for o in outputs], dtype=object)
         batch = batch.union(DataProto.from_dict(tensors=tensors, non_tensors={"finish_reason": finish}))
         batch.meta_info["temperature"] = params.temperature if params.temperature > 0 else 1.0
@@ -210,8 +235,9 @@ class SingleTurnPPOTrainer:
                     metrics.update(_first(self.critic_wg.update_critic(self._critic_batch(batch))))
             if self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0):
                 actor_cfg = cfg.actor_rollout_ref.actor
-                batch.batch["mini_batch_id"] = mini_batch_ids(len(batch), cfg.data.train_batch_size,
-                                                              actor_cfg.ppo_mini_batch_size)
+                batch.batch["mini_batch_id"] = mini_batch_ids(
+                    len(batch), cfg.data.train_batch_size, actor_cfg.ppo_mini_batch_size
+                )
                 with timer("update_actor", timing):
                     metrics.update(_first(self.wg.update_actor(batch)))
                 with timer("sync_weights", timing):
@@ -260,8 +286,9 @@ class SingleTurnPPOTrainer:
         """The tensors of the critic update plus the critic's own global mini-batch ids."""
         data = batch.select(batch_keys=list(_CRITIC_KEYS), non_tensor_batch_keys=[])
         critic_cfg = self.config.critic
-        data.batch["mini_batch_id"] = mini_batch_ids(len(data), self.config.data.train_batch_size,
-                                                     critic_cfg.ppo_mini_batch_size)
+        data.batch["mini_batch_id"] = mini_batch_ids(
+            len(data), self.config.data.train_batch_size, critic_cfg.ppo_mini_batch_size
+        )
         return data
 
     # ---------------------------------------------------------------- validation

@@ -23,7 +23,11 @@ Resuming: ``path = manager.resolve_resume(cfg.trainer.resume_mode, cfg.trainer.r
 ``load_trainer_state(path)`` (then ``train_dataloader.load_state_dict(state["dataloader"])``).
 """
 
-from verl.utils.checkpoint.hf_export import find_model_checkpoint_dir, load_full_model_state_dict, merge_checkpoint_to_hf
+from verl.utils.checkpoint.hf_export import (
+    find_model_checkpoint_dir,
+    load_full_model_state_dict,
+    merge_checkpoint_to_hf,
+)
 from verl.utils.checkpoint.manager import (
     COMPLETE_MARKER,
     LATEST_ITERATION_FILE,

@@ -89,12 +89,20 @@ def _copy_tokenizer_files(sources: list[Path], target: Path) -> None:
                 if src.is_file() and src.absolute() != (target / name).absolute():
                     shutil.copy2(src, target / name)
             return
-    logger.warning("no tokenizer files in %s; %s has weights and config only (pass --hf_model_path to add them)",
-                   [str(s) for s in sources], target)
+    logger.warning(
+        "no tokenizer files in %s; %s has weights and config only (pass --hf_model_path to add them)",
+        [str(s) for s in sources],
+        target,
+    )
 
 
-def merge_checkpoint_to_hf(local_dir: PathLike, target_dir: PathLike, dtype: Union[str, torch.dtype, None] = "auto",
-                           hf_model_path: Optional[PathLike] = None, trust_remote_code: bool = False) -> Path:
+def merge_checkpoint_to_hf(
+    local_dir: PathLike,
+    target_dir: PathLike,
+    dtype: Union[str, torch.dtype, None] = "auto",
+    hf_model_path: Optional[PathLike] = None,
+    trust_remote_code: bool = False,
+) -> Path:
     """Write the model of checkpoint ``local_dir`` as a Hugging Face folder ``target_dir`` and return it.
 
     Args:
@@ -130,15 +138,20 @@ def merge_checkpoint_to_hf(local_dir: PathLike, target_dir: PathLike, dtype: Uni
     expected = set(model.state_dict().keys())
     unexpected = sorted(set(state) - expected)
     if unexpected:
-        hint = " (LoRA adapter weights: merge the adapters before saving)" if any("lora_" in k for k in unexpected) else ""
-        raise CheckpointError(f"{ckpt_dir}: {len(unexpected)} tensors do not belong to {type(model).__name__}, "
-                              f"e.g. {unexpected[:5]}{hint}")
+        hint = (
+            " (LoRA adapter weights: merge the adapters before saving)" if any("lora_" in k for k in unexpected) else ""
+        )
+        raise CheckpointError(
+            f"{ckpt_dir}: {len(unexpected)} tensors do not belong to {type(model).__name__}, "
+            f"e.g. {unexpected[:5]}{hint}"
+        )
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()
     still_meta = [name for name, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
     if still_meta:
-        raise CheckpointError(f"{ckpt_dir}: checkpoint lacks {len(still_meta)} weights of {type(model).__name__}, "
-                              f"e.g. {still_meta[:5]}")
+        raise CheckpointError(
+            f"{ckpt_dir}: checkpoint lacks {len(still_meta)} weights of {type(model).__name__}, e.g. {still_meta[:5]}"
+        )
 
     target.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(target))

@@ -132,8 +132,10 @@ def validate_checkpoint_dir(path: PathLike) -> Path:
     else:
         inside = CheckpointManager(p).find_latest()
         if inside is not None:
-            hint = (f" (it looks like a checkpoint root; pass one of its global_step_N folders, e.g. {inside}, "
-                    "or use resume_mode=auto with this folder as trainer.default_local_dir)")
+            hint = (
+                f" (it looks like a checkpoint root; pass one of its global_step_N folders, e.g. {inside}, "
+                "or use resume_mode=auto with this folder as trainer.default_local_dir)"
+            )
     raise CheckpointError(f"resume checkpoint {p} is not a complete checkpoint: no {COMPLETE_MARKER} marker{hint}")
 
 
@@ -195,8 +197,9 @@ class CheckpointManager:
             return None
 
     # ------------------------------------------------------------------ saving
-    def save(self, step: int, write_fn: Callable[[Path], Any], world_size: int = 1,
-             metadata: Optional[dict[str, Any]] = None) -> Path:
+    def save(
+        self, step: int, write_fn: Callable[[Path], Any], world_size: int = 1, metadata: Optional[dict[str, Any]] = None
+    ) -> Path:
         """Write checkpoint ``step`` atomically and return its final folder ``<root>/global_step_<step>``.
 
         ``write_fn(tmp_dir)`` writes the checkpoint's contents into ``tmp_dir`` (it must return only when every
@@ -216,8 +219,14 @@ class CheckpointManager:
         tmp.mkdir()
         try:
             write_fn(tmp)
-            meta = {"step": step, "time": time.time(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "world_size": int(world_size), "hostname": socket.gethostname(), "pid": pid}
+            meta = {
+                "step": step,
+                "time": time.time(),
+                "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "world_size": int(world_size),
+                "hostname": socket.gethostname(),
+                "pid": pid,
+            }
             meta.update(metadata or {})
             meta["step"] = step
             if self.fsync:
@@ -243,8 +252,13 @@ class CheckpointManager:
         atomic_write_text(self.root / LATEST_ITERATION_FILE, f"{step}\n")
         newer = [s for s, _ in self.list_checkpoints() if s > step]
         if newer:
-            logger.warning("saved global_step_%d but checkpoints with larger steps exist (%s); resume_mode=auto "
-                           "will pick global_step_%d", step, newer, max(newer))
+            logger.warning(
+                "saved global_step_%d but checkpoints with larger steps exist (%s); resume_mode=auto "
+                "will pick global_step_%d",
+                step,
+                newer,
+                max(newer),
+            )
         self.prune(keep=final)
         logger.info("checkpoint saved: %s", final)
         return final
@@ -260,7 +274,7 @@ class CheckpointManager:
         keep_abs = Path(keep).absolute() if keep is not None else None
         deletable = [path for _, path in checkpoints if path.absolute() != keep_abs]
         deleted = []
-        for path in deletable[:max(0, excess)]:
+        for path in deletable[: max(0, excess)]:
             doomed = self.root / f".del_{path.name}_{os.getpid()}"
             os.replace(path, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
@@ -303,15 +317,20 @@ class CheckpointManager:
             return latest
         if mode == "resume_path":
             if resume_from_path is None or str(resume_from_path).strip() == "":
-                raise CheckpointError("trainer.resume_mode='resume_path' needs trainer.resume_from_path "
-                                      "(a global_step_N checkpoint folder)")
+                raise CheckpointError(
+                    "trainer.resume_mode='resume_path' needs trainer.resume_from_path "
+                    "(a global_step_N checkpoint folder)"
+                )
             return validate_checkpoint_dir(resume_from_path)
         if mode == "":
-            raise CheckpointError(f"trainer.resume_mode is empty; valid: {', '.join(RESUME_MODES)}, "
-                                  "or a checkpoint folder path")
+            raise CheckpointError(
+                f"trainer.resume_mode is empty; valid: {', '.join(RESUME_MODES)}, or a checkpoint folder path"
+            )
         if os.sep not in mode and not mode.startswith(("~", ".")) and not os.path.exists(mode):
-            raise CheckpointError(f"unknown trainer.resume_mode '{mode}'; valid: {', '.join(RESUME_MODES)} "
-                                  "(with trainer.resume_from_path), or a checkpoint folder path")
+            raise CheckpointError(
+                f"unknown trainer.resume_mode '{mode}'; valid: {', '.join(RESUME_MODES)} "
+                "(with trainer.resume_from_path), or a checkpoint folder path"
+            )
         return validate_checkpoint_dir(mode)
 
     @staticmethod

@@ -58,8 +58,16 @@ DCP_METADATA_FILE = ".metadata"
 FORMAT_NAME = "dcp-v1"
 # Files a tokenizer / generation setup may consist of (copied from a base model folder when no tokenizer object).
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
 )
 
 
@@ -75,8 +83,10 @@ def _rank_and_world(rank: Optional[int], world_size: Optional[int]) -> tuple[int
         return actual
     rank, world_size = rank or 0, world_size or 1
     if world_size != 1 or rank != 0:
-        raise ValueError(f"rank={rank}, world_size={world_size} needs torch.distributed to be initialised "
-                         "(dist.init_process_group); without a process group use rank=0, world_size=1")
+        raise ValueError(
+            f"rank={rank}, world_size={world_size} needs torch.distributed to be initialised "
+            "(dist.init_process_group); without a process group use rank=0, world_size=1"
+        )
     return rank, world_size
 
 
@@ -114,8 +124,13 @@ def _hf_config_of(model: nn.Module) -> Any:
     return config
 
 
-def save_hf_assets(target_dir: PathLike, hf_config: Any = None, tokenizer: Any = None,
-                   generation_config: Any = None, source_path: Optional[PathLike] = None) -> Path:
+def save_hf_assets(
+    target_dir: PathLike,
+    hf_config: Any = None,
+    tokenizer: Any = None,
+    generation_config: Any = None,
+    source_path: Optional[PathLike] = None,
+) -> Path:
     """Write what a Hugging Face folder needs besides the weights: ``config.json``, the generation config and
     the tokenizer files (``tokenizer.save_pretrained`` or, without a tokenizer object, the files named in
     ``TOKENIZER_FILES`` copied from ``source_path``)."""
@@ -137,10 +152,20 @@ def save_hf_assets(target_dir: PathLike, hf_config: Any = None, tokenizer: Any =
     return target
 
 
-def save_model_shards(ckpt_dir: PathLike, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                      lr_scheduler: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None, *,
-                      tokenizer: Any = None, hf_config: Any = None, hf_source_path: Optional[PathLike] = None,
-                      save_rng: bool = True, extra_meta: Optional[dict[str, Any]] = None) -> Path:
+def save_model_shards(
+    ckpt_dir: PathLike,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    lr_scheduler: Any = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    *,
+    tokenizer: Any = None,
+    hf_config: Any = None,
+    hf_source_path: Optional[PathLike] = None,
+    save_rng: bool = True,
+    extra_meta: Optional[dict[str, Any]] = None,
+) -> Path:
     """Save ``model`` (and ``optimizer``, ``lr_scheduler``, this rank's RNG state) into ``ckpt_dir``.
 
     Collective under a process group: every rank must call it. ``rank``/``world_size`` default to the process
@@ -171,8 +196,13 @@ def save_model_shards(ckpt_dir: PathLike, model: nn.Module, optimizer: Optional[
         generation_config = getattr(model, "generation_config", None)
         if config is not None or tokenizer is not None or hf_source_path is not None:
             save_hf_assets(ckpt_dir / HF_SUBDIR, config, tokenizer, generation_config, hf_source_path)
-        meta = {"format": FORMAT_NAME, "world_size": world_size, "contents": contents,
-                "torch_version": torch.__version__, **(extra_meta or {})}
+        meta = {
+            "format": FORMAT_NAME,
+            "world_size": world_size,
+            "contents": contents,
+            "torch_version": torch.__version__,
+            **(extra_meta or {}),
+        }
         (ckpt_dir / MODEL_META_FILE).write_text(json.dumps(meta, indent=2))
     _barrier()
     return ckpt_dir
@@ -187,9 +217,17 @@ def read_model_checkpoint_meta(ckpt_dir: PathLike) -> dict[str, Any]:
     return json.loads(meta_file.read_text()) if meta_file.exists() else {}
 
 
-def load_model_shards(ckpt_dir: PathLike, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                      lr_scheduler: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None, *,
-                      load_rng: bool = True, strict: bool = True) -> dict[str, Any]:
+def load_model_shards(
+    ckpt_dir: PathLike,
+    model: nn.Module,
+    optimizer: Optional[torch.optim.Optimizer] = None,
+    lr_scheduler: Any = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    *,
+    load_rng: bool = True,
+    strict: bool = True,
+) -> dict[str, Any]:
     """Load a ``save_model_shards`` folder into ``model`` (and ``optimizer``, ``lr_scheduler``, RNG state).
 
     Collective under a process group. The objects must be built the same way as when saving (same model
@@ -209,14 +247,17 @@ def load_model_shards(ckpt_dir: PathLike, model: nn.Module, optimizer: Optional[
     ckpt_dir = Path(ckpt_dir)
     meta = read_model_checkpoint_meta(ckpt_dir)
     if optimizer is not None and not (ckpt_dir / OPTIM_SUBDIR / DCP_METADATA_FILE).is_file():
-        raise CheckpointError(f"{ckpt_dir} has no optimizer state ({OPTIM_SUBDIR}/ is missing); "
-                              "pass optimizer=None to load the model only")
+        raise CheckpointError(
+            f"{ckpt_dir} has no optimizer state ({OPTIM_SUBDIR}/ is missing); "
+            "pass optimizer=None to load the model only"
+        )
     if lr_scheduler is not None and not (ckpt_dir / LR_SCHEDULER_FILE).is_file():
         raise CheckpointError(f"{ckpt_dir} has no {LR_SCHEDULER_FILE}; pass lr_scheduler=None to skip it")
     saved_world = meta.get("world_size")
     if saved_world is not None and saved_world != world_size:
-        logger.warning("checkpoint %s was written by %s ranks, loading on %d (resharding)",
-                       ckpt_dir, saved_world, world_size)
+        logger.warning(
+            "checkpoint %s was written by %s ranks, loading on %d (resharding)", ckpt_dir, saved_world, world_size
+        )
 
     options = StateDictOptions(full_state_dict=False, strict=strict)
     model_state = get_model_state_dict(model, options=options)

@@ -37,8 +37,13 @@ def get_rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -49,14 +54,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
     python_state = state["python"]
     random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
     cuda_state = state.get("cuda")
     if cuda_state is not None and torch.cuda.is_available():
         if len(cuda_state) != torch.cuda.device_count():
-            logger.warning("RNG state has %d CUDA devices, this process sees %d; restoring the common ones",
-                           len(cuda_state), torch.cuda.device_count())
+            logger.warning(
+                "RNG state has %d CUDA devices, this process sees %d; restoring the common ones",
+                len(cuda_state),
+                torch.cuda.device_count(),
+            )
         for device, device_state in enumerate(cuda_state[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(device_state, device)
 
@@ -85,8 +100,13 @@ def load_rng_state(ckpt_dir: PathLike, rank: int) -> bool:
     return True
 
 
-def save_trainer_state(ckpt_dir: PathLike, global_step: int, dataloader_state: Optional[dict[str, Any]] = None,
-                       extra: Optional[dict[str, Any]] = None, include_rng: bool = True) -> Path:
+def save_trainer_state(
+    ckpt_dir: PathLike,
+    global_step: int,
+    dataloader_state: Optional[dict[str, Any]] = None,
+    extra: Optional[dict[str, Any]] = None,
+    include_rng: bool = True,
+) -> Path:
     """Write the driver's state to ``<ckpt_dir>/data.pt``: ``global_step``, the dataloader state
     (``ResumableDataLoader.state_dict()``), ``extra`` (plain values/tensors) and the driver's RNG state."""
     path = Path(ckpt_dir) / TRAINER_STATE_FILE
@@ -103,8 +123,9 @@ def load_trainer_state(ckpt_dir: PathLike, restore_rng: bool = True) -> dict[str
     with ``global_step``, ``dataloader`` and ``extra``."""
     path = Path(ckpt_dir) / TRAINER_STATE_FILE
     if not path.exists():
-        raise FileNotFoundError(f"trainer state file {path} does not exist (was the checkpoint saved with "
-                                "save_trainer_state?)")
+        raise FileNotFoundError(
+            f"trainer state file {path} does not exist (was the checkpoint saved with save_trainer_state?)"
+        )
     state = torch.load(path, weights_only=True)
     if restore_rng and state.get("rng") is not None:
         set_rng_state(state["rng"])

@@ -86,9 +86,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             raise ValueError(f"data.truncation={self.truncation!r}; expected one of {TRUNCATIONS}")
         self.files = [data_files] if isinstance(data_files, str) else list(data_files)
         self.dataframe = read_rows(self.files)
-        self.rows = [
-            {k: _to_python(v) for k, v in row.items()} for row in self.dataframe.to_dict(orient="records")
-        ]
+        self.rows = [{k: _to_python(v) for k, v in row.items()} for row in self.dataframe.to_dict(orient="records")]
         self._validate_rows()
 
     def _validate_rows(self) -> None:

@@ -50,8 +50,9 @@ class ResumableSampler:
     batch is handed out; when the epoch is exhausted the state moves to ``(epoch + 1, 0)``.
     """
 
-    def __init__(self, dataset_len: int, batch_size: int, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = True) -> None:
+    def __init__(
+        self, dataset_len: int, batch_size: int, shuffle: bool = True, seed: int = 0, drop_last: bool = True
+    ) -> None:
         if int(dataset_len) <= 0:
             raise ValueError(f"ResumableSampler: dataset_len must be > 0, got {dataset_len}")
         if int(batch_size) <= 0:
@@ -86,7 +87,7 @@ class ResumableSampler:
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """All index batches of ``epoch``, in order."""
         order = self.epoch_order(epoch)
-        return [order[i * self.batch_size:(i + 1) * self.batch_size] for i in range(len(self))]
+        return [order[i * self.batch_size : (i + 1) * self.batch_size] for i in range(len(self))]
 
     def _roll_over_finished_epoch(self) -> None:
         if self.position >= len(self):
@@ -96,7 +97,7 @@ class ResumableSampler:
     def remaining_batches(self) -> list[list[int]]:
         """The batches of the current epoch not handed out yet (the next epoch's if this one is exhausted)."""
         self._roll_over_finished_epoch()
-        return self.epoch_batches(self.epoch)[self.position:]
+        return self.epoch_batches(self.epoch)[self.position :]
 
     def advance(self) -> None:
         """Record that one more batch of the current epoch was handed out."""
@@ -131,15 +132,22 @@ class ResumableSampler:
         for key in ("epoch", "position"):
             if key not in state:
                 raise ValueError(f"sampler state is missing '{key}' (got keys {sorted(state)})")
-        mismatched = [f"{key}: saved {state[key]!r}, now {getattr(self, key)!r}"
-                      for key in _CONFIG_KEYS if key in state and state[key] != getattr(self, key)]
+        mismatched = [
+            f"{key}: saved {state[key]!r}, now {getattr(self, key)!r}"
+            for key in _CONFIG_KEYS
+            if key in state and state[key] != getattr(self, key)
+        ]
         if mismatched:
-            raise ValueError("cannot resume the dataloader, its settings changed since the checkpoint ("
-                             + "; ".join(mismatched) + ")")
+            raise ValueError(
+                "cannot resume the dataloader, its settings changed since the checkpoint ("
+                + "; ".join(mismatched)
+                + ")"
+            )
         epoch, position = int(state["epoch"]), int(state["position"])
         if epoch < 0 or not 0 <= position <= len(self):
-            raise ValueError(f"invalid sampler state epoch={epoch}, position={position} "
-                             f"(batches per epoch: {len(self)})")
+            raise ValueError(
+                f"invalid sampler state epoch={epoch}, position={position} (batches per epoch: {len(self)})"
+            )
         self.epoch, self.position = epoch, position
         self._roll_over_finished_epoch()
 
@@ -150,9 +158,18 @@ class ResumableDataLoader:
     ``len(loader)`` is the number of batches per epoch; ``loader.epoch`` the epoch the next batch belongs to.
     """
 
-    def __init__(self, dataset: Any, batch_size: int, shuffle: bool = True, seed: int = 0,
-                 collate_fn: Optional[Callable[[list[Any]], Any]] = None, drop_last: bool = True,
-                 num_workers: int = 0, pin_memory: bool = False, **dataloader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        collate_fn: Optional[Callable[[list[Any]], Any]] = None,
+        drop_last: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> None:
         for key in ("sampler", "batch_sampler", "generator"):
             if key in dataloader_kwargs:
                 raise ValueError(f"ResumableDataLoader sets '{key}' itself; do not pass it")
@@ -180,8 +197,13 @@ class ResumableDataLoader:
         generator = torch.Generator()
         generator.manual_seed(self.sampler.seed + self.sampler.epoch)  # worker seeds; keeps global RNG untouched
         loader = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=batches, collate_fn=self.collate_fn, num_workers=self.num_workers,
-            pin_memory=self.pin_memory, generator=generator, **self.dataloader_kwargs,
+            self.dataset,
+            batch_sampler=batches,
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            generator=generator,
+            **self.dataloader_kwargs,
         )
         for batch in loader:
             self.sampler.advance()

@@ -21,7 +21,8 @@ training reward.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from verl.utils.reward_score import gsm8k, hotpotqa, lenient, ruler
 

@@ -12,7 +12,8 @@ Every function here is total on arbitrary model output: it never raises, it retu
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,8 @@ The per-sample functions return fractions in [0, 1]; the batch functions return 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from verl.utils.reward_score.lenient import extract_prediction, score_prediction
 from verl.utils.reward_score.math_normalize import as_answer_list

@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from tensordict import TensorDict
+from torch import nn
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, grad_acc_mode, kl_penalty, local_loss_normalizer
@@ -58,8 +58,13 @@ class DataParallelPPOActor(DataParallelComponent):
         dp_group: data-parallel process group (default: the default group when torch.distributed is initialised).
     """
 
-    def __init__(self, config: Any, actor_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 dp_group: Optional[dist.ProcessGroup] = None):
+    def __init__(
+        self,
+        config: Any,
+        actor_module: nn.Module,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        dp_group: Optional[dist.ProcessGroup] = None,
+    ):
         super().__init__(actor_module, dp_group)
         self.config = config
         self.settings = ActorSettings.from_config(config)
@@ -78,10 +83,13 @@ class DataParallelPPOActor(DataParallelComponent):
             logger.warning(
                 "use_remove_padding with attn_implementation=%s builds a dense block-diagonal mask per micro-batch "
                 "(correct but slow on GPU); install flash-attn or load the model with "
-                "attn_implementation='flex_attention'", attn)
+                "attn_implementation='flex_attention'",
+                attn,
+            )
 
-    def _forward(self, micro: TensorDict, temperature: float, calculate_entropy: bool,
-                 entropy_with_grad: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _forward(
+        self, micro: TensorDict, temperature: float, calculate_entropy: bool, entropy_with_grad: bool = False
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         micro = micro.to(self.device)
         return forward_response_log_probs(
             self.actor_module,
@@ -99,8 +107,9 @@ class DataParallelPPOActor(DataParallelComponent):
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
-                         ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def compute_log_prob(
+        self, data: DataProto, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Log-probs ``[B, R]`` of ``data.batch["responses"]`` (and entropies, or None), in row order.
 
         ``data.meta_info`` may override ``micro_batch_size``, ``use_dynamic_bsz``, ``max_token_len`` and sets
@@ -161,7 +170,8 @@ class DataParallelPPOActor(DataParallelComponent):
         temperature = float(data.meta_info.get("temperature", 1.0))
         batch, dummy = self._select_update_batch(data)
         result, skipped, num_mini_batches = self._run_mini_batches(
-            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy, temperature))
+            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy, temperature)
+        )
         result["actor/lr"] = float(self.actor_optimizer.param_groups[0]["lr"])
         result["actor/skipped_steps"] = float(skipped)
         result["actor/num_mini_batches"] = float(num_mini_batches)
@@ -178,7 +188,9 @@ class DataParallelPPOActor(DataParallelComponent):
         count_key = "global_token_count" if grad_acc_mode(mode) == "token" else "global_seq_count"
         seqlens = mini_batch["attention_mask"].sum(dim=-1)
         micro_batch_size = int(s.ppo_micro_batch_size_per_gpu or 1)
-        micro_rows = self._micro_batch_rows(seqlens, s.use_dynamic_bsz, micro_batch_size, int(s.ppo_max_token_len_per_gpu))
+        micro_rows = self._micro_batch_rows(
+            seqlens, s.use_dynamic_bsz, micro_batch_size, int(s.ppo_max_token_len_per_gpu)
+        )
 
         self.actor_optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
@@ -214,27 +226,37 @@ class DataParallelPPOActor(DataParallelComponent):
             metrics["actor/kl_loss"] = values["kl_loss"]
         return metrics
 
-    def _micro_batch_backward(self, micro: TensorDict, temperature: float, norm_kwargs: dict[str, torch.Tensor],
-                              zero_weight: bool) -> torch.Tensor:
+    def _micro_batch_backward(
+        self, micro: TensorDict, temperature: float, norm_kwargs: dict[str, torch.Tensor], zero_weight: bool
+    ) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
         s = self.settings
         mask = micro["response_mask"]
         agg_kwargs = dict(norm_kwargs, weights=micro.get("loss_weights", None))
-        log_prob, entropy = self._forward(micro, temperature, calculate_entropy=True,
-                                          entropy_with_grad=s.entropy_coeff != 0)
+        log_prob, entropy = self._forward(
+            micro, temperature, calculate_entropy=True, entropy_with_grad=s.entropy_coeff != 0
+        )
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
-            micro["old_log_probs"], log_prob, micro["advantages"], mask,
-            cliprange=s.clip_ratio, cliprange_low=s.clip_low, cliprange_high=s.clip_high,
-            clip_ratio_c=s.clip_ratio_c, loss_agg_mode=s.loss_agg_mode,
-            loss_scale_factor=s.loss_scale_factor, **agg_kwargs,
+            micro["old_log_probs"],
+            log_prob,
+            micro["advantages"],
+            mask,
+            cliprange=s.clip_ratio,
+            cliprange_low=s.clip_low,
+            cliprange_high=s.clip_high,
+            clip_ratio_c=s.clip_ratio_c,
+            loss_agg_mode=s.loss_agg_mode,
+            loss_scale_factor=s.loss_scale_factor,
+            **agg_kwargs,
         )
         loss = pg_loss
         if s.entropy_coeff != 0:
             entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **agg_kwargs)
             loss = loss - s.entropy_coeff * entropy_loss
         # the entropy metric is not weighted by loss_weights
-        entropy_metric = agg_loss(entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor,
-                                  **norm_kwargs)
+        entropy_metric = agg_loss(
+            entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **norm_kwargs
+        )
         kl_loss = torch.zeros((), device=loss.device)
         if s.use_kl_loss:
             kld = kl_penalty(log_prob, micro["ref_log_prob"], s.kl_loss_type)
@@ -247,7 +269,14 @@ class DataParallelPPOActor(DataParallelComponent):
         if zero_weight:
             return torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
         tokens = mask.to(torch.float32).sum()
-        return torch.stack([
-            pg_loss.detach().float(), kl_loss.detach().float(), entropy_metric.float(),
-            pg_clipfrac.float() * tokens, ppo_kl.float() * tokens, pg_clipfrac_lower.float() * tokens, tokens,
-        ])
+        return torch.stack(
+            [
+                pg_loss.detach().float(),
+                kl_loss.detach().float(),
+                entropy_metric.float(),
+                pg_clipfrac.float() * tokens,
+                ppo_kl.float() * tokens,
+                pg_clipfrac_lower.float() * tokens,
+                tokens,
+            ]
+        )

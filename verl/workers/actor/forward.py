@@ -104,13 +104,18 @@ def _entropy(logits: torch.Tensor, with_grad: bool, chunk_size: int) -> torch.Te
     if with_grad:
         return entropy_from_logits(logits)
     with torch.no_grad():
-        return torch.cat([entropy_from_logits(c) for c in logits.split(max(1, chunk_size), dim=0)]) if logits.numel() \
+        return (
+            torch.cat([entropy_from_logits(c) for c in logits.split(max(1, chunk_size), dim=0)])
+            if logits.numel()
             else logits.new_zeros(logits.shape[0])
+        )
 
 
 def _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep):
     kwargs = {"logits_to_keep": response_length + 1} if use_logits_to_keep else {}
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs)
+    output = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+    )
     return output.logits[:, -response_length - 1 : -1, :]
 
 
@@ -136,8 +141,10 @@ def forward_response_log_probs(
     global _warned_fallback
     packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
     if use_remove_padding and packed is None and not _warned_fallback:
-        logger.warning("remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "
-                       "using the padded forward for such micro-batches")
+        logger.warning(
+            "remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "
+            "using the padded forward for such micro-batches"
+        )
         _warned_fallback = True
 
     if packed is not None:
@@ -154,7 +161,9 @@ def forward_response_log_probs(
         entropy = None
         if calculate_entropy:
             token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size)
-            entropy = token_entropy.new_zeros(packed.target_mask.shape).masked_scatter(packed.target_mask, token_entropy)
+            entropy = token_entropy.new_zeros(packed.target_mask.shape).masked_scatter(
+                packed.target_mask, token_entropy
+            )
         return log_probs, entropy
 
     logits = _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep)

@@ -90,10 +90,16 @@ class ActorSettings:
     entropy_chunk_size: int = 2048
 
     @classmethod
-    def from_config(cls, config: Any) -> "ActorSettings":
+    def from_config(cls, config: Any) -> ActorSettings:
         """Build from a DictConfig / dict / attribute object (missing keys take the defaults above)."""
-        return settings_from_config(cls, config, {"ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
-                                                  "log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size"})
+        return settings_from_config(
+            cls,
+            config,
+            {
+                "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
+                "log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size",
+            },
+        )
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -125,7 +131,9 @@ class ActorSettings:
                 f"actor.train_batch_size ({self.train_batch_size}) must be >= actor.ppo_mini_batch_size "
                 f"({self.ppo_mini_batch_size}): their ratio is the number of optimizer steps per batch"
             )
-        if not self.use_dynamic_bsz and (self.ppo_micro_batch_size_per_gpu is None or self.ppo_micro_batch_size_per_gpu < 1):
+        if not self.use_dynamic_bsz and (
+            self.ppo_micro_batch_size_per_gpu is None or self.ppo_micro_batch_size_per_gpu < 1
+        ):
             raise ValueError(
                 "actor.ppo_micro_batch_size_per_gpu must be >= 1 when use_dynamic_bsz is False, "
                 f"got {self.ppo_micro_batch_size_per_gpu}"

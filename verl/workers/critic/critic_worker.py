@@ -59,12 +59,18 @@ def load_value_model(
     attn = resolve_attn_implementation(attn_implementation, device)
     try:
         model = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn,
-            trust_remote_code=trust_remote_code)
+            path,
+            config=config,
+            dtype=resolve_dtype(dtype),
+            attn_implementation=attn,
+            trust_remote_code=trust_remote_code,
+        )
     except ValueError as err:
         if "Unrecognized configuration class" in str(err):
-            raise ValueError(f"critic.model.path '{path}': architecture {getattr(config, 'model_type', '?')!r} has no "
-                             "transformers ...ForTokenClassification class to build a value model from") from err
+            raise ValueError(
+                f"critic.model.path '{path}': architecture {getattr(config, 'model_type', '?')!r} has no "
+                "transformers ...ForTokenClassification class to build a value model from"
+            ) from err
         raise
     if device is not None:
         model.to(device)
@@ -94,7 +100,9 @@ class CriticWorker(TrainingWorker):
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         self.model_path = os.path.expanduser(str(model_cfg.path))
         module = load_value_model(
-            self.model_path, dtype="float32", attn_implementation=model_cfg.get("attn_implementation"),
+            self.model_path,
+            dtype="float32",
+            attn_implementation=model_cfg.get("attn_implementation"),
             gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             override_config=config_to_dict(model_cfg.get("override_config")) or None,
@@ -103,11 +111,14 @@ class CriticWorker(TrainingWorker):
             module = apply_fsdp2(module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
         optim = cfg.get("optim", {}) or {}
         self.optimizer = build_optimizer(
-            module, lr=float(optim.get("lr", 1e-5)), weight_decay=float(optim.get("weight_decay", 0.01)),
+            module,
+            lr=float(optim.get("lr", 1e-5)),
+            weight_decay=float(optim.get("weight_decay", 0.01)),
             betas=tuple(optim.get("betas", (0.9, 0.999))),
         )
         self.lr_scheduler = build_lr_scheduler(
-            self.optimizer, total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+            self.optimizer,
+            total_training_steps=int(optim.get("total_training_steps", 0) or 0),
             lr_warmup_steps=optim.get("lr_warmup_steps", -1),
             lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
             warmup_style=str(optim.get("warmup_style", "constant")),
@@ -138,13 +149,21 @@ class CriticWorker(TrainingWorker):
         """Sharded model, optimizer, LR schedule and RNG state into ``path`` (every rank)."""
         from verl.utils.checkpoint import save_model_shards
 
-        save_model_shards(path, self.critic_module, self.optimizer, self.lr_scheduler,
-                          rank=self.rank, world_size=self.world_size, hf_source_path=self.model_path)
+        save_model_shards(
+            path,
+            self.critic_module,
+            self.optimizer,
+            self.lr_scheduler,
+            rank=self.rank,
+            world_size=self.world_size,
+            hf_source_path=self.model_path,
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Load what ``save_checkpoint`` wrote (any number of ranks: DCP reshards)."""
         from verl.utils.checkpoint import load_model_shards
 
-        load_model_shards(path, self.critic_module, self.optimizer, self.lr_scheduler,
-                          rank=self.rank, world_size=self.world_size)
+        load_model_shards(
+            path, self.critic_module, self.optimizer, self.lr_scheduler, rank=self.rank, world_size=self.world_size
+        )

@@ -70,10 +70,16 @@ class CriticSettings:
     ulysses_sequence_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, config: Any) -> "CriticSettings":
+    def from_config(cls, config: Any) -> CriticSettings:
         """Build from a DictConfig / dict / attribute object; missing keys take the defaults above."""
-        return settings_from_config(cls, config, {"ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
-                                                  "forward_micro_batch_size_per_gpu": "forward_micro_batch_size"})
+        return settings_from_config(
+            cls,
+            config,
+            {
+                "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
+                "forward_micro_batch_size_per_gpu": "forward_micro_batch_size",
+            },
+        )
 
     @property
     def forward_micro_batch_size(self) -> int:
@@ -88,12 +94,17 @@ class CriticSettings:
         if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
             raise ValueError(f"critic.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):
-            raise ValueError(f"critic.train_batch_size ({self.train_batch_size}) must be >= critic.ppo_mini_batch_size "
-                             f"({self.ppo_mini_batch_size})")
-        if not self.use_dynamic_bsz and (self.ppo_micro_batch_size_per_gpu is None
-                                         or int(self.ppo_micro_batch_size_per_gpu) < 1):
-            raise ValueError("critic.ppo_micro_batch_size_per_gpu must be >= 1 when critic.use_dynamic_bsz is False, "
-                             f"got {self.ppo_micro_batch_size_per_gpu}")
+            raise ValueError(
+                f"critic.train_batch_size ({self.train_batch_size}) must be >= critic.ppo_mini_batch_size "
+                f"({self.ppo_mini_batch_size})"
+            )
+        if not self.use_dynamic_bsz and (
+            self.ppo_micro_batch_size_per_gpu is None or int(self.ppo_micro_batch_size_per_gpu) < 1
+        ):
+            raise ValueError(
+                "critic.ppo_micro_batch_size_per_gpu must be >= 1 when critic.use_dynamic_bsz is False, "
+                f"got {self.ppo_micro_batch_size_per_gpu}"
+            )
         if self.use_dynamic_bsz and int(self.ppo_max_token_len_per_gpu) < 1:
             raise ValueError(f"critic.ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
         if self.loss_agg_mode not in AGG_MODES:
@@ -103,8 +114,10 @@ class CriticSettings:
         if int(self.ppo_epochs) < 1:
             raise ValueError(f"critic.ppo_epochs must be >= 1, got {self.ppo_epochs}")
         if int(self.ulysses_sequence_parallel_size) != 1:
-            raise ValueError(f"critic.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not "
-                             "supported (sequence parallelism is not implemented); use 1")
+            raise ValueError(
+                f"critic.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not "
+                "supported (sequence parallelism is not implemented); use 1"
+            )
 
 
 def _head_output(output: Any) -> torch.Tensor:
@@ -112,15 +125,22 @@ def _head_output(output: Any) -> torch.Tensor:
     values = output.logits if hasattr(output, "logits") else output
     if values.dim() == 3:
         if values.shape[-1] != 1:
-            raise ValueError("value model must output one value per position, got logits of shape "
-                             f"{tuple(values.shape)} (load it with num_labels=1)")
+            raise ValueError(
+                "value model must output one value per position, got logits of shape "
+                f"{tuple(values.shape)} (load it with num_labels=1)"
+            )
         values = values.squeeze(-1)
     return values.float()
 
 
-def forward_response_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                            position_ids: torch.Tensor, response_length: int,
-                            use_remove_padding: bool = False) -> torch.Tensor:
+def forward_response_values(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    use_remove_padding: bool = False,
+) -> torch.Tensor:
     """Values ``[b, R]`` of the last ``R = response_length`` token positions (see the module docstring).
 
     ``use_remove_padding`` packs the valid tokens of all rows into one sequence whose ``position_ids`` restart at
@@ -147,8 +167,13 @@ class DataParallelPPOCritic(DataParallelComponent):
         dp_group: data-parallel process group (default: the default group when torch.distributed is initialised).
     """
 
-    def __init__(self, config: Any, critic_module: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
-                 dp_group: Optional[dist.ProcessGroup] = None):
+    def __init__(
+        self,
+        config: Any,
+        critic_module: nn.Module,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        dp_group: Optional[dist.ProcessGroup] = None,
+    ):
         super().__init__(critic_module, dp_group)
         self.config = config
         self.settings = CriticSettings.from_config(config)
@@ -159,8 +184,11 @@ class DataParallelPPOCritic(DataParallelComponent):
     def _forward(self, micro: TensorDict) -> torch.Tensor:
         micro = micro.to(self.device)
         return forward_response_values(
-            self.critic_module, input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
-            position_ids=micro["position_ids"], response_length=micro["responses"].shape[-1],
+            self.critic_module,
+            input_ids=micro["input_ids"],
+            attention_mask=micro["attention_mask"],
+            position_ids=micro["position_ids"],
+            response_length=micro["responses"].shape[-1],
             use_remove_padding=bool(self.settings.use_remove_padding),
         )
 
@@ -219,7 +247,8 @@ class DataParallelPPOCritic(DataParallelComponent):
             raise RuntimeError("update_critic needs an optimizer; this critic was built with optimizer=None")
         batch, dummy = self._select_update_batch(data)
         result, skipped, num_mini_batches = self._run_mini_batches(
-            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy))
+            batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy)
+        )
         result["critic/lr"] = float(self.critic_optimizer.param_groups[0]["lr"])
         result["critic/skipped_steps"] = float(skipped)
         result["critic/num_mini_batches"] = float(num_mini_batches)
@@ -233,8 +262,9 @@ class DataParallelPPOCritic(DataParallelComponent):
         global_norm = self._all_reduce_sum(local_norm.clone().reshape(1))[0]
         count_key = "global_token_count" if grad_acc_mode(mode) == "token" else "global_seq_count"
         seqlens = mini_batch["attention_mask"].sum(dim=-1)
-        micro_rows = self._micro_batch_rows(seqlens, bool(s.use_dynamic_bsz), int(s.ppo_micro_batch_size_per_gpu or 1),
-                                            int(s.ppo_max_token_len_per_gpu))
+        micro_rows = self._micro_batch_rows(
+            seqlens, bool(s.use_dynamic_bsz), int(s.ppo_micro_batch_size_per_gpu or 1), int(s.ppo_max_token_len_per_gpu)
+        )
 
         self.critic_optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
@@ -264,15 +294,21 @@ class DataParallelPPOCritic(DataParallelComponent):
             "skipped": float(skipped),
         }
 
-    def _micro_batch_backward(self, micro: TensorDict, norm_kwargs: dict[str, torch.Tensor],
-                              zero_weight: bool) -> torch.Tensor:
+    def _micro_batch_backward(
+        self, micro: TensorDict, norm_kwargs: dict[str, torch.Tensor], zero_weight: bool
+    ) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
         s = self.settings
         mask = micro["response_mask"]
         vpreds = self._forward(micro)
         vf_loss, vf_clipfrac = compute_value_loss(
-            vpreds, micro["returns"].float(), micro["values"].float(), mask, float(s.cliprange_value),
-            loss_agg_mode=s.loss_agg_mode, **norm_kwargs,
+            vpreds,
+            micro["returns"].float(),
+            micro["values"].float(),
+            mask,
+            float(s.cliprange_value),
+            loss_agg_mode=s.loss_agg_mode,
+            **norm_kwargs,
         )
         loss = vf_loss * 0.0 if zero_weight else vf_loss
         (loss * self.dp_size).backward()  # FSDP (or the manual all-reduce) averages gradients over ranks

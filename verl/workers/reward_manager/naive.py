@@ -18,15 +18,15 @@ def reward_requests(data: DataProto, tokenizer) -> list[dict[str, Any]]:
     """One verifier call's keyword arguments per row: data_source, solution_str, ground_truth."""
     responses = data.batch["responses"]
     mask = data.batch["response_mask"].bool()
-    texts = tokenizer.batch_decode(
-        [r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True
-    )
+    texts = tokenizer.batch_decode([r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True)
     nt = data.non_tensor_batch
     out = []
     for i, text in enumerate(texts):
         rm = nt["reward_model"][i] if "reward_model" in nt else {}
         if "ground_truth" not in (rm or {}):
-            raise KeyError(f"row {i}: reward_model.ground_truth is missing (data_source={nt.get('data_source', ['?'])[i]!r})")
+            raise KeyError(
+                f"row {i}: reward_model.ground_truth is missing (data_source={nt.get('data_source', ['?'])[i]!r})"
+            )
         out.append(
             {
                 "data_source": nt["data_source"][i] if "data_source" in nt else "hotpotqa",
@@ -47,8 +47,14 @@ def split_score(result: Any) -> tuple[float, dict[str, Any]]:
 
 
 class NaiveRewardManager:
-    def __init__(self, tokenizer, compute_score: Callable | None = None, num_examine: int = 0,
-                 reward_fn_key: str = "data_source", **reward_kwargs: Any):
+    def __init__(
+        self,
+        tokenizer,
+        compute_score: Callable | None = None,
+        num_examine: int = 0,
+        reward_fn_key: str = "data_source",
+        **reward_kwargs: Any,
+    ):
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.num_examine = num_examine

@@ -54,7 +54,9 @@ class RewardActorPool:
             strategy = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
             self.actors.append(
                 RewardActor.options(
-                    name=f"RewardActor_{i}", namespace=namespace, get_if_exists=True,
+                    name=f"RewardActor_{i}",
+                    namespace=namespace,
+                    get_if_exists=True,
                     scheduling_strategy=strategy,
                 ).remote(max_workers)
             )
@@ -73,8 +75,15 @@ class RewardActorPool:
 
 
 class ThreadRewardManager:
-    def __init__(self, tokenizer, compute_score: Callable | None = None, num_examine: int = 0,
-                 reward_fn_key: str = "data_source", max_workers: int | None = None, **reward_kwargs: Any):
+    def __init__(
+        self,
+        tokenizer,
+        compute_score: Callable | None = None,
+        num_examine: int = 0,
+        reward_fn_key: str = "data_source",
+        max_workers: int | None = None,
+        **reward_kwargs: Any,
+    ):
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.num_examine = num_examine
@@ -82,7 +91,9 @@ class ThreadRewardManager:
         try:
             cloudpickle.dumps(self.compute_score)
         except Exception as e:  # noqa: BLE001
-            raise TypeError(f"reward function {self.compute_score!r} cannot be pickled for the reward actors: {e}") from e
+            raise TypeError(
+                f"reward function {self.compute_score!r} cannot be pickled for the reward actors: {e}"
+            ) from e
         self.pool = RewardActorPool(max_workers=max_workers)
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list]]:

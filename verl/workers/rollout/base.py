@@ -93,7 +93,9 @@ class SamplingParams:
                 unknown.append(key)
                 continue
             if name in kwargs and kwargs[name] != value:
-                raise ValueError(f"SamplingParams.from_dict: key {key!r}={value!r} conflicts with {name}={kwargs[name]!r}")
+                raise ValueError(
+                    f"SamplingParams.from_dict: key {key!r}={value!r} conflicts with {name}={kwargs[name]!r}"
+                )
             kwargs[name] = value
         if unknown:
             valid = sorted(fields | set(_KEY_ALIASES) | {"do_sample"})
@@ -159,9 +161,7 @@ class RolloutEngine(ABC):
     ) -> list[GenerationOutput]:
         """Generate ``params.n`` continuations of ``prompt_ids``; returns ``n`` outputs."""
 
-    def generate_batch(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[GenerationOutput]]:
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Generate for every prompt (all submitted at once); result ``i`` belongs to ``prompts[i]``."""
         if not prompts:
             return []

@@ -176,9 +176,7 @@ class HFRolloutEngine(RolloutEngine):
         self._enqueue([request])
         return await asyncio.wrap_future(request.future)
 
-    def generate_batch(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[GenerationOutput]]:
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Queue every prompt at once (so they share batches) and wait for all, in order."""
         requests = [self._make_request(list(p), params, None) for p in prompts]
         self._enqueue(requests)
@@ -358,7 +356,9 @@ class HFRolloutEngine(RolloutEngine):
             table[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         return table.to(self.device)
 
-    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
         if self._forward_accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
@@ -436,9 +436,7 @@ class HFRolloutEngine(RolloutEngine):
                 state = state.select(keep, keep_list)
                 attention, next_pos, tokens = attention[keep], next_pos[keep], tokens[keep]
             attention[:, prompt_len + step] = 1
-            logits = self._forward(
-                tokens.unsqueeze(1), attention[:, : prompt_len + step + 1], next_pos.unsqueeze(1)
-            )
+            logits = self._forward(tokens.unsqueeze(1), attention[:, : prompt_len + step + 1], next_pos.unsqueeze(1))
             next_pos = next_pos + 1
 
         self._deliver(rows, out_tokens, out_logprobs, lengths, stopped)

@@ -73,7 +73,9 @@ def _to_output(completion: Any, want_logprobs: bool) -> GenerationOutput:
     if want_logprobs:
         entries = completion.logprobs
         if entries is None or len(entries) != len(token_ids):
-            raise RuntimeError(f"vLLM returned {0 if entries is None else len(entries)} logprob entries for {len(token_ids)} tokens")
+            raise RuntimeError(
+                f"vLLM returned {0 if entries is None else len(entries)} logprob entries for {len(token_ids)} tokens"
+            )
         log_probs = [float(entries[i][tok].logprob) for i, tok in enumerate(token_ids)]
     reason = completion.finish_reason
     if reason not in ("stop", "length"):
@@ -161,8 +163,10 @@ class VLLMRolloutEngine(RolloutEngine):
         args.update({k: v for k, v in optional.items() if v is not None})
         if cudagraph_max_tokens and not enforce_eager:
             if max_num_batched_tokens is not None and cudagraph_max_tokens > max_num_batched_tokens:
-                raise ValueError(f"cudagraph_max_tokens={cudagraph_max_tokens} exceeds "
-                                 f"max_num_batched_tokens={max_num_batched_tokens}: no step is that large")
+                raise ValueError(
+                    f"cudagraph_max_tokens={cudagraph_max_tokens} exceeds "
+                    f"max_num_batched_tokens={max_num_batched_tokens}: no step is that large"
+                )
             args["max_cudagraph_capture_size"] = cudagraph_max_tokens
         args.update(engine_kwargs or {})
 
@@ -201,7 +205,9 @@ class VLLMRolloutEngine(RolloutEngine):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    def _submit(self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None) -> concurrent.futures.Future:
+    def _submit(
+        self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
+    ) -> concurrent.futures.Future:
         prompt = [int(t) for t in prompt_ids]
         vllm_params = self._to_vllm_params(params, len(prompt))
         request_id = request_id or uuid.uuid4().hex
@@ -224,9 +230,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Generate ``params.n`` continuations of ``prompt_ids`` (callable from any event loop)."""
         return await asyncio.wrap_future(self._submit(prompt_ids, params, request_id))
 
-    def generate_batch(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams
-    ) -> list[list[GenerationOutput]]:
+    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Submit every prompt at once and wait for all (results in prompt order)."""
         futures = [self._submit(p, params, None) for p in prompts]
         return [f.result() for f in futures]
@@ -327,7 +331,9 @@ class _InprocDriver:
         def _consume() -> int:
             worker = self.local_worker()
             if worker is not None:  # direct calls, tensors passed as they are
-                begin, load, finish = (getattr(worker, name) for name in (BEGIN_UPDATE_RPC, LOAD_WEIGHTS_RPC, FINISH_UPDATE_RPC))
+                begin, load, finish = (
+                    getattr(worker, name) for name in (BEGIN_UPDATE_RPC, LOAD_WEIGHTS_RPC, FINISH_UPDATE_RPC)
+                )
             else:  # workers in other processes
 
                 def begin() -> None:
@@ -447,7 +453,7 @@ class _InprocDriver:
 
     def _fail_all(self, exc: BaseException) -> None:
         inflight, self._inflight = self._inflight, {}
-        for request_id, future in inflight.items():
+        for future in inflight.values():
             future.set_exception(exc)
         try:
             self.engine.abort_request(list(inflight))
