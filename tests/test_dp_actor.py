@@ -536,3 +536,35 @@ def test_two_ranks_fsdp2_match_one_rank(base_model, tiny_model_path, tmp_path):
         assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], abs=1e-6)
     changed = [name for name in state if not torch.equal(state[name], base_model.state_dict()[name])]
     assert len(changed) == len(state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the policy loss is chosen through the core_algos registry (actor.policy_loss.loss_mode)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_policy_loss_is_selected_from_the_registry(base_model):
+    from verl.trainer.ppo import core_algos
+
+    data = make_update_data(base_model, num_conv=3, seed=11)
+    calls = []
+
+    def doubled(*args, **kwargs):  # the vanilla loss x 2: same direction, twice the gradient
+        calls.append(1)
+        pg_loss, clipfrac, ppo_kl, clipfrac_lower = core_algos.compute_policy_loss(*args, **kwargs)
+        return 2.0 * pg_loss, clipfrac, ppo_kl, clipfrac_lower
+
+    core_algos.register_policy_loss("doubled_for_test")(doubled)
+    try:
+        vanilla_loss, vanilla_grads, _ = _loss_and_grads(base_model, copy.deepcopy(data), use_kl_loss=False)
+        loss, grads, _ = _loss_and_grads(
+            base_model, copy.deepcopy(data), use_kl_loss=False, policy_loss={"loss_mode": "doubled_for_test"}
+        )
+    finally:
+        core_algos.POLICY_LOSSES.pop("doubled_for_test")
+    assert calls, "the registered loss was never called"
+    assert loss == pytest.approx(2.0 * vanilla_loss, rel=1e-5)
+    for g, v in zip(grads, vanilla_grads):
+        torch.testing.assert_close(g, 2.0 * v, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match=r"actor.policy_loss.loss_mode must be one of \[vanilla.*'nope'"):
+        DataParallelPPOActor(actor_config(policy_loss={"loss_mode": "nope"}), base_model)

@@ -112,6 +112,12 @@ class EchoWorker(Worker):
     def double(self, data, factor: float = 2.0):
         return self._scale(data, factor)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    def row_metrics(self, data):
+        """Each rank's own row count plus a 'global' value every rank agrees on (as an all-reduce gives)."""
+        self.seen_sizes.append(len(data))
+        return {"local_rows": float(len(data)), "global": 42.0, "rank": float(self.rank)}
+
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def mesh_scale(self, data):
         return self._scale(data, 10.0)
@@ -336,6 +342,14 @@ def test_dp_compute_proto_uneven_on_two_ranks(group2):
     assert [r["sizes"] for r in group2.records()] == [[4], [3]]
     with pytest.raises(TypeError, match="double: data-parallel dispatch needs at least one DataProto"):
         group2.double([1.0, 2.0])
+
+
+def test_dp_compute_metrics_splits_rows_and_returns_rank_zeros_dict(group2):
+    """An update method's metrics come back as one dict (rank 0's), as from a single in-process rank."""
+    group2.clear_records()
+    out = group2.row_metrics(_rows([float(i) for i in range(5)], _uids(5)))
+    assert out == {"local_rows": 3.0, "global": 42.0, "rank": 0.0}
+    assert [r["sizes"] for r in group2.records()] == [[3], [2]]
 
 
 # --------------------------------------------------------------------------------------------------

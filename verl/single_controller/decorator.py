@@ -22,6 +22,9 @@ Built-in dispatch modes (:class:`Dispatch`):
   are DataProtos are concatenated in rank order, which restores the original row order; 0-row
   results are skipped (so an empty rank may return an empty DataProto without matching keys).
   Results that are not DataProtos (e.g. metric dicts) come back as a list.
+* ``DP_COMPUTE_METRICS``: split like ``DP_COMPUTE_PROTO``; every rank returns the same globally reduced
+  metrics dict (e.g. an update step whose losses are all-reduced) and the driver gets rank 0's, so a Ray group
+  returns what a single in-process rank returns.
 * ``RANK_ZERO``: only rank 0 is called (with the arguments unchanged); returns its result.
 * mesh-aware data parallelism: ``register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn("actor"))``.
   Each worker reports ``(dp_rank, is_collect)`` for the mesh ``"actor"`` with
@@ -73,6 +76,7 @@ class Dispatch(enum.Enum):
     ALL_TO_ALL = "all_to_all"
     DP_COMPUTE_PROTO = "dp_compute_proto"
     DP_COMPUTE_PROTO_WITH_FUNC = "dp_compute_proto_with_func"
+    DP_COMPUTE_METRICS = "dp_compute_metrics"
     RANK_ZERO = "rank_zero"
 
 
@@ -200,6 +204,7 @@ _BUILTIN: dict[Dispatch, DispatchSpec] = {
     Dispatch.ALL_TO_ALL: DispatchSpec("ALL_TO_ALL", _dispatch_all_to_all, _collect_list),
     Dispatch.DP_COMPUTE_PROTO: _DP_SPEC,
     Dispatch.DP_COMPUTE_PROTO_WITH_FUNC: _DP_SPEC,
+    Dispatch.DP_COMPUTE_METRICS: DispatchSpec("DP_COMPUTE_METRICS", _dispatch_dp, _collect_first),
     Dispatch.RANK_ZERO: DispatchSpec("RANK_ZERO", _dispatch_one_to_all, _collect_first, rank_zero_only=True),
 }
 

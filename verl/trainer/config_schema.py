@@ -177,7 +177,7 @@ def active_recurrent_name(cfg: Any) -> Optional[str]:
     enable = _get(cfg, "recurrent.enable", None)
     if enable is _ABSENT or enable in _RECURRENT_OFF:
         return None
-    available = sorted(k for k in (_get(cfg, "recurrent", None) or {}) if k != "enable")
+    available = sorted(k for k in (_get(cfg, "recurrent", None) or {}) if k not in ("enable", "provider"))
     if enable is True or not isinstance(enable, str):
         raise ConfigError(
             [

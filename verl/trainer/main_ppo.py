@@ -44,12 +44,13 @@ def run(cfg: DictConfig) -> list[dict]:
     import ray
     from transformers import AutoTokenizer
 
-    from recurrent.interface import load_register
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
+    from verl.trainer.ppo.single_turn import SingleTurnPPOTrainer
+    from verl.trainer.ppo.workflow import load_workflow_provider
     from verl.utils.checkpoint import CheckpointManager
-    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
     from verl.utils.dataset.sampler import ResumableDataLoader
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
@@ -59,46 +60,17 @@ def run(cfg: DictConfig) -> list[dict]:
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
     device = pick_device(cfg)
     name = cfg.recurrent.get("enable")
-    if name:  # recurrent (multi-conversation) workflow
-        wf_cfg = cfg.recurrent.get(name)
-        if wf_cfg is None:
-            raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
-        data_key = cfg.data.get("context_key")
-        wf_key = (wf_cfg.get("config") or {}).get("context_key")
-        if data_key is not None and wf_key is not None and data_key != wf_key:
-            logger.warning(
-                "data.context_key=%r is informational; the workflow reads recurrent.%s.config.context_key=%r",
-                data_key,
-                name,
-                wf_key,
-            )
-        if cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
-            if not wf_cfg.get("async_path"):
-                raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
-            register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
-        else:
-            if not wf_cfg.get("path"):
-                raise ValueError(
-                    f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async"
-                )
-            register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
-        recurrent_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
-    elif cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+    if not name and cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
     use_critic = not name and cfg.algorithm.adv_estimator == "gae"
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    if name:
-        train_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.train_files)), tokenizer, data_cfg)
-        val_ds = (
-            register.dataset_cls(recurrent_config, list(_files(cfg.data.val_files)), tokenizer, data_cfg)
-            if cfg.data.get("val_files")
-            else None
-        )
+    workflow = None
+    if name:  # multi-turn workflow, built by its provider (recurrent.provider: module:function)
+        workflow = load_workflow_provider(cfg.recurrent.provider)(cfg, tokenizer)
+        train_ds, val_ds = workflow.train_dataset, workflow.val_dataset
     else:  # single-turn PPO/GRPO on chat prompts
-        from verl.utils.dataset.rl_dataset import RLHFDataset
-
+        data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
         train_ds = RLHFDataset(list(_files(cfg.data.train_files)), tokenizer, data_cfg)
         val_ds = (
             RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
@@ -152,13 +124,9 @@ def run(cfg: DictConfig) -> list[dict]:
         config=OmegaConf.to_container(cfg, resolve=True),
         log_dir=str(log_dir),
     )
-    if name:
-        trainer = MultiConvTrainer(
-            cfg, tokenizer, wg, register, recurrent_config, train_ds, val_ds, reward_fn, val_reward_fn, tracker
-        )
+    if workflow is not None:
+        trainer = MultiConvTrainer(cfg, tokenizer, wg, workflow, reward_fn, val_reward_fn, tracker)
     else:
-        from verl.trainer.ppo.single_turn import SingleTurnPPOTrainer
-
         trainer = SingleTurnPPOTrainer(
             cfg, tokenizer, wg, train_ds, val_ds, reward_fn, val_reward_fn, tracker, critic_group=critic_wg
         )

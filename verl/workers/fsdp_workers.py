@@ -271,7 +271,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_actor(self, data: DataProto) -> dict[str, float]:
         with self._resident("actor", with_optimizer=True):
             metrics = self.actor.update_policy(data)

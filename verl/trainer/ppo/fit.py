@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import time
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -15,6 +16,22 @@ from tqdm import tqdm
 from verl.protocol import DataProto
 
 logger = logging.getLogger(__name__)
+
+
+class Trainer(Protocol):
+    """What :func:`fit` needs of a trainer (both trainers get it from ``trainer_core.TrainerCore``)."""
+
+    config: Any
+    wg: Any
+    tracker: Any
+    global_step: int
+    last_val_samples: list[dict]
+
+    def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]: ...
+
+    def validate(self, val_loader) -> dict[str, float]: ...
+
+    def checkpoint_groups(self) -> dict[str, Any]: ...
 
 
 def _rng_state() -> dict:
@@ -27,7 +44,7 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> list[dict]:
+def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> list[dict]:
     """Run ``total_steps`` training steps (resuming from the latest checkpoint if configured).
 
     With ``trainer.max_wall_time_s`` set, the loop stops after the first step that ends past that
@@ -45,7 +62,7 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
         trainer.global_step = state["global_step"]
         train_loader.load_state_dict(state["dataloader"])
         _set_rng_state(state["rng"])
-        for name, group in _checkpoint_groups(trainer).items():
+        for name, group in trainer.checkpoint_groups().items():
             group.load_checkpoint(os.path.join(resume_dir, name))
         trainer.wg.sync_rollout_weights()
         logger.info("resumed from %s at step %d", resume_dir, trainer.global_step)
@@ -99,16 +116,9 @@ def fit(trainer, train_loader, val_loader, ckpt_manager, total_steps: int) -> li
     return history
 
 
-def _checkpoint_groups(trainer) -> dict:
-    """Worker groups to checkpoint, by sub-folder: ``trainer.checkpoint_groups()`` when the trainer has it
-    (single-turn PPO adds ``critic``), else ``{"actor": trainer.wg}``."""
-    groups = getattr(trainer, "checkpoint_groups", None)
-    return groups() if callable(groups) else {"actor": trainer.wg}
-
-
 def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
     def write(tmp_dir: str) -> None:
-        for name, group in _checkpoint_groups(trainer).items():
+        for name, group in trainer.checkpoint_groups().items():
             group.save_checkpoint(os.path.join(tmp_dir, name))
         state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state()}
         with open(os.path.join(tmp_dir, "trainer_state.pkl"), "wb") as f:
@@ -121,7 +131,7 @@ def _log(trainer, metrics: dict, step: int) -> None:
     if trainer.tracker is None:
         return
     trainer.tracker.log(data=metrics, step=step)
-    samples = getattr(trainer, "last_val_samples", None)
+    samples = trainer.last_val_samples
     if samples and any(k.startswith("val-core/") for k in metrics):
         n = int(trainer.config.trainer.get("log_val_generations", 0) or 0)
         if n > 0:

@@ -1,8 +1,8 @@
 """The single-turn PPO/GRPO trainer (``recurrent.enable`` off): one prompt -> one response per rollout row.
 
-One training step reads top to bottom in :meth:`SingleTurnPPOTrainer.train_step`. The public surface is the
-one ``verl.trainer.ppo.fit`` uses for ``MultiConvTrainer`` (``config, tokenizer, wg, rollout, global_step,
-tracker, train_step, validate, last_val_samples``) plus :meth:`SingleTurnPPOTrainer.checkpoint_groups`.
+One training step reads top to bottom in :meth:`SingleTurnPPOTrainer.train_step`. Sampling, seeds, mini-batch
+ids, validation metrics and checkpoint groups come from :class:`verl.trainer.ppo.trainer_core.TrainerCore`, shared
+with the multi-turn trainer; ``fit`` drives both through the ``verl.trainer.ppo.fit.Trainer`` protocol.
 
 Advantage estimators (``algorithm.adv_estimator``, through the ``core_algos`` registry): ``gae`` (needs the
 critic group: values from the critic, critic update every step), ``grpo``, ``rloo``, ``reinforce_plus_plus``.
@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import DictConfig
 
-from recurrent.utils import build_conversation_batch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
-from verl.trainer.ppo.metric_utils import (
-    compute_data_metrics,
-    compute_throughout_metrics,
-    compute_timing_metrics,
-    process_validation_metrics,
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
+from verl.trainer.ppo.trainer_core import (
+    TrainerCore,
+    mini_batch_ids,
+    rollout_actor_mismatch,
+    rollout_sampling,
+    scores_at_last_token,
+    timer,
 )
-from verl.trainer.ppo.ray_trainer import RolloutClient, timer
+from verl.utils.conversation_batch import build_conversation_batch, engine_log_probs
 from verl.utils.torch_functional import masked_mean
 from verl.workers.rollout.base import SamplingParams
 
@@ -46,60 +47,13 @@ _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "res
 
 
 def single_turn_sampling(config: DictConfig, global_step: int, validate: bool) -> dict[str, Any]:
-    """Sampling parameters of a rollout (``actor_rollout_ref.rollout`` or its ``val_kwargs``), with a seed that
-    depends on the step and on train/validation when ``rollout.seed`` is set, and ``max_tokens=response_length``."""
-    rc = config.actor_rollout_ref.rollout
-    if validate:
-        vk = rc.val_kwargs
-        params = {
-            "temperature": float(vk.get("temperature", 0)),
-            "top_p": float(vk.get("top_p", 1.0)),
-            "top_k": int(vk.get("top_k", -1)),
-            "greedy": not bool(vk.get("do_sample", False)),
-        }
-    else:
-        params = {
-            "temperature": float(rc.get("temperature", 1.0)),
-            "top_p": float(rc.get("top_p", 1.0)),
-            "top_k": int(rc.get("top_k", -1)),
-        }
-    seed = rc.get("seed", None)
-    if seed is not None:
-        params["seed"] = int(seed) + 7919 * global_step + (1 << 20) * int(validate)
-    params["max_tokens"] = int(rc.response_length)
+    """The trainers' sampling parameters (:func:`rollout_sampling`) with ``max_tokens=rollout.response_length``."""
+    params = rollout_sampling(config, global_step, validate)
+    params["max_tokens"] = int(config.actor_rollout_ref.rollout.response_length)
     return params
 
 
-def scores_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, R]`` token-level scores: each row's score at its last response token (rows without one get 0).
-
-    Example: scores ``[1.0]``, mask ``[[1, 1, 0]]`` -> ``[[0, 1.0, 0]]``.
-    """
-    mask = response_mask.bool()
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    rows = torch.nonzero(last >= 0).flatten()
-    out[rows, last[rows]] = scores.to(out)[rows]
-    return out
-
-
-def mini_batch_ids(num_rows: int, train_batch_size: int, ppo_mini_batch_size: int) -> torch.Tensor:
-    """Global mini-batch of each row: ``train_batch_size // ppo_mini_batch_size`` contiguous, nearly equal parts
-    (rows are grouped by prompt, so each part holds whole groups when the batch is full)."""
-    num = max(1, int(train_batch_size) // int(ppo_mini_batch_size))
-    ids = torch.zeros(num_rows, dtype=torch.long)
-    for m, part in enumerate(np.array_split(np.arange(num_rows), min(num, max(num_rows, 1)))):
-        ids[part] = m
-    return ids
-
-
-def _first(metrics: Any) -> dict[str, float]:
-    """A Ray group returns one (identical, globally reduced) dict per rank; the local group one dict."""
-    return metrics[0] if isinstance(metrics, list) else metrics
-
-
-class SingleTurnPPOTrainer:
+class SingleTurnPPOTrainer(TrainerCore):
     """Sync single-turn PPO (GAE with a critic) / GRPO / RLOO / REINFORCE++ trainer.
 
     Args:
@@ -124,16 +78,9 @@ class SingleTurnPPOTrainer:
         tracker=None,
         critic_group=None,
     ):
-        self.config = config
-        self.tokenizer = tokenizer
-        self.wg = worker_group
+        super().__init__(config, tokenizer, worker_group, reward_fn, val_reward_fn, tracker)
         self.critic_wg = critic_group
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
-        self.tracker = tracker
-        self.rollout = RolloutClient(worker_group)
-        self.global_step = 0
-        self.last_val_samples: list[dict] = []
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
         algo = config.algorithm
@@ -163,12 +110,10 @@ class SingleTurnPPOTrainer:
                 "for the in-reward penalty only)"
             )
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None
-        use_adv = algo.get("grpo_use_adv", None)
-        self.norm_by_std = bool(use_adv) if use_adv is not None else bool(algo.get("norm_adv_by_std_in_grpo", True))
 
     def checkpoint_groups(self) -> dict[str, Any]:
         """Worker groups to checkpoint, by sub-folder name (``fit`` saves/loads each)."""
-        groups = {"actor": self.wg}
+        groups = super().checkpoint_groups()
         if self.use_critic:
             groups["critic"] = self.critic_wg
         return groups
@@ -195,6 +140,9 @@ class SingleTurnPPOTrainer:
         tensors = build_conversation_batch(
             prompts, [o.token_ids for o in outputs], self.pad_id, response_width=response_width
         )
+        log_probs = engine_log_probs(outputs, tensors["responses"].shape[1])
+        if log_probs is not None:
+            tensors["rollout_log_probs"] = log_probs
         finish = np.array([o.finish_reason for o in outputs], dtype=object)
         batch = batch.union(DataProto.from_dict(tensors=tensors, non_tensors={"finish_reason": finish}))
         batch.meta_info["temperature"] = params.temperature if params.temperature > 0 else 1.0
@@ -211,7 +159,7 @@ class SingleTurnPPOTrainer:
             # 1. rollout: one response per row, then free the engine's KV cache for training
             with timer("gen", timing):
                 batch = self.generate(batch, n, validate=False)
-            self.wg.sleep_rollout()
+            self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             # 2. reward: the sequence score sits on the last response token
             with timer("reward", timing):
                 scores, _ = self.reward_fn(batch)
@@ -219,6 +167,7 @@ class SingleTurnPPOTrainer:
             # 3. old (and reference) log-probs, values
             with timer("old_log_prob", timing):
                 batch = batch.union(self.wg.compute_log_prob(batch))
+            metrics.update(rollout_actor_mismatch(batch))
             if self.use_kl_loss or self.use_kl_in_reward:
                 with timer("ref", timing):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
@@ -232,14 +181,11 @@ class SingleTurnPPOTrainer:
             # 5. critic update, then actor update and weight sync (not during critic warm-up)
             if self.use_critic:
                 with timer("update_critic", timing):
-                    metrics.update(_first(self.critic_wg.update_critic(self._critic_batch(batch))))
+                    metrics.update(self.critic_wg.update_critic(self._critic_batch(batch)))
             if self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0):
-                actor_cfg = cfg.actor_rollout_ref.actor
-                batch.batch["mini_batch_id"] = mini_batch_ids(
-                    len(batch), cfg.data.train_batch_size, actor_cfg.ppo_mini_batch_size
-                )
+                batch.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(batch))
                 with timer("update_actor", timing):
-                    metrics.update(_first(self.wg.update_actor(batch)))
+                    metrics.update(self.wg.update_actor(batch))  # globally reduced metrics
                 with timer("sync_weights", timing):
                     self.wg.sync_rollout_weights()
             else:
@@ -303,23 +249,9 @@ class SingleTurnPPOTrainer:
         for batch_dict in val_loader:
             batch = self.generate(DataProto.from_single_dict(batch_dict), n, validate=True)
             scores, _ = self.val_reward_fn(batch)
-            self._keep_val_samples(batch, scores)
+            self.keep_val_samples(batch, batch, scores)
             nt = batch.non_tensor_batch
             sources += [str(s) for s in nt.get("data_source", np.array(["unknown"] * len(batch), dtype=object))]
             questions += [str(q) for q in nt.get("sample_uuid", nt["uid"])]
             rewards += [float(s) for s in scores.tolist()]
-        out = process_validation_metrics(sources, questions, {"reward": rewards})
-        out["val/num_questions"] = len(set(questions))
-        return out
-
-    def _keep_val_samples(self, batch: DataProto, scores: torch.Tensor, limit: int = 8) -> None:
-        """Keep a few decoded responses for logging (``trainer.log_val_generations``)."""
-        k = min(limit - len(self.last_val_samples), len(batch))
-        if k <= 0:
-            return
-        resp, mask = batch.batch["responses"][:k], batch.batch["response_mask"][:k].bool()
-        texts = self.tokenizer.batch_decode([r[m].tolist() for r, m in zip(resp, mask)], skip_special_tokens=True)
-        reward_model = batch.non_tensor_batch.get("reward_model")
-        for i, text in enumerate(texts):
-            gold: Optional[Any] = (reward_model[i] or {}).get("ground_truth") if reward_model is not None else None
-            self.last_val_samples.append({"answer": text, "ground_truth": gold, "score": float(scores[i])})
+        return self.validation_metrics(sources, questions, rewards)

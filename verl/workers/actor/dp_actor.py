@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import agg_loss, compute_policy_loss, grad_acc_mode, kl_penalty, local_loss_normalizer
+from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, grad_acc_mode, kl_penalty, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
 from verl.workers.actor.settings import ActorSettings
@@ -236,7 +236,8 @@ class DataParallelPPOActor(DataParallelComponent):
         log_prob, entropy = self._forward(
             micro, temperature, calculate_entropy=True, entropy_with_grad=s.entropy_coeff != 0
         )
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss(
+        policy_loss = get_policy_loss_fn(s.policy_loss_mode)  # core_algos registry (actor.policy_loss.loss_mode)
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
             micro["old_log_probs"],
             log_prob,
             micro["advantages"],

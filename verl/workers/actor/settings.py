@@ -88,6 +88,8 @@ class ActorSettings:
     grad_clip: Optional[float] = 1.0
     ulysses_sequence_parallel_size: int = 1
     entropy_chunk_size: int = 2048
+    # verl's ``policy_loss`` section: ``loss_mode`` names the policy loss in the core_algos registry
+    policy_loss: Optional[Any] = None
 
     @classmethod
     def from_config(cls, config: Any) -> ActorSettings:
@@ -111,6 +113,12 @@ class ActorSettings:
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
     @property
+    def policy_loss_mode(self) -> str:
+        """``policy_loss.loss_mode`` (default ``vanilla``: PPO clip with dual clip)."""
+        mode = _lookup(self.policy_loss, "loss_mode") if self.policy_loss is not None else _MISSING
+        return "vanilla" if mode in (_MISSING, None) else str(mode)
+
+    @property
     def log_prob_dynamic(self) -> bool:
         return self.use_dynamic_bsz if self.log_prob_use_dynamic_bsz is None else bool(self.log_prob_use_dynamic_bsz)
 
@@ -124,6 +132,13 @@ class ActorSettings:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending key and value."""
+        from verl.trainer.ppo.core_algos import POLICY_LOSSES
+
+        if self.policy_loss_mode not in POLICY_LOSSES:
+            raise ValueError(
+                f"actor.policy_loss.loss_mode must be one of [{', '.join(sorted(POLICY_LOSSES))}], "
+                f"got {self.policy_loss_mode!r}"
+            )
         if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
             raise ValueError(f"actor.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
         if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):

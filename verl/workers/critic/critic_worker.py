@@ -133,7 +133,7 @@ class CriticWorker(TrainingWorker):
         """``values`` ``[B, R]`` of this rank's rows (see ``DataParallelPPOCritic.compute_values``)."""
         return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """One value update over this rank's rows; metrics are global (identical on every rank)."""
         from verl.workers.fsdp_workers import memory_metrics

@@ -1,0 +1,79 @@
+"""The recurrent framework as a workflow provider of the multi-turn trainer (``recurrent.provider``).
+
+``build_workflow(config, tokenizer)`` resolves the active ``recurrent.<name>`` section (``recurrent.enable``),
+loads its register (sync ``path``/``name`` or, with ``actor_rollout_ref.rollout.mode=async``,
+``async_path``/``async_name``), builds the workflow config, the datasets, and the rollout: the sync
+:class:`recurrent.generation_manager.LLMGenerationManager` around the register's agent, or the async manager.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from recurrent.interface import load_register
+from verl.trainer.ppo.workflow import MultiTurnWorkflow
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["build_workflow", "data_files"]
+
+
+def data_files(spec) -> list[str]:
+    """``data.train_files`` / ``val_files``: one path or a list of paths."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        return [spec]
+    return [str(s) for s in spec]
+
+
+def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
+    name = cfg.recurrent.get("enable")
+    wf_cfg = cfg.recurrent.get(name)
+    if wf_cfg is None:
+        raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
+    data_key = cfg.data.get("context_key")
+    wf_key = (wf_cfg.get("config") or {}).get("context_key")
+    if data_key is not None and wf_key is not None and data_key != wf_key:
+        logger.warning(
+            "data.context_key=%r is informational; the workflow reads recurrent.%s.config.context_key=%r",
+            data_key,
+            name,
+            wf_key,
+        )
+    is_async = cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async"
+    if is_async:
+        if not wf_cfg.get("async_path"):
+            raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
+        register = load_register(name, path=wf_cfg.get("async_path"), obj_name=wf_cfg.get("async_name"))
+    else:
+        if not wf_cfg.get("path"):
+            raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
+        register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
+    workflow_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
+
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    train_ds = register.dataset_cls(workflow_config, data_files(cfg.data.train_files), tokenizer, data_cfg)
+    val_ds = None
+    if cfg.data.get("val_files"):
+        val_ds = register.dataset_cls(workflow_config, data_files(cfg.data.val_files), tokenizer, data_cfg)
+
+    def build_rollout(rollout_client):
+        if is_async:
+            from recurrent.async_generation_manager import build_async_manager
+
+            return build_async_manager(cfg, tokenizer, rollout_client, register, workflow_config)
+        from recurrent.generation_manager import LLMGenerationManager
+
+        return LLMGenerationManager(tokenizer, rollout_client, register.agent_cls(tokenizer, workflow_config))
+
+    return MultiTurnWorkflow(
+        name=str(name),
+        train_dataset=train_ds,
+        val_dataset=val_ds,
+        build_rollout=build_rollout,
+        final_response_length=getattr(workflow_config, "max_final_response_length", None) or None,
+    )

@@ -1,0 +1,203 @@
+"""What every PPO-family trainer shares: sampling parameters and seeds, rollout dispatch, mini-batch ids,
+validation metrics and samples, checkpoint groups.
+
+The two trainers build on :class:`TrainerCore`:
+
+* :class:`verl.trainer.ppo.ray_trainer.MultiConvTrainer`: a multi-turn workflow (e.g. the memory agent)
+  turns each trajectory into several conversations; trajectory-level advantages are broadcast to them;
+* :class:`verl.trainer.ppo.single_turn.SingleTurnPPOTrainer`: one prompt -> one response per row.
+
+:func:`verl.trainer.ppo.fit.fit` drives either through the :class:`verl.trainer.ppo.fit.Trainer` protocol.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from verl.protocol import DataProto
+from verl.trainer.config_schema import resolve_grpo_use_adv
+from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+__all__ = [
+    "TrainerCore",
+    "RolloutClient",
+    "timer",
+    "rollout_sampling",
+    "mini_batch_ids",
+    "scores_at_last_token",
+    "rollout_actor_mismatch",
+    "MAX_VAL_SAMPLES",
+]
+
+# Decoded validation answers kept per validation for ``trainer.log_val_generations``.
+MAX_VAL_SAMPLES = 8
+
+
+@contextmanager
+def timer(name: str, timing: dict[str, float]):
+    """Add the wall time of the block to ``timing[name]`` (seconds)."""
+    t0 = time.perf_counter()
+    yield
+    timing[name] = timing.get(name, 0.0) + time.perf_counter() - t0
+
+
+class RolloutClient:
+    """Driver-side rollout: splits a batch of prompts across the worker group's engines (uneven OK).
+
+    With a ``seed`` in the sampling parameters every request gets its own seed
+    (``seed + request index``), so the n samples of a prompt differ and a rerun reproduces them.
+    """
+
+    def __init__(self, worker_group):
+        self.wg = worker_group
+        self.calls = 0
+
+    def generate_batch(self, prompts: list[list[int]], params) -> list:
+        n = self.wg.world_size
+        parts = np.array_split(np.arange(len(prompts)), n)
+        p = asdict(params)
+        seeds = None
+        if params.seed is not None:
+            base = params.seed + self.calls * 1_000_003
+            seeds = [[base + int(i) for i in part] for part in parts]
+        self.calls += 1
+        results = self.wg.generate(
+            [[prompts[i] for i in part] for part in parts], [p] * n, seeds if seeds else [None] * n
+        )
+        return [r for part in results for r in part]
+
+
+def rollout_sampling(config: DictConfig, global_step: int, validate: bool) -> dict[str, Any]:
+    """Sampling parameters of a rollout: ``actor_rollout_ref.rollout`` (training) or its ``val_kwargs``.
+
+    Training requests the engine's own log-probs of its samples (compared with the actor's to check the
+    weight sync). With ``rollout.seed`` set, the seed depends on the step and on train vs validation only.
+    Per-turn limits (``max_tokens``) are the caller's: a workflow sets them per turn.
+    """
+    rc = config.actor_rollout_ref.rollout
+    if validate:
+        vk = rc.val_kwargs
+        params = {
+            "temperature": float(vk.get("temperature", 0)),
+            "top_p": float(vk.get("top_p", 1.0)),
+            "top_k": int(vk.get("top_k", -1)),
+            "greedy": not bool(vk.get("do_sample", False)),
+        }
+    else:
+        params = {
+            "temperature": float(rc.get("temperature", 1.0)),
+            "top_p": float(rc.get("top_p", 1.0)),
+            "top_k": int(rc.get("top_k", -1)),
+            "logprobs": True,
+        }
+    seed = rc.get("seed", None)
+    if seed is not None:
+        params["seed"] = int(seed) + 7919 * global_step + (1 << 20) * int(validate)
+    return params
+
+
+def mini_batch_ids(num_rows: int, train_batch_size: int, ppo_mini_batch_size: int) -> torch.Tensor:
+    """Global mini-batch of each row: ``train_batch_size // ppo_mini_batch_size`` contiguous, nearly equal parts,
+    whatever the number of rows (conversations) or ranks (16 optimizer steps per step in MemAgent).
+
+    Example: 5 rows, ``train_batch_size=4``, ``ppo_mini_batch_size=2`` -> ``[0, 0, 0, 1, 1]``.
+    """
+    num = max(1, int(train_batch_size) // int(ppo_mini_batch_size))
+    ids = torch.zeros(num_rows, dtype=torch.long)
+    for m, part in enumerate(np.array_split(np.arange(num_rows), min(num, max(num_rows, 1)))):
+        ids[part] = m
+    return ids
+
+
+def scores_at_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` token-level scores: each row's score at its last response token (rows without one get 0).
+
+    Example: scores ``[1.0]``, mask ``[[1, 1, 0]]`` -> ``[[0, 1.0, 0]]``.
+    """
+    mask = response_mask.bool()
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
+    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = torch.nonzero(last >= 0).flatten()
+    out[rows, last[rows]] = scores.to(out)[rows]
+    return out
+
+
+def rollout_actor_mismatch(conv: DataProto) -> dict[str, float]:
+    """How far the engine's sampling log-probs are from the actor's recomputed ones (response tokens).
+
+    Near 0 when the rollout engine holds the actor's current weights; a stale engine (broken
+    weight sync) shows up here at once. Differences also come from bf16 vs fp32 and kernels.
+    """
+    if "rollout_log_probs" not in conv.batch.keys():
+        return {}
+    mask = conv.batch["response_mask"].bool()
+    diff = (conv.batch["rollout_log_probs"] - conv.batch["old_log_probs"]).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/logprob_abs_diff_mean": float(diff.mean()), "rollout/logprob_abs_diff_max": float(diff.max())}
+
+
+class TrainerCore:
+    """State and helpers shared by the trainers; subclasses implement ``train_step`` and ``validate``.
+
+    Attributes read by ``fit``: ``config``, ``wg``, ``tracker``, ``global_step``, ``last_val_samples``.
+    """
+
+    def __init__(self, config: DictConfig, tokenizer, worker_group, reward_fn, val_reward_fn, tracker=None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.wg = worker_group
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.tracker = tracker
+        self.rollout = RolloutClient(worker_group)
+        self.global_step = 0
+        self.last_val_samples: list[dict] = []
+        # ``algorithm.grpo_use_adv`` (MemAgent's alias) is resolved onto norm_adv_by_std_in_grpo here, once
+        self.norm_by_std = resolve_grpo_use_adv(config)
+
+    # ---------------------------------------------------------------- rollout parameters
+    def sampling(self, validate: bool) -> dict[str, Any]:
+        """Sampling parameters of this step's rollout (see :func:`rollout_sampling`)."""
+        return rollout_sampling(self.config, self.global_step, validate)
+
+    def log_prob_temperature(self) -> float:
+        """Log-probs are of the distribution sampled from: logits / rollout temperature (1 for greedy)."""
+        return float(self.sampling(validate=False)["temperature"]) or 1.0
+
+    def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
+        actor = self.config.actor_rollout_ref.actor
+        return mini_batch_ids(num_rows, self.config.data.train_batch_size, actor.ppo_mini_batch_size)
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint_groups(self) -> dict[str, Any]:
+        """Worker groups to checkpoint, by sub-folder name (``fit`` saves and loads each)."""
+        return {"actor": self.wg}
+
+    # ---------------------------------------------------------------- validation
+    def validation_metrics(self, sources: list[str], questions: list[str], rewards: list[float]) -> dict[str, float]:
+        """``val-core/<source>/reward/mean@n`` (and ``best@n``/``std@n``/``worst@n`` for n > 1) per data source,
+        grouping the ``n`` samples of each question, plus ``val/num_questions``."""
+        out = process_validation_metrics(sources, questions, {"reward": rewards})
+        out["val/num_questions"] = len(set(questions))
+        return out
+
+    def keep_val_samples(self, responses: DataProto, rows: DataProto, scores: torch.Tensor) -> None:
+        """Keep up to :data:`MAX_VAL_SAMPLES` decoded answers (``responses``: one answer per row of ``rows``,
+        which carries ``reward_model``) for ``trainer.log_val_generations``."""
+        k = min(MAX_VAL_SAMPLES - len(self.last_val_samples), len(rows))
+        if k <= 0:
+            return
+        resp, mask = responses.batch["responses"][:k], responses.batch["response_mask"][:k].bool()
+        texts = self.tokenizer.batch_decode([r[m].tolist() for r, m in zip(resp, mask)], skip_special_tokens=True)
+        nt = rows.non_tensor_batch
+        for i, text in enumerate(texts):
+            gold = (nt["reward_model"][i] or {}).get("ground_truth") if "reward_model" in nt else None
+            self.last_val_samples.append({"answer": text, "ground_truth": gold, "score": float(scores[i])})
