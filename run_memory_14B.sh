@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MemAgent RL training, Qwen2.5-14B-Instruct, sync mode: the hyper-parameters of the original
-# run_memory_14B.sh (memagent-spec section 4), unchanged.
+# run_memory_14B.sh (docs/spec.md#hyper-parameters), unchanged.
 # at least 2 nodes, 16nodes=1days to converge
 #
 # Required environment:

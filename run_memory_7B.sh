@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MemAgent RL training, Qwen2.5-7B-Instruct, sync mode: the hyper-parameters of the original
-# run_memory_7B.sh (memagent-spec section 4), unchanged.
+# run_memory_7B.sh (docs/spec.md#hyper-parameters), unchanged.
 # at least 1 nodes, 4nodes=3~4days to converge
 #
 # Required environment:

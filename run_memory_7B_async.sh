@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MemAgent RL training, Qwen2.5-7B-Instruct, ASYNC mode (agents as coroutines over server-mode
-# rollout): the hyper-parameters of the original run_memory_7B_async.sh (memagent-spec section 4),
+# rollout): the hyper-parameters of the original run_memory_7B_async.sh (docs/spec.md#hyper-parameters),
 # unchanged (including the repeated algorithm.kl_ctrl.kl_coef and no rollout.top_p).
 #
 # Required environment:

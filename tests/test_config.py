@@ -2,7 +2,7 @@
 
 The override lists are taken from the launch scripts themselves (``DRY_RUN=1`` prints the command one
 argument per line), composed with Hydra's compose API exactly as ``main_ppo`` would, and checked against the
-values of memagent-spec §4 and Appendix B.
+values of docs/spec.md#hyper-parameters.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def sel(cfg, key: str):
 # launch scripts -> composed config
 # --------------------------------------------------------------------------------------------------
 
-# memagent-spec §4 (per script) and Appendix B (defaults the scripts do not override).
+# docs/spec.md#hyper-parameters: per script, and the defaults the scripts do not override.
 COMMON_MEMORY = {
     "recurrent.enable": "memory",
     "recurrent.memory.config.chunk_size": 5000,
@@ -146,7 +146,7 @@ COMMON_ALL = {
     "trainer.critic_warmup": 0,
     "trainer.total_epochs": 30,
     "trainer.default_hdfs_dir": None,
-    # Appendix B: upstream defaults in effect
+    # upstream defaults in effect (docs/spec.md#hyper-parameters)
     "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
     "actor_rollout_ref.actor.clip_ratio": 0.2,
     "actor_rollout_ref.actor.clip_ratio_low": 0.2,
@@ -261,10 +261,10 @@ def test_script_overrides_compose_validate_and_match_spec(script: str, tmp_root:
     assert cfg.actor_rollout_ref.model.path == str(tmp_root / "tiny-model")
     exp = EXPECTED[script]["trainer.experiment_name"]
     assert cfg.trainer.default_local_dir == str(tmp_root / "proj" / exp)
-    # grpo_use_adv=False turns off the std normalisation (Dr.GRPO advantages, spec §3.5).
+    # grpo_use_adv=False turns off the std normalisation (Dr.GRPO advantages, docs/spec.md#multi-conv-grpo).
     assert cfg.algorithm.norm_adv_by_std_in_grpo is True
     assert resolve_grpo_use_adv(cfg) is False and cfg.algorithm.norm_adv_by_std_in_grpo is False
-    # 16 optimizer steps per training step (spec §4 derived quantities).
+    # 16 optimizer steps per training step (docs/spec.md#policy-loss).
     assert cfg.actor_rollout_ref.actor.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size in (16, 32)
 
 

@@ -39,7 +39,7 @@ from taskutils.memory_eval.summary import collect_rows, length_label
 from taskutils.memory_eval.testing import ScriptedOpenAIServer, question_of_prompt
 
 # --------------------------------------------------------------------------------------------
-# prompts (spec §2.4.3, Appendix F)
+# prompts (docs/spec.md#prompts)
 
 SPEC_UPDATE = (
     "You are presented with a problem, a section of an article that may contain the answer to the problem, and a "
@@ -66,7 +66,7 @@ def test_prompt_templates_are_the_exact_spec_texts():
     assert MEMORY_FINAL_TEMPLATE_ANSWER_IS == SPEC_FINAL_ANSWER_IS
     assert NO_MEMORY == "No previous memory"
     rendered = render_final_prompt("Q?", "M", style="boxed")
-    assert "put the answer in \\boxed{}." in rendered and "{{}}" not in rendered  # spec §11 item 2
+    assert "put the answer in \\boxed{}." in rendered and "{{}}" not in rendered  # docs/spec.md#bug-boxed-braces
 
 
 def test_render_prompts_with_braces_and_placeholder_like_values():

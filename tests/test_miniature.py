@@ -333,130 +333,30 @@ def test_serve_cli_dry_run_with_the_inproc_backend(capsys):
     assert line.startswith("VLLM_ENABLE_V1_MULTIPROCESSING=0 ")
 
 
-def test_h200_driver_waits_for_a_finished_pipeline_and_packs_the_results(tmp_path):
-    """recipe/miniature/h200_run.sh wait: returns at once on DONE, prints the status, packs results.tgz
-    without data, checkpoints or merged models."""
-    root, out = tmp_path / "mini", tmp_path / "out"
-    for rel, text in {
-        "logs/pipeline.log": "[pipeline] end report rc=0\n",
-        "DONE": "today\n",
-        "eval/seed1/niah_single_8/rl-memory.jsonl": "{}\n",
-        "data/eval/x.parquet": "",
-        "train/global_step_3/actor/w.pt": "",
-        "rl_model/model.safetensors": "",
-        "train/logs/metrics.jsonl": json.dumps({"step": 3, "critic/score/mean": 0.25}) + "\n",
-    }.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(out)}
-    proc = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "wait", "30"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "DONE today" in proc.stdout and "step 3 {'critic/score/mean': 0.25}" in proc.stdout
-    names = subprocess.run(
-        ["tar", "-tzf", str(out / "results.tgz")], capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert "./eval/seed1/niah_single_8/rl-memory.jsonl" in names and "./train/logs/metrics.jsonl" in names
-    assert not any(n.endswith((".parquet", ".pt", ".safetensors")) for n in names)
-    bad = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "nonsense"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert bad.returncode == 2 and "usage:" in bad.stderr
-
-
-def test_h200_driver_resumes_only_the_untrained_evaluation(tmp_path):
-    """h200_run.sh resume-untrained DIR copies an earlier run's untrained-* records and saved memories
-    (the same untrained model on the same questions), never the RL model's."""
-    src, root = tmp_path / "old_eval", tmp_path / "mini"
-    files = [
-        "seed1/niah_single_512/untrained-memory.jsonl",
-        "seed1/niah_single_512/untrained-memory.state.json",
-        "seed2/multidoc_qa_8/untrained-direct.meta.json",
-        "seed1/niah_single_512/rl-memory.state.json",
-        "seed1/niah_single_512/rl-memory.jsonl",
-    ]
-    for rel in files:
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(rel)
-    env = {**os.environ, "MINI_ROOT": str(root), "OUT": str(tmp_path / "out")}
-    proc = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "resume-untrained: 3 files" in proc.stdout
-    copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
-    assert copied == sorted(files[:3])
-    assert (root / "eval" / files[1]).read_text() == files[1]
-    missing = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-untrained", str(tmp_path / "nowhere")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert missing.returncode == 2 and "no folder" in missing.stderr
-    rl = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "resume-rl", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert rl.returncode == 0 and "resume-rl: 2 files" in rl.stdout
-    copied = sorted(str(p.relative_to(root / "eval")) for p in (root / "eval").rglob("*") if p.is_file())
-    assert copied == sorted(files)
-    # the RL model's memories only go with the same model: RESUME_RL without RL_MODEL_PARTS stops `start`
-    alone = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "start"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, "RESUME_RL": str(src)},
-    )
-    assert "RESUME_RL needs RL_MODEL_PARTS" in alone.stderr and "pipeline launched" not in alone.stdout
-
-
-def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
-    """h200_run.sh eval-rl: relaunches pipeline.sh all with TRAIN=0 EVAL_UNTRAINED=0 (with RL_SHARDS) in the
-    background: no training, no untrained evaluation, the RL shards, the report; keeps the earlier attempt's
-    logs, notes the command, and ends in DONE."""
+def test_pipeline_evaluates_an_existing_model_without_training(tmp_path):
+    """pipeline.sh all with TRAIN=0 EVAL_UNTRAINED=0 RL_SHARDS=2: no training, merge or untrained evaluation;
+    the RL shards on $ROOT/rl_model, then the report; ends in DONE (a stale FAILED is cleared)."""
     root, calls = tmp_path / "mini", tmp_path / "calls.log"
     (root / "data").mkdir(parents=True)
-    (root / "rl_model").mkdir(parents=True)
+    (root / "rl_model").mkdir()
     (root / "rl_model" / "config.json").write_text("{}")
-    (root / "logs").mkdir()
-    (root / "logs" / "eval_rl.log").write_text("first attempt\n")
-    (root / "meta").mkdir()
-    (root / "meta" / "commands.txt").write_text("# first\n")
     (root / "FAILED").write_text("eval_rl\n")
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text("{}")
     stub = tmp_path / "py"
     stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
     stub.chmod(0o755)
     env = {
         **os.environ,
-        "MINI_ROOT": str(root),
-        "OUT": str(tmp_path / "out"),
-        "MINI_CODE": str(REPO),
-        "MODEL_PATH": str(root / "rl_model"),
+        "ROOT": str(root),
+        "MODEL_PATH": str(tmp_path / "base"),
         "PYTHON": str(stub),
         "RL_SHARDS": "2",
-        "FETCH_MODEL": "0",
+        "TRAIN": "0",
+        "EVAL_UNTRAINED": "0",
     }
     proc = subprocess.run(
-        ["bash", str(REPO / "recipe/miniature/h200_run.sh"), "eval-rl", "40"],
+        ["bash", str(REPO / "recipe/miniature/pipeline.sh"), "all"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -464,13 +364,18 @@ def test_h200_driver_runs_the_rl_evaluation_again_after_a_stop(tmp_path):
         env=env,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "RL evaluation relaunched" in proc.stdout and (root / "DONE").is_file() and not (root / "FAILED").exists()
+    assert (root / "DONE").is_file() and not (root / "FAILED").exists()
     lines = calls.read_text().splitlines()
     assert sum("recipe.miniature.evaluate" in line and "--system rl" in line for line in lines) == 2
     assert any("--shard 1/2" in line for line in lines) and "recipe.miniature.report" in lines[-1]
     assert not any("main_ppo" in line or "--system untrained" in line or "model_merger" in line for line in lines)
-    assert [p.read_text() for p in (root / "logs").glob("eval_rl.before-*.log")] == ["first attempt\n"]
-    assert (
-        "RL_SHARDS=2 TRAIN=0 EVAL_UNTRAINED=0 bash recipe/miniature/pipeline.sh all"
-        in (root / "meta" / "commands.txt").read_text()
+    (root / "rl_model" / "config.json").unlink()  # TRAIN=0 without a model: the run fails at `train`
+    failed = subprocess.run(
+        ["bash", str(REPO / "recipe/miniature/pipeline.sh"), "all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
+    assert failed.returncode == 0 and (root / "FAILED").read_text().strip() == "train"

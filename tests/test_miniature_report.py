@@ -249,7 +249,7 @@ def test_training_log_and_run_facts(tmp_path):
     (root / "meta").mkdir()
     (root / "meta" / "walltime.json").write_text(json.dumps({"train_s": 1234, "out": str(root / "train")}))
     (root / "meta" / "reward.txt").write_text("1 iff the last \\boxed{} equals a gold answer, else 0\n")
-    commands = root / "meta" / "commands.txt"  # under the root, as h200_run.sh writes it
+    commands = root / "meta" / "commands.txt"  # under the root, like the committed runs' records
     commands.write_text(f"ROOT={root.resolve()} python -m recipe.miniature.train --steps 30\n")
     hardware = tmp_path / "hw.txt"  # outside the root: shown by file name only
     hardware.write_text("NVIDIA H200, 143771 MiB\n")

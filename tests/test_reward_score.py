@@ -1,4 +1,4 @@
-"""Tests of the answer verifiers in verl/utils/reward_score (spec §3.13, §6.5, §5.7, §3.1)."""
+"""Tests of the answer verifiers in verl/utils/reward_score (docs/spec.md#training-reward, #evaluation-metrics)."""
 
 from __future__ import annotations
 

@@ -281,7 +281,7 @@ def main_batched(args: argparse.Namespace) -> int:
     _wait_for(args, started)
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     deadline = started + args.deadline_s if args.deadline_s else None
-    stop = threading.Event()  # SIGTERM (e.g. h200_run.sh stop): no new requests, memory saved, exit 3
+    stop = threading.Event()  # SIGTERM: no new requests, memory saved, exit 3
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     t0 = time.time()
     try:

@@ -17,9 +17,9 @@
 #   REPORT_OUT [docs/results]    where the report goes
 #   EVAL_PORT [8100]             port of the untrained model's server (the RL model's uses +1)
 #   EVAL_UNTRAINED [1]           0: skip the untrained evaluation (its records already complete, e.g. copied
-#                                by h200_run.sh resume-untrained); training then starts right after data_train
+#                                from an earlier run's eval/); training then starts right after data_train
 #   TRAIN [1]                    0: no training and no merge; evaluate the model already in $ROOT/rl_model
-#                                (e.g. unpacked by h200_run.sh from an earlier session's parts)
+#                                (e.g. after an interrupted RL evaluation: it resumes from its saved records)
 #   RL_SHARDS [1]                the RL evaluation as N processes side by side (evaluate --shard I/N), each with
 #                                its own engine, RL_SHARD_KV_GIB [12] GiB of KV cache and vLLM cache folder
 #                                RL_SHARD_CACHE/shardI [/tmp/vllm_cache_rl/shardI]; logs/eval_rl_shardI.log

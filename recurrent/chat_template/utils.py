@@ -12,7 +12,7 @@ and once as training tokens with an assistant mask. Both use one :class:`ChatTem
 4. otherwise a ``ValueError`` that says what to configure.
 
 The tokenizer is never modified (the original ``set_chat_template`` replaced the template of the
-shared tokenizer in place, memagent-spec §11 item 24): :func:`set_chat_template` returns a shallow
+shared tokenizer in place, docs/spec.md#bug-template-mutation): :func:`set_chat_template` returns a shallow
 copy, and :class:`ChatTemplate` passes its source explicitly on every render.
 """
 

@@ -6,7 +6,7 @@ context is tokenised once by the dataset and cut into ``chunk_size``-token chunk
 previous answer's text ("No previous memory" before the first update); after the last chunk a
 final prompt asks for the boxed answer (``max_final_response_length`` tokens).
 
-Differences from sync mode (memagent-spec §2.5.3): the chunk is decoded and the whole prompt is
+Differences from sync mode (docs/spec.md#memory-loop): the chunk is decoded and the whole prompt is
 tokenised again from text, so token boundaries at the chunk edges can differ from the sync
 agent's spliced ids (the text is the same); training uses the engine's own sampled tokens.
 """

@@ -5,7 +5,7 @@ Per trajectory: ``ceil(context_tokens / chunk_size)`` memory-update conversation
 to the engine in one batch; trajectories whose context is exhausted wait, and every final answer
 is generated together in the last turn.
 
-Deliberate differences from the original (memagent-spec §11):
+Deliberate differences from the original (docs/spec.md#original-bugs):
 * the final prompt renders ``\\boxed{}`` (the original sync agent sent ``\\boxed{{}}``);
 * the final turn is limited by ``max_final_response_length`` (the original used
   ``max_memorization_length``; both default to 1024);
@@ -46,7 +46,7 @@ class MemoryConfig(RConfig):
     max_chunks: int = 8
     # max new tokens of the final answer
     max_final_response_length: int = 1024
-    # accepted and ignored (the original declared it without a default; spec §11 item 1)
+    # accepted and ignored (the original declared it without a default; docs/spec.md#bug-style-field)
     style: str | None = None
 
     def __post_init__(self):

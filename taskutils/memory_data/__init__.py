@@ -1,4 +1,4 @@
-"""Long-context dataset synthesis for MemAgent (spec §5); see docs/data.md for the commands.
+"""Long-context dataset synthesis for MemAgent (docs/spec.md#data-formats); see docs/data.md for the commands.
 
 Modules (each CLI runs with ``python -m taskutils.memory_data.<name>``):
 

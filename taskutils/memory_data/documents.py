@@ -1,11 +1,11 @@
 """Document selection, layout and rendering shared by the HotpotQA synthesis and RULER ``qa`` tasks.
 
-Spec §5.2/§5.3: a sample's documents are its own paragraphs, then its preferred distractors
+docs/spec.md#document-model: a sample's documents are its own paragraphs, then its preferred distractors
 (``more_doc_ids``), then documents sampled uniformly without replacement from the rest of the pool,
 up to ``num_docs``; the list is shuffled and rendered as ``"Document {i}:\\n{doc}"`` blocks
 (i from 1) joined by a blank line.
 
-Layout (spec §11 item 7): the original shuffles every sample with a fresh ``random.Random(4)``, so the
+Layout (docs/spec.md#bug-fixed-shuffle): the original shuffles every sample with a fresh ``random.Random(4)``, so the
 own (and gold) documents land at the same positions in every sample of a given size. We default to
 a per-sample shuffle (``layout="random"``); ``layout="fixed"`` reproduces the original permutation.
 """

@@ -1,4 +1,4 @@
-"""Remove questions that models answer without the context (MemAgent spec §5.4).
+"""Remove questions that models answer without the context (docs/spec.md#filtering-answerable-questions).
 
 Every question (no context) is sent to each OpenAI-compatible endpoint with the prompt
 ``"{question}\\nYour final answer in \\boxed{}.\\n"``, sampling ``n=2`` answers (temperature 1.0,
@@ -55,7 +55,7 @@ class Endpoint:
 
 @dataclass
 class SamplingSettings:
-    """Sampling and retry settings of the no-context queries (defaults = spec §5.4)."""
+    """Sampling and retry settings of the no-context queries (docs/spec.md#filtering-answerable-questions)."""
 
     n: int = 2
     temperature: float = 1.0
@@ -79,7 +79,7 @@ def score_contains(response: str, ground_truth: Sequence[str]) -> float:
 
 
 def score_boxed(response: str, ground_truth: Sequence[str]) -> float:
-    """Strict boxed exact match (max over gold answers), the training reward of spec §3.13."""
+    """Strict boxed exact match (max over gold answers), the training reward (docs/spec.md#training-reward)."""
     from verl.utils.reward_score.hotpotqa import compute_score
 
     return float(compute_score(response, list(ground_truth)))

@@ -1,4 +1,4 @@
-"""HotpotQA long-context synthesis (MemAgent spec §5.3 and §5.5).
+"""HotpotQA long-context synthesis (docs/spec.md#hotpotqa-synthesis, #ruler-hotpotqa).
 
 Stage ``process``: ``hotpotqa_{train,dev}_process.parquet`` — the first N questions of each split,
 each with D documents (its 10 own paragraphs + distractors sampled from the split's document pool),
@@ -15,7 +15,7 @@ pool (render it with :func:`taskutils.memory_data.documents.expand_index_context
         --dev hotpot_dev_distractor_v1.json --out data/hotpotqa
 
 Gold documents are placed at random positions per sample unless ``--fixed-layout`` (the original's
-``random.Random(4)`` shuffle, identical positions for every sample of a size; spec §11 item 7).
+``random.Random(4)`` shuffle, identical positions for every sample of a size; docs/spec.md#bug-fixed-shuffle).
 Everything is deterministic for ``--seed`` and independent of ``--workers``. Finished files are
 skipped on a rerun (``--force`` rebuilds); the process stage resumes from finished shards.
 """
@@ -65,7 +65,7 @@ def layout_documents(
 def make_process_row(
     item: QAItem, source: QASource, num_docs: int, seed: int, split: str, fixed_layout: bool
 ) -> dict[str, Any]:
-    """One parquet row: the question with ``num_docs`` rendered documents (spec §5.3 schema)."""
+    """One parquet row: the question with ``num_docs`` rendered documents (docs/spec.md#hotpotqa-synthesis schema)."""
     ids = layout_documents(item, source, num_docs, seed, split, fixed_layout)
     context = render_documents([source.docs[i] for i in ids])
     extra = {"index": item.index, "num_docs": len(ids), "gold_docs": gold_positions(ids, item.gold_doc_ids)}

@@ -1,4 +1,4 @@
-"""Row schema (spec §5.8) and resumable, memory-bounded writers for parquet and JSON-list files."""
+"""Row schema (docs/spec.md#data-formats) and resumable, memory-bounded writers for parquet and JSON-list files."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def qa_row(
     extra_info: dict[str, Any],
     ability: str = "memory",
 ) -> dict[str, Any]:
-    """One training/validation row in the MemAgent parquet schema (spec §5.3/§5.8).
+    """One training/validation row in the MemAgent parquet schema (docs/spec.md#hotpotqa-synthesis).
 
     ``extra_info`` must hold at least ``index`` (int); ``question`` is filled in.
     """

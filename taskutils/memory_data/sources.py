@@ -1,6 +1,6 @@
 """Readers for the raw QA sources (HotpotQA distractor JSON, SQuAD 2.0 JSON) with input validation.
 
-Both readers build the document model of MemAgent spec §5.2:
+Both readers build the document model of docs/spec.md#document-model:
 
 * HotpotQA: every (title, sentences) paragraph of every question becomes the document
   ``"{title}\\n{''.join(sentences)}"``; the pool is the **sorted set** of unique documents. A question

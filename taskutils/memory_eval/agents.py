@@ -1,8 +1,8 @@
 """Evaluation-time agents: the MemAgent memory loop and the direct long-context baseline.
 
-Methods (the ``--api`` choices of the original harness, spec §6.3-6.4):
+Methods (the ``--api`` choices of the original harness, docs/spec.md#evaluation-harness):
 
-* ``recurrent``: memory agent; final prompt asks for "Therefore, the answer is ..." (Appendix F);
+* ``recurrent``: memory agent; final prompt asks for "Therefore, the answer is ..." (docs/spec.md#prompts);
 * ``recurrent-boxed``: memory agent; final prompt asks for ``\\boxed{}`` (the training prompt);
 * ``openai``: the whole document in one prompt, middle-truncated to ``max_input_tokens``;
 * ``boxed``: like ``openai`` but asking for ``\\boxed{}``.
@@ -44,7 +44,7 @@ DIRECT_TEMPLATE_ANSWER_IS = (
     "Please read the following text and answer the question below.\n\n<text>\n{chunk}\n</text>\n\n{prompt}\n\n"
     'Format your response as follows: "Therefore, the answer is (insert answer here)".'
 )
-"""Direct long-context baseline prompt (Appendix F; ``$DOC$`` -> ``{chunk}``, ``$Q$`` -> ``{prompt}``)."""
+"""Direct long-context baseline prompt (docs/spec.md#prompts; ``$DOC$`` -> ``{chunk}``, ``$Q$`` -> ``{prompt}``)."""
 
 DIRECT_TEMPLATE_BOXED = (
     "Please read the following text and answer the question below.\n\n<text>\n{chunk}\n</text>\n\n{prompt}\n\n"
@@ -55,7 +55,7 @@ DIRECT_TEMPLATE_BOXED = (
 
 @dataclass
 class AgentConfig:
-    """Sampling and budget settings (defaults = the paper's evaluation, spec §6.1/§6.4)."""
+    """Sampling and budget settings (defaults = the paper's evaluation, docs/spec.md#evaluation-harness)."""
 
     chunk_tokens: int = 5000
     max_memory_tokens: int = 1024

@@ -2,11 +2,11 @@
 
 Accepted files (liberal in what we accept, strict about what we run):
 
-* ``.json``: a list of row objects (``eval_{docs}.json`` of spec §5.5, ``eval_{task}_{len}.json`` of
-  §5.7), or an object holding such a list under ``data``/``rows``/``items``, or one line per row;
+* ``.json``: a list of row objects (``eval_{docs}.json``, ``eval_{task}_{len}.json``; docs/spec.md#data-formats),
+  or an object holding such a list under ``data``/``rows``/``items``, or one line per row;
 * ``.jsonl``: one row object per line (a single line holding a whole list is also accepted, as
   RULER's generators write);
-* ``.parquet``: rows of the training/dev schema of §5.3 (``prompt`` chat list, ``context``,
+* ``.parquet``: rows of the training/dev schema (``prompt`` chat list, ``context``, docs/spec.md#hotpotqa-synthesis;
   ``reward_model.ground_truth``).
 
 Fields, first match wins:
@@ -15,7 +15,7 @@ Fields, first match wins:
   message), ``extra_info.question``;
 * context: ``context``, ``document``, ``documents``, ``haystack``: a string, a list of document
   strings (rendered ``"Document i:\\n..."`` joined by blank lines), or a list of document indices
-  into a document pool (``--doc-pool``; the >10,000-document files of §5.5 store indices);
+  into a document pool (``--doc-pool``; the >10,000-document RULER-HotpotQA files store indices);
 * gold answers: ``answers``, ``outputs``, ``answer``, ``ground_truth``, ``reward_model.ground_truth``:
   a string or a non-empty list of strings.
 
@@ -73,7 +73,7 @@ class EvalItem:
 
 
 def render_documents(documents: Any) -> str:
-    """``"Document 1:\\n<doc>\\n\\nDocument 2:\\n<doc>..."`` (spec §5.2)."""
+    """``"Document 1:\\n<doc>\\n\\nDocument 2:\\n<doc>..."`` (docs/spec.md#document-model)."""
     return "\n\n".join(f"Document {i}:\n{doc}" for i, doc in enumerate(documents, start=1))
 
 
@@ -249,7 +249,7 @@ def load_doc_pool(path: str | Path) -> list[str]:
     Accepts a JSON list of document strings, a raw HotpotQA file (list of questions with
     ``context: [[title, [sentences]], ...]``; document = ``title + "\\n" + "".join(sentences)``), or a
     raw SQuAD file (``{"data": [{"paragraphs": [{"context": ...}]}]}``). Raw files give the sorted set
-    of unique documents (spec §5.2), which is how the indices were assigned.
+    of unique documents (docs/spec.md#document-model), which is how the indices were assigned.
     """
     path = Path(path)
     data = json.loads(path.read_text(encoding="utf-8"))

@@ -43,8 +43,8 @@ def score_response(response: str | None, answers: list[str], method: str) -> dic
 
     Returns ``{"pred", "em", "sub_em", "f1", "string_match_all", "strict_boxed", "in_response"}`` (floats
     in [0, 1]).
-    Lenient QA metrics take the best over all gold answers (the original used only the first, spec
-    §11 item 19).
+    Lenient QA metrics take the best over all gold answers (the original used only the first,
+    docs/spec.md#bug-first-gold-only).
     """
     lenient = score_prediction(response, answers, method=method, all_golds=True)
     pred = lenient["pred"]

@@ -1,7 +1,7 @@
 """Summaries of a results directory: Table-2-style tables (markdown + CSV) and an accuracy plot.
 
 Scores are means over **all** items of the data file, x 100: a failed, invalid or missing item
-scores 0 (the original harness silently dropped failures, spec §11 item 22, which inflates
+scores 0 (the original harness silently dropped failures, docs/spec.md#bug-dropped-failures, which inflates
 accuracy). ``n_ok`` / ``n_failed`` / ``n_missing`` are reported next to the scores, and the lenient
 metrics (``em``, ``sub_em``, ``f1``, ``string_match_all``) sit beside the strict training verifier
 (``strict_boxed``) computed on the same responses.
@@ -25,7 +25,7 @@ from taskutils.memory_eval.scoring import LENIENT_METRICS, SCORE_KEYS, STRICT_ME
 
 __all__ = ["SummaryRow", "collect_rows", "length_label", "length_tokens", "main", "plot_accuracy", "write_summary"]
 
-# RULER-HotpotQA: documents -> paper's token label and approximate tokens (spec §5.5, §9.5).
+# RULER-HotpotQA: documents -> paper's token label and approximate tokens (docs/spec.md#ruler-hotpotqa).
 HOTPOTQA_DOC_TOKENS = {
     50: (7_000, "7K"),
     100: (14_000, "14K"),
@@ -41,7 +41,7 @@ HOTPOTQA_DOC_TOKENS = {
 TOKENS_PER_HOTPOTQA_DOC = 140
 
 # Paper (arXiv 2507.02259 v1) Table 2: RULER-HotpotQA accuracy (sub_em %, 128 questions) by document
-# count; None = N/A. Shown next to our numbers with --with-paper (spec §9.5).
+# count; None = N/A. Shown next to our numbers with --with-paper (paper Table 2).
 PAPER_TABLE2: dict[str, list[float | None]] = {
     "QwenLong-L1-32B": [72.66, 75.00, 72.66, 60.94, 31.25, 17.19, 13.28, 11.72, None, None],
     "Qwen2.5-Instruct-14B-1M": [60.16, 60.94, 50.00, 57.03, 50.00, 37.50, 8.59, 0.00, None, None],

@@ -1,4 +1,4 @@
-"""RULER long-context tasks with the question and the haystack stored separately (spec §5.7).
+"""RULER long-context tasks with the question and the haystack stored separately (docs/spec.md#ruler-tasks).
 
 ``python -m taskutils.memory_data.ruler --tasks niah_single_1,vt --lengths 8192,16384 \\
 --tokenizer PATH --out DIR`` writes ``DIR/eval_{task}_{length}.json``; see

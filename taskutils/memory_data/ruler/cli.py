@@ -1,4 +1,4 @@
-"""CLI: write ``eval_{task}_{length}.json`` RULER files (spec §5.7, §5.8).
+"""CLI: write ``eval_{task}_{length}.json`` RULER files (docs/spec.md#ruler-tasks).
 
     python -m taskutils.memory_data.ruler --tasks niah_single_1,niah_multikey_2,vt,fwe,qa_1 \\
         --lengths 8192,16384 --tokenizer /models/Qwen2.5-0.5B-Instruct --squad squad_dev.json --out data/ruler

@@ -108,7 +108,7 @@ def tolerance_for(max_length: int) -> int:
 def record(
     index: int, question: str, context: Any, outputs: list[str], answer_prefix: str, length: int, **extra: Any
 ) -> dict[str, Any]:
-    """An ``eval_{task}_{len}.json`` record (spec §5.8)."""
+    """An ``eval_{task}_{len}.json`` record (docs/spec.md#ruler-tasks)."""
     return {
         "index": index,
         "input": question,

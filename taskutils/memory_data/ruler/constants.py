@@ -1,4 +1,4 @@
-"""RULER task templates, generation budgets, answer prefixes and task settings (spec §5.7).
+"""RULER task templates, generation budgets, answer prefixes and task settings (docs/spec.md#ruler-tasks).
 
 MemAgent's change to RULER: templates hold only the question (no ``{context}``); the haystack is
 stored separately so the agent can stream it. Answer prefixes are stored but not used in prompts.

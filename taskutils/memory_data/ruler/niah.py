@@ -1,4 +1,4 @@
-"""RULER needle-in-a-haystack tasks (single, multi-key, multi-value, multi-query; spec §5.7).
+"""RULER needle-in-a-haystack tasks (single, multi-key, multi-value, multi-query; docs/spec.md#ruler-tasks).
 
 Needle: ``"One of the special magic {type_needle_v} for {key} is: {value}."``. Haystacks:
 

@@ -1,4 +1,4 @@
-"""RULER multi-document QA: ``qa_1`` (SQuAD) and ``qa_2`` (HotpotQA) (spec §5.7).
+"""RULER multi-document QA: ``qa_1`` (SQuAD) and ``qa_2`` (HotpotQA) (docs/spec.md#ruler-tasks).
 
 Sample i uses the i-th answerable question of the source. Its documents are its own paragraphs,
 then its preferred distractors (SQuAD: other paragraphs of the same article) and then random other

@@ -1,4 +1,4 @@
-"""RULER variable tracking (``vt``; spec §5.7).
+"""RULER variable tracking (``vt``; docs/spec.md#ruler-tasks).
 
 Each chain has ``num_hops + 1`` variables with 5-letter upper-case names:
 ``VAR X0 = <5-digit value>.`` then ``VAR Xj+1 = VAR Xj.``. The statements are placed, in chain

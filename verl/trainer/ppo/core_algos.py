@@ -298,7 +298,7 @@ def agg_loss(
 
     * ``token-mean``: ``sum(loss * m) / N`` with ``N = sum(m)``, or ``N = global_token_count`` when given.
       Each micro-batch then returns ``its_sum / N_minibatch`` and the micro-batch losses *add up* to the
-      mini-batch token-mean, whatever the split (MemAgent's gradient-accumulation fix, spec §3.6).
+      mini-batch token-mean, whatever the split (MemAgent's gradient-accumulation fix, docs/spec.md#policy-loss).
     * ``seq-mean-token-sum``: per row ``sum_t loss * m``, then ``sum over rows / S``.
     * ``seq-mean-token-mean``: per row ``sum_t loss * m / sum_t m`` (0 for an empty row), then ``/ S``.
     * ``seq-mean-token-sum-norm`` (Dr.GRPO): per row ``sum_t loss * m / loss_scale_factor`` (default

@@ -1,4 +1,4 @@
-"""Multi-Conv DAPO pieces (MemAgent spec §3.4-3.8, §3.14; DAPO arXiv 2503.14476) as plain tensor functions.
+"""Multi-Conv DAPO pieces (docs/spec.md#multi-conv-grpo; DAPO arXiv 2503.14476) as plain tensor functions.
 
 * ``index_to_group_ids`` turns the per-row group key (the prompt ``uid`` shared by the n trajectories of one
   question) into dense integer ids; ``group_relative_scores`` is GRPO / Dr.GRPO on scalars per group.
@@ -93,7 +93,7 @@ def compute_multiconv_advantage(
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Multi-Conv GRPO credit assignment (MemAgent, paper Eq. 4; spec §3.4-3.5).
+    """Multi-Conv GRPO credit assignment (MemAgent, paper Eq. 4; docs/spec.md#multi-conv-grpo).
 
     Args:
         trajectory_scores: ``[T]`` outcome reward per trajectory (from its final-answer conversation).
@@ -136,7 +136,7 @@ def trajectory_token_weights(
     """Per-token loss weights ``[C, L]`` deciding how the conversations (turns) of a trajectory are weighted.
 
     * ``"token"`` (MemAgent as released): every response token weighs the same (all weights 1), so a
-      trajectory with more chunks / longer memories contributes more gradient (spec Appendix D).
+      trajectory with more chunks / longer memories contributes more gradient (docs/spec.md#worked-example).
     * ``"trajectory"``: every trajectory's tokens sum to the same total weight. With ``N`` = masked tokens in
       the batch, ``T*`` = trajectories with at least one masked token and ``n_i`` = masked tokens of
       trajectory ``i`` (all its conversations), each token of trajectory ``i`` gets ``N / (T* * n_i)``. The
@@ -177,7 +177,7 @@ def filter_zero_variance_groups(
         scores: ``[T]`` scalar reward per trajectory row (e.g. ``token_level_rewards.sum(-1)``).
         index: ``[T]`` group key per row (the prompt uid).
         keep_singletons: what to do with a group of size 1, whose reward std is undefined. Default ``True``
-            keeps it, as the MemAgent filter does ("keep uids with std > 0 or a single member", spec §3.8).
+            keeps it, as the MemAgent filter does ("keep uids with std > 0 or a single member").
 
     Returns:
         ``(keep_mask, stats)``: ``keep_mask`` is a bool tensor ``[T]`` over trajectory rows (map it onto

@@ -5,7 +5,7 @@ Key names follow upstream verl (``critic/score/mean``, ``response_length/clip_ra
 
 * ``critic/pass@n`` (MemAgent): fraction of **conversations** whose score is exactly 1.0. Every conversation
   carries its trajectory's score, so this (like ``critic/score/*``) is turn-weighted: a trajectory with more
-  memory turns counts more (spec §3.9, §11 item 13).
+  memory turns counts more (docs/spec.md#validation-metrics).
 * ``trajectory/*`` (ours): the same quantities counted once per trajectory (from its final-answer
   conversation), plus conversations per trajectory.
 * ``response_length/memory_turn/*`` vs ``response_length/final_turn/*``: response lengths split by turn type.

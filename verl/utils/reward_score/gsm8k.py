@@ -1,4 +1,4 @@
-"""GSM8K reward (verl's scorer; MemAgent changed the default extraction to ``flexible``, spec §3.1).
+"""GSM8K reward (verl's scorer; MemAgent changed the default extraction to ``flexible``, docs/spec.md#training-reward).
 
 * ``strict``: the number after the last ``#### `` marker (an optional ``$`` is allowed after it).
 * ``flexible``: the last number anywhere in the text.

@@ -1,4 +1,4 @@
-"""Strict HotpotQA training reward (MemAgent spec §3.13).
+"""Strict HotpotQA training reward (docs/spec.md#training-reward).
 
 ``compute_score`` = 1.0 iff the last boxed expression within the final ``STRICT_TAIL_CHARS`` (300)
 characters of the response, lower-cased and normalised with :func:`strip_string`, equals one of the

@@ -1,7 +1,7 @@
-"""Lenient evaluation metrics of MemAgent's evaluation harness (spec §6.5).
+"""Lenient evaluation metrics of MemAgent's evaluation harness (docs/spec.md#lenient-verifier).
 
 These are the numbers the paper reports (``sub_em`` on RULER-HotpotQA). They differ from the strict
-training reward (:mod:`verl.utils.reward_score.hotpotqa`) in three ways (spec §11 item 4):
+training reward (:mod:`verl.utils.reward_score.hotpotqa`) in three ways (docs/spec.md#answer-protocols):
 
 * the answer is read after the **last** case-sensitive ``"the answer is"`` (or from ``\\boxed{}`` for
   the boxed evaluation methods), not from the last ``\\boxed{}`` of a 300-character tail;
@@ -9,7 +9,7 @@ training reward (:mod:`verl.utils.reward_score.hotpotqa`) in three ways (spec §
 * ``sub_em`` is a **symmetric** containment test, so a prediction that is a substring of the gold
   also counts.
 
-Quirk kept on purpose (spec §6.5): an extracted prediction that is non-empty but normalises to the
+Quirk kept on purpose (docs/spec.md#lenient-verifier): an extracted prediction that is non-empty but normalises to the
 empty string (``"The."``) is contained in every gold answer, so it scores ``sub_em = 1``. An empty or
 missing extracted prediction scores 0 on every metric (the original evaluation scripts skip the
 metric computation when the extracted prediction is falsy).

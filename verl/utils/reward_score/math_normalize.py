@@ -1,6 +1,6 @@
 """String normalisation and ``\\boxed{}`` extraction shared by the answer verifiers.
 
-This is the reduced MATH-style normalisation used by MemAgent's HotpotQA reward (spec §3.13):
+This is the reduced MATH-style normalisation used by MemAgent's HotpotQA reward (docs/spec.md#training-reward):
 ``strip_string`` applies exactly the rules listed there, in that order, and nothing else (no unit
 removal, no ``k =`` stripping, no ``\\frac`` repair, no ``0.5 -> \\frac{1}{2}``), because the answers
 are short text spans, not formulas.
@@ -25,7 +25,7 @@ _BRACE = re.compile(r"[{}]")
 
 
 def strip_string(string: str) -> str:
-    """Normalise an answer string with the MemAgent/MATH rules of spec §3.13, in order.
+    """Normalise an answer string with the MemAgent/MATH rules (docs/spec.md#training-reward), in order.
 
     1. delete ``\\n``; 2. delete ``\\!``; 3. ``\\\\`` -> ``\\``; 4. ``tfrac``/``dfrac`` -> ``frac``;
     5. delete ``\\left`` and ``\\right``; 6. delete ``^{\\circ}`` and ``^\\circ``; 7. delete ``\\$``;

@@ -1,4 +1,4 @@
-"""RULER string-match metrics (spec §5.7, §6.3, §3.14) and the RULER-task scorer.
+"""RULER string-match metrics (docs/spec.md#ruler-metrics) and the RULER-task scorer.
 
 * ``string_match_all``: per sample, the fraction of reference strings contained (case-insensitive
   substring) in the prediction; averaged over samples, times 100, rounded to 2 decimals, exactly
@@ -92,7 +92,7 @@ def score_ruler_response(response: str | None, outputs: Any, split: str, method:
     """Score one evaluation response on a RULER task as MemAgent's ``ruler_general.py`` does.
 
     * QA splits (``"qa" in split``): lenient metrics (:func:`lenient.score_prediction`) against the
-      **first** gold answer only (spec §11 item 19).
+      **first** gold answer only (docs/spec.md#bug-first-gold-only).
     * Other splits: the prediction is extracted with ``method`` (e.g. after "the answer is"), then
       ``sub_em`` = :func:`string_match_all_single` of it against all references (0 if none extracted).
 

@@ -4,7 +4,7 @@ Works with a plain module (one process), an FSDP2 module (``verl.utils.fsdp_util
 CPU+gloo) and, as a fallback, an unsharded module replicated over several ranks (gradients are then averaged
 with an explicit all-reduce).
 
-Loss normalisation (memagent-spec §3.6, lessons E.3). For every mini-batch the actor counts the loss
+Loss normalisation (docs/spec.md#policy-loss). For every mini-batch the actor counts the loss
 normaliser of the whole mini-batch over *all* data-parallel ranks before micro-batching: response tokens for
 ``token-mean`` (rows with at least one response token for the ``seq-mean-*`` modes). Each micro-batch loss is
 ``sum(loss * mask) / global_count``; it is multiplied by the DP world size before ``backward`` because FSDP

@@ -58,7 +58,7 @@ class ActorSettings:
     """Actor options (verl names). See ``verl/workers/actor/dp_actor.py`` for how each is used.
 
     Mini-batches: with ``train_batch_size`` set, each ``update_policy`` call takes exactly
-    ``train_batch_size // ppo_mini_batch_size`` optimizer steps per epoch (MemAgent, spec §3.6: the number of
+    ``train_batch_size // ppo_mini_batch_size`` optimizer steps per epoch (docs/spec.md#policy-loss; the number of
     conversations per step varies, so rows are split into that many contiguous, possibly uneven mini-batches).
     Without it, mini-batches hold ``ppo_mini_batch_size`` rows (the last may be smaller).
     """

@@ -3,7 +3,7 @@
 The driver only decodes responses and ships ``(verifier, kwargs)`` lists; each node's
 ``RewardActor`` runs them in a ``ProcessPoolExecutor``. Requests are split into contiguous,
 nearly-equal slices across actors (``np.array_split``), one call per actor, gathered in order.
-Fixes of the original (spec §11 item 16): fewer requests than actors works, an empty batch works.
+Fixes of the original (docs/spec.md#bug-reward-manager): fewer requests than actors works, an empty batch works.
 
 Actors are created with ``num_cpus=0`` so they never take CPUs away from training workers or
 from the verifier processes themselves.
