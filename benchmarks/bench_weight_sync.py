@@ -5,10 +5,15 @@ The worker is built in this process exactly as the trainer builds one rank (``ac
 engine named by ``actor_rollout_ref.rollout.name``); then, median over ``--repeats``:
 
 * ``sync after sleep``: ``sleep_rollout()`` then ``sync_rollout_weights()``, what every training step pays
-  (vLLM wake-up + full-parameter gather + bucketed ``update_weights`` + prefix-cache reset);
+  (vLLM sleep at ``rollout.sleep_level``, weights wake-up, the actor's tensors cast to the engine's dtype before
+  the FSDP all-gather and loaded from GPU memory, KV-cache wake-up, prefix-cache reset);
 * ``sync (awake)``: ``sync_rollout_weights()`` with the engine awake;
-* ``gather only``: ``iter_full_params(actor)`` without loading (FSDP all-gather + copy to host);
-* ``wake-up only``: ``sleep`` then ``wake_up`` of the engine (a no-op on CPU).
+* ``gather only``: ``iter_rollout_weights(actor)`` without loading (cast + FSDP all-gather, on the device);
+* ``sleep + wake-up``: ``sleep`` then ``wake_up`` of the engine at the configured level (a no-op on CPU);
+* side by side, the previous sync (``legacy``): sleep level 1 (weights backed up to host memory), then the
+  actor's float32 tensors gathered to host memory (``iter_full_params(device="cpu")``) and loaded from there.
+
+The ratios in ``speedup`` (legacy / current) come from the same process, engine and model.
 
 GB moved = bytes of the tensors handed to ``update_weights`` (as the worker produces them); GB/s = GB /
 median awake sync time. A greedy check before and after syncing the unchanged weights must give the
@@ -80,16 +85,33 @@ def _greedy_tokens(engine: Any, prompts: list[list[int]], new_tokens: int) -> li
 def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[int]] | None = None) -> dict:
     """Time the worker's weight sync (see the module docstring); returns the JSON report."""
     from verl.utils.fsdp_utils import iter_full_params
+    from verl.utils.rollout_weights import iter_rollout_weights, rollout_weight_bytes
 
     engine = worker.rollout
-    moved = {"tensors": 0, "bytes": 0}
+    moved = {"tensors": 0, "bytes": 0, "dtypes": set(), "devices": set()}
     original_update = engine.update_weights
 
     def counting_update(named_tensors):
         pairs = list(named_tensors)
         moved["tensors"] += len(pairs)
         moved["bytes"] += sum(t.numel() * t.element_size() for _, t in pairs)
+        moved["dtypes"].update(str(t.dtype).replace("torch.", "") for _, t in pairs)
+        moved["devices"].update(t.device.type for _, t in pairs)
         return original_update(pairs)
+
+    current_level = getattr(engine, "sleep_level", None)
+
+    def legacy_sleep() -> None:
+        if current_level is not None:
+            engine.sleep_level = 1
+        engine.sleep()
+
+    def legacy_sync() -> None:
+        engine.wake_up()
+        for bucket in iter_full_params(worker.actor_module, device="cpu"):
+            engine.update_weights(bucket)
+        if current_level is not None:
+            engine.sleep_level = current_level
 
     before = _greedy_tokens(engine, check_prompts, 8) if check_prompts else None
     engine.update_weights = counting_update
@@ -110,34 +132,53 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
             return run
 
         def gather() -> None:
-            for _bucket in iter_full_params(worker.actor_module):
+            for _bucket in iter_rollout_weights(worker.actor_module, dtype=worker.rollout_dtype):
                 pass
 
-        after_sleep = timed(worker.sleep_rollout, worker.sync_rollout_weights)
-        awake = timed(worker.wake_up_rollout, worker.sync_rollout_weights)
-        gather_only = timed(lambda: None, gather)
-        wake_only = timed(engine.sleep, engine.wake_up)
+        def legacy_gather() -> None:
+            for _bucket in iter_full_params(worker.actor_module, device="cpu"):
+                pass
+
+        def sleep_and_wake() -> None:
+            engine.sleep()
+            worker.wake_up_rollout()  # level 2 dropped the weights: the wake-up syncs them
+
+        def legacy_sleep_and_wake() -> None:
+            legacy_sleep()
+            engine.wake_up()
+            if current_level is not None:
+                engine.sleep_level = current_level
 
         phases = {
-            "sync_after_sleep": after_sleep,
-            "sync_awake": awake,
-            "gather_only": gather_only,
-            "wake_up_only": wake_only,
+            "sync_after_sleep": timed(worker.sleep_rollout, worker.sync_rollout_weights),
+            "legacy_sync_after_sleep": timed(legacy_sleep, legacy_sync),
+            "sync_awake": timed(worker.wake_up_rollout, worker.sync_rollout_weights),
+            "gather_only": timed(lambda: None, gather),
+            "legacy_gather_only": timed(lambda: None, legacy_gather),
+            "sleep_and_wake_up": timed(lambda: None, sleep_and_wake),
+            "legacy_sleep_and_wake_up": timed(lambda: None, legacy_sleep_and_wake),
         }
         timings: dict[str, list[float]] = {}
+        per_sync: dict[str, dict] = {}
         for name, fn in phases.items():
             fn()  # warm-up
-            if name == "sync_after_sleep":
-                moved["tensors"], moved["bytes"] = 0, 0
+            if name in ("sync_after_sleep", "legacy_sync_after_sleep"):
+                moved.update(tensors=0, bytes=0, dtypes=set(), devices=set())
                 fn()
-                per_sync = dict(moved)
+                per_sync[name] = {**moved, "dtypes": sorted(moved["dtypes"]), "devices": sorted(moved["devices"])}
             timings[name] = [fn() for _ in range(repeats)]
         worker.wake_up_rollout()
     finally:
         engine.update_weights = original_update
     after = _greedy_tokens(engine, check_prompts, 8) if check_prompts else None
-    gb = per_sync["bytes"] / 1e9
+    gb = per_sync["sync_after_sleep"]["bytes"] / 1e9
+    legacy_gb = per_sync["legacy_sync_after_sleep"]["bytes"] / 1e9
     awake_s = bc.median(timings["sync_awake"])
+    med = {k: bc.median(v) for k, v in timings.items()}
+
+    def ratio(legacy: str, current: str) -> float | None:
+        return med[legacy] / med[current] if med[current] > 0 else None
+
     report = {
         "benchmark": "weight_sync",
         "model": worker.model_path,
@@ -145,10 +186,24 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
         "rollout": type(engine).__name__,
         "sharded_fsdp2": bool(getattr(worker, "sharded", False)),
         "repeats": repeats,
-        "tensors_per_sync": per_sync["tensors"],
+        "sleep_level": current_level,
+        "tensors_per_sync": per_sync["sync_after_sleep"]["tensors"],
         "gb_per_sync": gb,
-        "dtype_moved": _dtype_of_actor(worker),
-        "seconds": {k: bc.median(v) for k, v in timings.items()},
+        "gb_gathered_per_sync": rollout_weight_bytes(worker.actor_module, worker.rollout_dtype) / 1e9,
+        "dtype_moved": ",".join(per_sync["sync_after_sleep"]["dtypes"]),
+        "device_moved_from": ",".join(per_sync["sync_after_sleep"]["devices"]),
+        "legacy": {
+            "tensors_per_sync": per_sync["legacy_sync_after_sleep"]["tensors"],
+            "gb_per_sync": legacy_gb,
+            "dtype_moved": ",".join(per_sync["legacy_sync_after_sleep"]["dtypes"]),
+            "device_moved_from": ",".join(per_sync["legacy_sync_after_sleep"]["devices"]),
+        },
+        "speedup": {
+            "sync_after_sleep": ratio("legacy_sync_after_sleep", "sync_after_sleep"),
+            "gather_only": ratio("legacy_gather_only", "gather_only"),
+            "sleep_and_wake_up": ratio("legacy_sleep_and_wake_up", "sleep_and_wake_up"),
+        },
+        "seconds": med,
         "seconds_all": timings,
         "gb_per_s_awake": gb / awake_s if awake_s > 0 else None,
         "gb_per_s_after_sleep": gb / bc.median(timings["sync_after_sleep"]),
@@ -159,28 +214,38 @@ def measure_weight_sync(worker: Any, repeats: int = 5, check_prompts: list[list[
     return report
 
 
-def _dtype_of_actor(worker: Any) -> str:
-    for _, tensor in worker.actor_module.state_dict().items():
-        return str(tensor.dtype).replace("torch.", "")
-    return "?"
-
-
 def weight_sync_table(report: dict) -> str:
     """The markdown table of a :func:`measure_weight_sync` report."""
     s = report["seconds"]
     gb = report["gb_per_sync"]
+    lg = report["legacy"]["gb_per_sync"]
+    up = report["speedup"]
+
+    def per_s(gbytes: float, seconds: float) -> float | None:
+        return gbytes / seconds if seconds else None
+
     rows = [
-        ("sync after sleep (per training step)", s["sync_after_sleep"], gb, gb / s["sync_after_sleep"]),
-        ("sync (engine awake)", s["sync_awake"], gb, report["gb_per_s_awake"]),
-        ("gather only (iter_full_params)", s["gather_only"], gb, gb / s["gather_only"] if s["gather_only"] else None),
-        ("wake-up only", s["wake_up_only"], None, None),
+        (
+            "sync after sleep (per training step)",
+            s["sync_after_sleep"],
+            s["legacy_sync_after_sleep"],
+            up["sync_after_sleep"],
+            gb,
+            lg,
+        ),
+        ("gather only", s["gather_only"], s["legacy_gather_only"], up["gather_only"], gb, lg),
+        ("sleep + wake-up", s["sleep_and_wake_up"], s["legacy_sleep_and_wake_up"], up["sleep_and_wake_up"], None, None),
+        ("sync (engine awake)", s["sync_awake"], None, None, gb, None),
     ]
     head = (
-        f"Weight sync ({report['model']}, {report['device']}, {report['rollout']}, "
-        f"{report['tensors_per_sync']} tensors, {report['dtype_moved']}, median of {report['repeats']}, "
-        f"greedy outputs unchanged: {report['greedy_outputs_unchanged']})"
+        f"Weight sync ({report['model']}, {report['device']}, {report['rollout']}, sleep level "
+        f"{report['sleep_level']}, {report['tensors_per_sync']} tensors of {report['dtype_moved']} from "
+        f"{report['device_moved_from']} vs legacy {report['legacy']['dtype_moved']} from "
+        f"{report['legacy']['device_moved_from']}, median of {report['repeats']}, greedy outputs unchanged: "
+        f"{report['greedy_outputs_unchanged']}; {per_s(gb, s['sync_awake']) or 0:.2f} GB/s awake)"
     )
-    return head + "\n\n" + bc.markdown_table(["phase", "seconds", "GB", "GB/s"], rows)
+    headers = ["phase", "seconds", "legacy seconds", "speed-up", "GB", "legacy GB"]
+    return head + "\n\n" + bc.markdown_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,7 +102,7 @@ class ScriptedEngine(FixedWeightsEngine):
     def sleep(self):
         self.events.append("sleep")
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
         self.events.append("wake")
 
 

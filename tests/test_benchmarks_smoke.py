@@ -115,7 +115,7 @@ def test_measure_rollout_hf_methods_equal_tokens(tiny_model_path):
     assert "| 3 | hf_engine | 15 |" in table
 
 
-def test_weight_sync_counts_every_actor_tensor(tiny_model_path, tmp_path):
+def test_weight_sync_counts_every_actor_tensor_once(tiny_model_path, tmp_path):
     from bench_weight_sync import build_worker, measure_weight_sync, weight_sync_table
 
     worker = build_worker(
@@ -124,15 +124,31 @@ def test_weight_sync_counts_every_actor_tensor(tiny_model_path, tmp_path):
     try:
         state = worker.actor_module.state_dict()
         expected_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        tied = state["lm_head.weight"].numel() * state["lm_head.weight"].element_size()
         prompts = bc.random_prompts(2, 6, 2048, {0, 1, 2})
         report = measure_weight_sync(worker, repeats=2, check_prompts=prompts)
     finally:
         worker.shutdown_engines()
+    # every name reaches the engine; the tied lm_head is gathered once (the legacy path gathered it twice, to host)
     assert report["tensors_per_sync"] == len(state)
     assert report["gb_per_sync"] == pytest.approx(expected_bytes / 1e9)
-    assert report["dtype_moved"] == "float32"
+    assert report["gb_gathered_per_sync"] == pytest.approx((expected_bytes - tied) / 1e9)
+    assert report["legacy"]["tensors_per_sync"] == len(state)
+    assert report["legacy"]["gb_per_sync"] == pytest.approx(expected_bytes / 1e9)
+    assert report["dtype_moved"] == "float32" and report["device_moved_from"] == "cpu"
     assert report["greedy_outputs_unchanged"] is True
-    assert set(report["seconds"]) == {"sync_after_sleep", "sync_awake", "gather_only", "wake_up_only"}
+    assert set(report["seconds"]) == {
+        "sync_after_sleep",
+        "legacy_sync_after_sleep",
+        "sync_awake",
+        "gather_only",
+        "legacy_gather_only",
+        "sleep_and_wake_up",
+        "legacy_sleep_and_wake_up",
+    }
+    speedup = report["speedup"]["sync_after_sleep"]
+    seconds = report["seconds"]
+    assert speedup == pytest.approx(seconds["legacy_sync_after_sleep"] / seconds["sync_after_sleep"])
     assert all(len(v) == 2 for v in report["seconds_all"].values())
     assert report["gb_per_s_awake"] == pytest.approx(report["gb_per_sync"] / report["seconds"]["sync_awake"])
     bc.write_json(tmp_path / "weight_sync.json", report)

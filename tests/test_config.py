@@ -556,7 +556,7 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
     from verl.workers.fsdp_workers import vllm_extra_options
 
     defaults = compose_config([]).actor_rollout_ref.rollout
-    assert vllm_extra_options(defaults) == {}
+    assert vllm_extra_options(defaults) == {"sleep_level": 2}
     rc = {
         "cudagraph_max_tokens": 4096,
         "engine_kwargs": {"swap_space": 4, "kv_cache_memory_bytes": 2**30, "async_scheduling": None},
@@ -565,8 +565,12 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
         assert vllm_extra_options(rc) == {
             "cudagraph_max_tokens": 4096,
             "engine_kwargs": {"kv_cache_memory_bytes": 2**30},
+            "sleep_level": 2,
         }
     assert "swap_space is ignored" in caplog.text
+    assert vllm_extra_options({"sleep_level": 1})["sleep_level"] == 1
+    with pytest.raises(ValueError, match="actor_rollout_ref.rollout.sleep_level must be 1 or 2, got 3"):
+        vllm_extra_options({"sleep_level": 3})
 
 
 def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -589,3 +593,4 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     worker._init_rollout()
     assert seen["name"] == "vllm" and seen["cudagraph_max_tokens"] == 4096
     assert seen["engine_kwargs"] == {"max_logprobs": 7} and seen["max_num_batched_tokens"] == 8192
+    assert seen["sleep_level"] == 2  # the default drops the weights the next sync overwrites

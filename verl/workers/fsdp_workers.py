@@ -47,6 +47,10 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
             "actor_rollout_ref.rollout.engine_kwargs.swap_space is ignored: vLLM has no swap space since 0.11"
         )
     options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
+    sleep_level = int(rc.get("sleep_level", 2))
+    if sleep_level not in (1, 2):
+        raise ValueError(f"actor_rollout_ref.rollout.sleep_level must be 1 or 2, got {sleep_level}")
+    options["sleep_level"] = sleep_level
     if rc.get("cudagraph_max_tokens"):
         options["cudagraph_max_tokens"] = int(rc.get("cudagraph_max_tokens"))
     return options
@@ -231,21 +235,38 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> float:
-        """Push the actor's full weights into the rollout engine in buckets; return seconds."""
+        """Push the actor's weights into the rollout engine; return seconds.
+
+        The engine's weights wake first, the tensors go in buckets in the engine's dtype straight from the GPU
+        (cast before the FSDP all-gather, tied weights once: ``verl/utils/rollout_weights.py``), then the KV
+        cache wakes, so the peak memory is weights + training state, never weights + KV cache + a host copy.
+        """
         import time
 
-        from verl.utils.fsdp_utils import iter_full_params
+        from verl.utils.rollout_weights import iter_rollout_weights
 
         t0 = time.perf_counter()
-        self.rollout.wake_up()  # vLLM on GPU: re-allocate weights/KV cache freed by sleep_rollout
+        self.rollout.wake_up(tags=["weights"])
         with self._resident("actor"):
-            for bucket in iter_full_params(self.actor_module):
+            for bucket in iter_rollout_weights(self.actor_module, dtype=self.rollout_dtype):
                 self.rollout.update_weights(bucket)
+        self.rollout.wake_up(tags=["kv_cache"])
         return time.perf_counter() - t0
+
+    @property
+    def rollout_dtype(self) -> torch.dtype:
+        """The dtype of the rollout engine's weights (float32 on CPU, ``rollout.dtype`` on a GPU)."""
+        if self.device_name == "cpu":
+            return torch.float32
+        return getattr(torch, str(self.config.rollout.get("dtype", "bfloat16")))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up_rollout(self) -> None:
-        self.rollout.wake_up()
+        """Wake the engine with the weights it had; after a sleep that dropped them, sync them again."""
+        if self.rollout.weights_discarded:
+            self.sync_rollout_weights()
+        else:
+            self.rollout.wake_up()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:

@@ -196,8 +196,15 @@ class RolloutEngine(ABC):
         """Release accelerator memory (weights and KV cache) until :meth:`wake_up`."""
 
     @abstractmethod
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep`."""
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo :meth:`sleep`; ``tags`` (``["weights"]``, ``["kv_cache"]``) wakes one part only (engines that
+        cannot split their memory wake everything on the first call)."""
+
+    @property
+    def weights_discarded(self) -> bool:
+        """True when :meth:`sleep` dropped the weights (vLLM sleep level 2) and no :meth:`update_weights` has
+        refilled them since: the next wake-up must be followed by a full weight sync."""
+        return False
 
     @abstractmethod
     def shutdown(self) -> None:
@@ -221,7 +228,7 @@ class FixedWeightsEngine(RolloutEngine):
     def sleep(self) -> None:
         pass
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         pass
 
     def shutdown(self) -> None:

@@ -218,7 +218,7 @@ class HFRolloutEngine(RolloutEngine):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         """Undo :meth:`sleep` (the KV cache is reallocated on the next batch)."""
         with self._model_lock:
             if not self._sleeping:

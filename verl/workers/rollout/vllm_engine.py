@@ -139,6 +139,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.sleep_level = sleep_level
         self.weight_bucket_bytes = weight_bucket_bytes
         self._asleep = False
+        self._sleeping_tags: set[str] = set()
+        self._weights_discarded = False
 
         args: dict[str, Any] = dict(
             model=model_path,
@@ -240,26 +242,41 @@ class VLLMRolloutEngine(RolloutEngine):
         """Load HF-named tensors into vLLM in buckets of ``weight_bucket_bytes``, then reset the prefix
         cache. The tensors are iterated in the calling thread (so e.g. FSDP gathers run there)."""
         count = self._driver.load_weights(iter_weight_buckets(named_tensors, self.weight_bucket_bytes))
+        self._weights_discarded = False
         logger.debug("VLLMRolloutEngine.update_weights: %d tensors loaded", count)
 
     def sleep(self) -> None:
-        """Free GPU memory (vLLM sleep mode); a no-op with a debug log on CPU or without sleep mode."""
+        """Free GPU memory (vLLM sleep mode): level 1 backs the weights up to host memory and drops the KV
+        cache; level 2 drops both (the weight sync refills the weights: nothing is copied to the host).
+        A no-op with a debug log on CPU or without sleep mode."""
         if not self.enable_sleep_mode:
             logger.debug("VLLMRolloutEngine.sleep: sleep mode unavailable (CPU or disabled); no-op")
             return
         if not self._asleep:
             self._driver.call("sleep", level=self.sleep_level)
             self._asleep = True
+            self._sleeping_tags = {"weights", "kv_cache"}
+            self._weights_discarded = self.sleep_level >= 2
 
-    def wake_up(self) -> None:
-        """Undo :meth:`sleep`, then drop the prefix cache (its KV blocks were discarded)."""
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Undo :meth:`sleep` for ``tags`` (default both): waking ``weights`` first and ``kv_cache`` after the
+        weight sync keeps the peak memory at weights + training state. Waking the KV cache drops the prefix
+        cache (its blocks were discarded)."""
         if not self.enable_sleep_mode:
             logger.debug("VLLMRolloutEngine.wake_up: sleep mode unavailable (CPU or disabled); no-op")
             return
-        if self._asleep:
-            self._driver.call("wake_up")
+        wake = set(tags or ("weights", "kv_cache")) & self._sleeping_tags
+        if not wake:
+            return
+        self._driver.call("wake_up", tags=sorted(wake))
+        self._sleeping_tags -= wake
+        if "kv_cache" in wake:
             self._driver.call("reset_prefix_cache")
-            self._asleep = False
+        self._asleep = bool(self._sleeping_tags)
+
+    @property
+    def weights_discarded(self) -> bool:
+        return self._weights_discarded
 
     def reset_prefix_cache(self) -> None:
         """Drop vLLM's prefix cache."""
