@@ -178,7 +178,7 @@ def ray_cluster():
 
 
 def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step_once(
-    tiny_model_path, tmp_path, monkeypatch, ray_cluster
+    tiny_model_path, tmp_path, monkeypatch, capsys, ray_cluster
 ):
     """The save of step 3 crashes right after the checkpoint is complete (like a kill at that moment): step 3's
     metrics and validation are already in metrics.jsonl. The resumed run starts from checkpoint 3 and logs steps 4
@@ -224,3 +224,23 @@ def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step
     assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
     superseded = (out / "logs" / "metrics.jsonl.superseded").read_text().splitlines()
     assert [json.loads(line)["step"] for line in superseded] == [4]  # the first try of step 4
+
+    # SIGTERM while the checkpoint is being loaded: no step runs, nothing is saved, the handler is put back
+    real_resolve = CheckpointManager.resolve_resume
+
+    def resolve_then_sigterm(self, *args, **kwargs):
+        found = real_resolve(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return found
+
+    monkeypatch.setattr(CheckpointManager, "resolve_resume", resolve_then_sigterm)
+    capsys.readouterr()
+    before = signal.getsignal(signal.SIGTERM)
+    assert main_ppo.run(cfg(6)) == []
+    printed = capsys.readouterr().out
+    assert "[trainer] SIGTERM received: finishing loading the checkpoint to resume from" in printed
+    assert "SIGTERM: stopping before step 6/6; no step ran since the last checkpoint, so none is written" in printed
+    assert "continue from step 5" in printed
+    assert [s for s, _ in CheckpointManager(out).list_checkpoints()][-1] == 5
+    assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
+    assert signal.getsignal(signal.SIGTERM) is before
