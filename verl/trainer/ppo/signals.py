@@ -13,7 +13,9 @@ The handler is installed only in the main thread and the previous one is restore
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -21,6 +23,15 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 ABANDONED_EXIT_CODE = 128 + signal.SIGTERM  # 143, what a shell reports for "killed by SIGTERM"
+
+
+def _say(message: str) -> None:
+    """Print from a signal handler: the handler may run while the main thread is inside a buffered write to
+    stdout, where ``print`` raises ``RuntimeError: reentrant call``; then write to the file descriptor."""
+    try:
+        print(message, flush=True)
+    except RuntimeError:
+        os.write(sys.stdout.fileno(), (message + "\n").encode())
 
 
 class StepAbandoned(SystemExit):
@@ -52,14 +63,13 @@ class GracefulStop:
         self.received += 1
         name = self.signal_name
         if self.received == 1:
-            print(
+            _say(
                 f"[trainer] {name} received: finishing {self.doing or 'the current work'}, then writing a "
-                f"checkpoint and exiting; send {name} again to abandon it",
-                flush=True,
+                f"checkpoint and exiting; send {name} again to abandon it"
             )
             return
         signal.signal(self.signum, signal.SIG_DFL)  # a third one kills at once
-        print(f"[trainer] second {name} received: abandoning {self.doing or 'the current work'}", flush=True)
+        _say(f"[trainer] second {name} received: abandoning {self.doing or 'the current work'}")
         raise StepAbandoned()
 
     def __enter__(self) -> GracefulStop:
