@@ -13,6 +13,14 @@ Readiness: each server's ``GET /health`` must answer 200 (polled every second); 
 exits first, the error quotes the end of its log. Servers run in their own process group and are
 stopped with SIGINT, then SIGKILL after a grace period.
 
+Supervision: ``python -m serve`` stops its servers (and frees their ports) on SIGINT, SIGTERM and SIGHUP
+(``timeout``, Slurm, ``docker stop``, a closed terminal), also while it waits for them to get ready. If it
+is killed outright (SIGKILL), each server gets SIGTERM from the kernel (Linux ``PR_SET_PDEATHSIG``).
+
+API keys: ``--api-key`` reaches ``vllm serve`` through the ``VLLM_API_KEY`` environment variable, never its
+command line; every command line, log line and error this module prints shows ``***`` instead. Setting
+``VLLM_API_KEY`` in the environment of ``python -m serve`` also works and keeps the key out of ``ps`` entirely.
+
     python -m serve --model /models/RL-MemoryAgent-14B --tp 2 --port 8000
 """
 
@@ -26,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -74,13 +83,31 @@ class ServerSpec:
         return self.served_model_name or self.model_path
 
 
+API_KEY_ENV = "VLLM_API_KEY"  # read by vLLM's OpenAI server (vllm/envs.py) when --api-key is not given
+REDACTED = "***"
+
+
+def redact(text: str, secrets: Sequence[str | None]) -> str:
+    """``text`` with every non-empty secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
 @dataclass
 class LaunchPlan:
-    """One server process: its command line, extra environment and port."""
+    """One server process: its command line, extra environment and port (``secrets``: values never shown)."""
 
     cmd: list[str]
     env: dict[str, str]
     port: int
+    secrets: tuple[str, ...] = ()
+
+    def display(self) -> str:
+        """``ENV=value ... cmd`` for logs and ``--dry-run``, with secrets shown as ``***``."""
+        env = " ".join(f"{k}={v}" for k, v in self.env.items())
+        return redact((env + " " if env else "") + " ".join(self.cmd), self.secrets)
 
 
 def _vllm_serve_prefix() -> list[str]:
@@ -99,9 +126,7 @@ def _common_args(spec: ServerSpec, port: int) -> list[str]:
         args += ["--dtype", spec.dtype]
     if spec.enforce_eager:
         args.append("--enforce-eager")
-    if spec.api_key:
-        args += ["--api-key", spec.api_key]
-    return args
+    return args  # the API key goes through the environment (API_KEY_ENV), not the command line
 
 
 def _gpu_ids(spec: ServerSpec) -> list[str]:
@@ -135,6 +160,15 @@ def build_launch_plans(spec: ServerSpec) -> list[LaunchPlan]:
         raise ValueError(f"ServerSpec.backend must be vllm or inproc, got {spec.backend!r}")
     if spec.backend == "inproc":
         return _inproc_plans(spec, device, env)
+    plans = _vllm_plans(spec, device, env)
+    if spec.api_key:
+        for plan in plans:
+            plan.env[API_KEY_ENV] = spec.api_key
+            plan.secrets = (spec.api_key,)
+    return plans
+
+
+def _vllm_plans(spec: ServerSpec, device: str, env: dict[str, str]) -> list[LaunchPlan]:
     if device == "cpu":
         plans = []
         for r in range(spec.replicas):
@@ -211,8 +245,10 @@ def wait_for_health(
     process: subprocess.Popen | None = None,
     log_path: Path | None = None,
     interval: float = 1.0,
+    secrets: Sequence[str] = (),
 ) -> float:
-    """Poll ``url`` (a ``/health`` endpoint) until it answers 200; return the seconds waited.
+    """Poll ``url`` (a ``/health`` endpoint) until it answers 200; return the seconds waited. The log quoted in
+    errors has ``secrets`` replaced by ``***``.
 
     Raises:
         RuntimeError: if ``process`` exits first (with the end of its log).
@@ -225,19 +261,46 @@ def wait_for_health(
         if process is not None and process.poll() is not None:
             raise RuntimeError(
                 f"the server exited with code {process.returncode} before {url} was ready; log {log_path}:\n"
-                + _log_tail(log_path)
+                + redact(_log_tail(log_path), secrets)
             )
         if time.monotonic() - start > timeout:
-            raise TimeoutError(f"{url} not ready after {timeout:.0f} s; log {log_path}:\n" + _log_tail(log_path))
+            raise TimeoutError(
+                f"{url} not ready after {timeout:.0f} s; log {log_path}:\n" + redact(_log_tail(log_path), secrets)
+            )
         time.sleep(interval)
 
 
-class VLLMServerGroup:
-    """Start, wait for and stop the server processes of a :class:`ServerSpec` (a context manager)."""
+def _libc_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
 
-    def __init__(self, spec: ServerSpec, log_dir: str | Path | None = None) -> None:
+        return ctypes.CDLL(None, use_errno=True).prctl  # loaded here: the forked child only calls it
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the forked child, before exec: get SIGTERM when the launching thread's process dies."""
+    _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+class VLLMServerGroup:
+    """Start, wait for and stop the server processes of a :class:`ServerSpec` (a context manager).
+
+    ``plans`` replaces the command lines built from ``spec`` (any server-like command: the supervision is the
+    same). Started from the main thread on Linux, each server gets SIGTERM if this process dies without
+    stopping it.
+    """
+
+    def __init__(self, spec: ServerSpec, log_dir: str | Path | None = None, plans: list[LaunchPlan] | None = None):
         self.spec = spec
-        self.plans = build_launch_plans(spec)
+        self.plans = build_launch_plans(spec) if plans is None else list(plans)
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="vllm-serve-"))
         self.processes: list[subprocess.Popen] = []
         self.log_paths: list[Path] = []
@@ -251,9 +314,9 @@ class VLLMServerGroup:
     def start(self) -> VLLMServerGroup:
         """Launch every server process (each in a new process group, output to a log file)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        die_with_parent = _PRCTL is not None and threading.current_thread() is threading.main_thread()
         for i, plan in enumerate(self.plans):
             log_path = self.log_dir / f"vllm-{plan.port}.log"
-            logger.info("starting vLLM server %d/%d: %s (log %s)", i + 1, len(self.plans), " ".join(plan.cmd), log_path)
             with log_path.open("w") as log:
                 proc = subprocess.Popen(
                     plan.cmd,
@@ -262,10 +325,24 @@ class VLLMServerGroup:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,
+                    preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
                 )
             self.processes.append(proc)
             self.log_paths.append(log_path)
+            logger.info(
+                "started server %d/%d (pid %d, port %d): %s (log %s)",
+                i + 1,
+                len(self.plans),
+                proc.pid,
+                plan.port,
+                plan.display(),
+                log_path,
+            )
         return self
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        return tuple({s for plan in self.plans for s in plan.secrets})
 
     def wait_ready(self, timeout: float = 900.0) -> float:
         """Wait until every server's ``/health`` answers 200; on failure stop them all and raise."""
@@ -273,7 +350,7 @@ class VLLMServerGroup:
         try:
             for url, proc, log_path in zip(self.base_urls, self.processes, self.log_paths, strict=True):
                 remaining = max(1.0, timeout - (time.monotonic() - start))
-                wait_for_health(url[: -len("/v1")] + "/health", remaining, proc, log_path)
+                wait_for_health(url[: -len("/v1")] + "/health", remaining, proc, log_path, secrets=self.secrets)
         except BaseException:
             self.stop()
             raise
@@ -357,22 +434,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     group = VLLMServerGroup(spec, args.log_dir)
     if args.dry_run:
         for plan in group.plans:
-            env = " ".join(f"{k}={v}" for k, v in plan.env.items())
-            print((env + " " if env else "") + " ".join(plan.cmd))
+            print(plan.display())
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    group.start()
+    return supervise(group, args.timeout)
+
+
+class Stopped(BaseException):
+    """Raised by :func:`supervise`'s handler for SIGTERM / SIGHUP (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def supervise(group: VLLMServerGroup, timeout: float) -> int:
+    """Start ``group``, print its URLs once ready and run until a server exits (1) or this process gets SIGINT,
+    SIGTERM or SIGHUP (0); the servers are stopped in every case, also when the signal comes during startup.
+    Signals that arrive while the servers are being stopped do not interrupt the stop."""
+    spec = group.spec
+
+    def on_signal(signum: int, frame: object) -> None:
+        for sig in (*STOP_SIGNALS, signal.SIGINT):  # from here on, signals never interrupt the cleanup below
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS} if in_main_thread else {}
+    if in_main_thread:
+        previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)  # KeyboardInterrupt until the cleanup
     try:
-        waited = group.wait_ready(args.timeout)
+        group.start()
+        waited = group.wait_ready(timeout)
         print(f"ready after {waited:.0f} s; model {spec.name!r} at: {' '.join(group.base_urls)}", flush=True)
         while all(p.poll() is None for p in group.processes):
-            time.sleep(2.0)
+            time.sleep(0.5)
         print("a server process exited; stopping the others", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else str(stop)
+        print(f"{name} received: stopping {len(group.plans)} server process(es)", file=sys.stderr, flush=True)
         return 0
+    except (RuntimeError, TimeoutError) as e:  # not ready: the message already has the (redacted) log tail
+        print(redact(str(e), group.secrets), file=sys.stderr)
+        return 1
     finally:
+        if in_main_thread:  # a signal now must not cut the stop short (the servers would keep their ports)
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
         group.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        print("servers stopped", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

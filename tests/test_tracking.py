@@ -94,6 +94,63 @@ def test_generations_go_to_their_own_jsonl(tmp_path: Path) -> None:
     ]
 
 
+def _steps(path: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()]
+
+
+def test_resume_drops_steps_after_the_checkpoint_so_each_step_is_logged_once(tmp_path: Path) -> None:
+    """A killed run logged steps 0..3 (and a torn line), its checkpoint is step 2: the resumed run's logger keeps
+    0..2, moves 3 and the torn line to metrics.jsonl.superseded, and appends the redone steps after them."""
+    with Tracking("p", "e", ["jsonl"], log_dir=tmp_path) as first:
+        for step in range(4):
+            first.log({"critic/score/mean": 0.1 * step}, step=step)
+        first.log_generations([{"input": "q", "output": "a2"}], 2)
+        first.log_generations([{"input": "q", "output": "a3"}], 3)
+    metrics = tmp_path / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"step": 4, "critic/sc')  # the writer was killed mid-line
+    with Tracking("p", "e", ["jsonl"], log_dir=tmp_path) as resumed:
+        resumed.resume_at(2)
+        for step in (3, 4):
+            resumed.log({"critic/score/mean": 1.0 + step}, step=step)
+        resumed.log_generations([{"input": "q", "output": "b3"}], 3)
+    assert _steps(metrics) == [0, 1, 2, 3, 4]
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["critic/score/mean"] for r in rows] == pytest.approx([0.0, 0.1, 0.2, 4.0, 5.0])  # the redone values
+    superseded = (tmp_path / "metrics.jsonl.superseded").read_text().splitlines()
+    assert json.loads(superseded[0]) == {"step": 3, "critic/score/mean": pytest.approx(0.3)}
+    assert superseded[1] == '{"step": 4, "critic/sc'
+    generations = [json.loads(x) for x in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert [(g["step"], g["output"]) for g in generations] == [(2, "a2"), (3, "b3")]
+
+    # resuming again at the same step, with nothing after it, changes nothing
+    with Tracking("p", "e", ["jsonl"], log_dir=tmp_path) as again:
+        again.resume_at(4)
+    assert _steps(metrics) == [0, 1, 2, 3, 4]
+    assert len((tmp_path / "metrics.jsonl.superseded").read_text().splitlines()) == 2
+
+    # a fresh start (no checkpoint) in the same folder keeps no old lines: step 0 is logged anew
+    with Tracking("p", "e", ["jsonl"], log_dir=tmp_path) as fresh:
+        fresh.resume_at(None)
+        fresh.log({"val-core/x": 1.0}, step=0)
+    assert _steps(metrics) == [0]
+    assert len((tmp_path / "metrics.jsonl.superseded").read_text().splitlines()) == 7
+
+
+def test_tensorboard_resume_hides_the_redone_steps(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with Tracking("p", "e", ["tensorboard"], log_dir=tmp_path) as first:
+        for step in (1, 2, 3):
+            first.log({"critic/score/mean": float(step)}, step=step)
+    with Tracking("p", "e", ["tensorboard"], log_dir=tmp_path) as resumed:
+        resumed.resume_at(2)
+        resumed.log({"critic/score/mean": 30.0}, step=3)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("critic/score/mean")] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
 def test_tensorboard_event_file_holds_the_scalars(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

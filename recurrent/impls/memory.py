@@ -25,7 +25,7 @@ from recurrent.interface import RAgent, RConfig, RRegister
 from recurrent.prompts import MEMORY_FINAL_TEMPLATE_BOXED, MEMORY_UPDATE_TEMPLATE, NO_MEMORY
 from recurrent.utils import TokenTemplate, center_truncate, chat_template_string
 from verl.protocol import DataProto
-from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.utils.dataset.rl_dataset import RLHFDataset, require_column
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class MemoryDataset(RLHFDataset):
         self.recurrent_config = recurrent_config
         super().__init__(data_files, tokenizer, data_config, processor)
         key = recurrent_config.context_key
+        require_column(self.dataframe, key, "recurrent.memory.config.context_key")
         for i, row in enumerate(self.rows):
             if not isinstance(row.get(key), str):
                 raise ValueError(

@@ -12,6 +12,13 @@ Backends (``trainer.logger``):
 
 ``log_dir`` defaults to ``$TRACKING_LOG_DIR`` or ``logs/<project>/<experiment>``; the trainer passes
 ``trainer.log_dir``.
+
+Reruns and resumes log every step once: the trainer calls :meth:`Tracking.resume_at` with the step it resumed
+from (``None`` for a fresh start). ``metrics.jsonl`` and ``val_generations.jsonl`` then keep the lines of steps
+up to that step (none on a fresh start) and move the others, which the run is about to redo, to
+``<file>.superseded`` (appended, so nothing is lost); a torn last line from a killed writer moves there too.
+TensorBoard hides events after that step (``SummaryWriter(purge_step=...)``). wandb starts a new run per
+command, so it has nothing to drop.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional, TextIO, Union
 
-__all__ = ["Tracking", "VALID_BACKENDS", "format_console_line", "to_python_scalar"]
+__all__ = ["Tracking", "VALID_BACKENDS", "drop_superseded_lines", "format_console_line", "to_python_scalar"]
 
 VALID_BACKENDS = ("console", "wandb", "tensorboard", "jsonl")
 
@@ -135,10 +142,51 @@ class _JsonlBackend:
             for sample in samples:
                 self._append(file, {"step": step, **_json_safe(dict(sample))})
 
+    def resume_at(self, step: Optional[int]) -> None:
+        if self._file is not None:
+            self._file.close()
+        for path in (self.path, self.generations_path):
+            drop_superseded_lines(path, step)
+        self._file = open(self.path, "a", encoding="utf-8")
+
     def finish(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def drop_superseded_lines(path: Path, step: Optional[int]) -> int:
+    """Keep the JSON lines of ``path`` whose ``"step"`` is <= ``step`` (none when ``step`` is None), move the rest
+    (and lines that do not parse) to ``<path>.superseded``; atomic (temporary file + ``os.replace``). Returns the
+    number of lines moved."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            line_step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            line_step = None
+        keep = step is not None and isinstance(line_step, int) and line_step <= step
+        (kept if keep else dropped).append(line)
+    if not dropped:
+        return 0
+    superseded = path.with_name(path.name + ".superseded")
+    with open(superseded, "a", encoding="utf-8") as file:
+        file.write("".join(line + "\n" for line in dropped))
+        file.flush()
+        os.fsync(file.fileno())
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        file.write("".join(line + "\n" for line in kept))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+    where = "a fresh start" if step is None else f"resuming at step {step}"
+    print(f"[tracking] {where}: moved {len(dropped)} line(s) of {path} to {superseded}", flush=True)
+    return len(dropped)
 
 
 class _TensorboardBackend:
@@ -160,6 +208,12 @@ class _TensorboardBackend:
         text = "\n\n".join(json.dumps(_json_safe(s), ensure_ascii=False) for s in samples)
         self.writer.add_text("val/generations", text, global_step=step)
         self.writer.flush()
+
+    def resume_at(self, step: Optional[int]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()  # TensorBoard hides the events of steps >= purge_step written before this one
+        self.writer = SummaryWriter(log_dir=str(self.dir), purge_step=0 if step is None else step + 1)
 
     def finish(self) -> None:
         self.writer.close()
@@ -242,6 +296,14 @@ class Tracking:
         """Log one step's metrics to every backend (non-finite floats are kept; JSON writes them as NaN)."""
         for backend in self.backends.values():
             backend.log(data, step)
+
+    def resume_at(self, step: Optional[int]) -> None:
+        """The run continues after ``step`` (``None``: starts fresh): drop what the file backends hold for later
+        steps, so they are logged once (see the module docstring)."""
+        for backend in self.backends.values():
+            resume = getattr(backend, "resume_at", None)
+            if callable(resume):
+                resume(step)
 
     def log_generations(self, samples: list[dict], step: int) -> None:
         """Log validation generations (dicts such as ``{"input", "output", "score"}``) where supported."""

@@ -14,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.signals import GracefulStop, StepAbandoned
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,34 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
     With ``trainer.max_wall_time_s`` set, the loop stops after the first step that ends past that
     many seconds, validates (when ``test_freq`` > 0) and writes a checkpoint, so a run can span
     several time-limited commands.
+
+    SIGTERM (:mod:`verl.trainer.ppo.signals`): the step in flight finishes, is logged and checkpointed, and
+    ``fit`` returns; a second SIGTERM abandons the step (``StepAbandoned``, exit code 143) without saving.
+
+    Each step's metrics are logged before its checkpoint is written, so a checkpoint never exists for a step
+    whose metrics were lost. On start the tracker drops entries of steps after the resumed one
+    (``Tracking.resume_at``): a resumed run logs every step once.
     """
-    tc = trainer.config.trainer
     started = time.monotonic()
-    max_wall = tc.get("max_wall_time_s")
     history: list[dict] = []
+    with GracefulStop() as stop:  # installed before the resume: a SIGTERM while loading is a stop, too
+        try:
+            stop.doing = "loading the checkpoint to resume from"
+            _resume(trainer, train_loader, ckpt_manager)
+            _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started)
+        except StepAbandoned:
+            latest = ckpt_manager.find_latest()
+            print(
+                f"[trainer] abandoned {stop.doing} on a second {stop.signal_name}; nothing new was saved. "
+                f"Latest checkpoint: {latest or 'none'}. " + _resume_hint(latest, ckpt_manager),
+                flush=True,
+            )
+            raise
+    return history
+
+
+def _resume(trainer, train_loader, ckpt_manager) -> None:
+    tc = trainer.config.trainer
     resume_dir = ckpt_manager.resolve_resume(tc.get("resume_mode", "auto"), tc.get("resume_from_path"))
     if resume_dir is not None:
         with open(os.path.join(resume_dir, "trainer_state.pkl"), "rb") as f:
@@ -66,10 +90,46 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
             group.load_checkpoint(os.path.join(resume_dir, name))
         trainer.wg.sync_rollout_weights()
         logger.info("resumed from %s at step %d", resume_dir, trainer.global_step)
-        print(f"[trainer] resumed from {resume_dir} (step {trainer.global_step})")
+        print(f"[trainer] resumed from {resume_dir} (step {trainer.global_step})", flush=True)
+    resume_at = getattr(trainer.tracker, "resume_at", None)
+    if callable(resume_at):  # drop logged lines of steps this run redoes (verl.utils.tracking)
+        resume_at(trainer.global_step if resume_dir is not None else None)
 
+
+def _resume_hint(latest, ckpt_manager) -> str:
+    if latest is None:
+        return "Run the same command again to start over."
+    return (
+        f"Run the same command again (trainer.resume_mode=auto) to continue from step {ckpt_manager.step_of(latest)}."
+    )
+
+
+def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int, saved_step: int) -> None:
+    """The loop got SIGTERM: checkpoint the last finished step unless it is already saved, say how to resume."""
+    step = trainer.global_step
+    if step > saved_step:
+        stop.doing = f"the checkpoint of step {step}"
+        _save(trainer, train_loader, ckpt_manager, step)
+        print(
+            f"[trainer] {stop.signal_name}: stopped after step {step}/{total_steps}; checkpoint written to "
+            f"{ckpt_manager.find_latest()}. " + _resume_hint(ckpt_manager.find_latest(), ckpt_manager),
+            flush=True,
+        )
+        return
+    print(
+        f"[trainer] {stop.signal_name}: stopping before step {step + 1}/{total_steps}; no step ran since the last "
+        f"checkpoint, so none is written. " + _resume_hint(ckpt_manager.find_latest(), ckpt_manager),
+        flush=True,
+    )
+
+
+def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started) -> None:
+    tc = trainer.config.trainer
+    max_wall = tc.get("max_wall_time_s")
     test_freq, save_freq = int(tc.get("test_freq", -1) or -1), int(tc.get("save_freq", -1) or -1)
-    if val_loader is not None and tc.get("val_before_train", True) and trainer.global_step == 0:
+    saved_step = trainer.global_step  # the resumed checkpoint's step (0: fresh, nothing to save yet)
+    if val_loader is not None and tc.get("val_before_train", True) and trainer.global_step == 0 and not stop.requested:
+        stop.doing = "the validation before training"
         val = trainer.validate(val_loader)
         _log(trainer, val, 0)
         history.append({"step": 0, **val})
@@ -89,9 +149,13 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
         return DataProto.from_single_dict(batch_dict)
 
     while trainer.global_step < total_steps:
+        if stop.requested:  # SIGTERM during the last step (or before the first): save it, then stop
+            _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps, saved_step)
+            break
         batch = next_batch()
         trainer.global_step += 1
         step = trainer.global_step
+        stop.doing = f"step {step}/{total_steps}"
         metrics = trainer.train_step(batch, next_batch=next_batch)
         metrics["training/global_step"] = step
         last = step == total_steps
@@ -99,10 +163,12 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
         # the last step of a command validates too (what it checkpoints is what the curve ends on)
         if val_loader is not None and test_freq > 0 and (step % test_freq == 0 or last or out_of_time):
             metrics.update(trainer.validate(val_loader))
-        if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
-            _save(trainer, train_loader, ckpt_manager, step)
-        _log(trainer, metrics, step)
+        _log(trainer, metrics, step)  # before the checkpoint: a kill after the save never loses the step's metrics
         history.append({"step": step, **metrics})
+        if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
+            stop.doing = f"the checkpoint of step {step}"
+            _save(trainer, train_loader, ckpt_manager, step)
+            saved_step = step
         bar.update(1)
         bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
         if out_of_time:
@@ -113,7 +179,6 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
             )
             break
     bar.close()
-    return history
 
 
 def _save(trainer, train_loader, ckpt_manager, step: int) -> None:

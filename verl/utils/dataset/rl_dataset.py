@@ -28,24 +28,53 @@ def read_rows(files: str | Sequence[str]) -> pd.DataFrame:
     if isinstance(files, str):
         files = [files]
     frames = []
+    columns_by_file: dict[str, list[str]] = {}
     for f in files:
         path = Path(f)
         if not path.exists():
             raise FileNotFoundError(f"data file not found: {f}")
         suffix = path.suffix.lower()
-        if suffix == ".parquet":
-            df = pd.read_parquet(path)
-        elif suffix == ".jsonl":
-            df = pd.read_json(path, lines=True)
-        elif suffix == ".json":
-            with open(path) as fh:
-                data = json.load(fh)
-            df = pd.DataFrame(data if isinstance(data, list) else data.get("data", data))
-        else:
+        if suffix not in (".parquet", ".jsonl", ".json"):
             raise ValueError(f"unsupported data file type {suffix!r} for {f} (expected .parquet, .json, .jsonl)")
+        if path.stat().st_size == 0:
+            raise ValueError(f"data file {f} is empty (0 bytes); check how it was written")
+        try:
+            df = _read_file(path, suffix)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise ValueError(f"cannot read data file {f}: {e}") from e
+        if len(df) == 0:
+            raise ValueError(f"data file {f} has no rows (an empty {suffix} file); check how it was written")
+        columns_by_file[str(path)] = [str(c) for c in df.columns]
         df["_source_file"] = str(path)
         frames.append(df)
-    return pd.concat(frames, ignore_index=True)
+    if not frames:
+        raise ValueError("no data files given (data.train_files / data.val_files is empty)")
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["columns_by_file"] = columns_by_file
+    return out
+
+
+def _read_file(path: Path, suffix: str) -> pd.DataFrame:
+    if suffix == ".parquet":
+        return pd.read_parquet(path)
+    if suffix == ".jsonl":
+        return pd.read_json(path, lines=True)
+    with open(path) as fh:
+        data = json.load(fh)
+    return pd.DataFrame(data if isinstance(data, list) else data.get("data", data))
+
+
+def require_column(df: pd.DataFrame, column: str, config_key: str) -> None:
+    """Raise ``ValueError("missing column ...")`` naming ``column``, the file(s) without it and ``config_key``
+    (the setting that names the column), for a frame from :func:`read_rows`."""
+    columns_by_file = df.attrs.get("columns_by_file") or {"(data)": [str(c) for c in df.columns]}
+    missing = [f for f, cols in columns_by_file.items() if column not in cols]
+    if missing:
+        present = columns_by_file[missing[0]]
+        raise ValueError(
+            f"missing column {column!r} ({config_key}) in {', '.join(missing)}; "
+            f"its columns are {', '.join(repr(c) for c in present)}"
+        )
 
 
 def _to_python(v: Any) -> Any:
@@ -90,6 +119,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         self._validate_rows()
 
     def _validate_rows(self) -> None:
+        require_column(self.dataframe, self.prompt_key, "data.prompt_key")
         for i, row in enumerate(self.rows):
             where = f"{row.get('_source_file')} row {i}"
             msgs = row.get(self.prompt_key)

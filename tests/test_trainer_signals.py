@@ -1,0 +1,246 @@
+"""Faults around the trainer's outer loop (verl/trainer/ppo/fit.py), on real tiny CPU runs.
+
+* SIGTERM to ``python -m verl.trainer.main_ppo``: the step in flight finishes, is logged and checkpointed, the
+  process exits 0 and the same command continues from that step; a second SIGTERM abandons the step (exit 143)
+  and keeps the last complete checkpoint.
+* A step's metrics are logged before its checkpoint is written (a crash right after the save keeps them).
+* Resuming logs every step once in metrics.jsonl (lines of redone steps move to metrics.jsonl.superseded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+
+import verl.trainer.main_ppo as main_ppo
+from verl.utils.checkpoint import CheckpointManager
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
+
+
+def _data(tmp: Path, n: int, name: str) -> str:
+    words = " ".join(f"w{i}" for i in range(200))
+    rows = [
+        {
+            "data_source": "hotpotqa",
+            "prompt": [{"role": "user", "content": f"What is the code number {i}?"}],
+            "context": f"The code is {i}. " + words[: 100 + 37 * i],
+            "reward_model": {"style": "rule", "ground_truth": [str(i)]},
+            "extra_info": {"index": i},
+        }
+        for i in range(n)
+    ]
+    path = tmp / f"{name}.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return str(path)
+
+
+def _overrides(tmp: Path, model: Path, out: Path, steps: int, extra=()) -> list[str]:
+    """A tiny memory-agent GRPO run on CPU (one in-process rank, HF rollout), logs in ``out/logs``."""
+    return [
+        f"data.train_files={_data(tmp, 4, 'train')}",
+        f"data.val_files={_data(tmp, 2, 'val')}",
+        "data.train_batch_size=2",
+        "data.truncation=center",
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.seed=123",
+        "actor_rollout_ref.rollout.prompt_length=256",
+        "actor_rollout_ref.rollout.response_length=8",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "algorithm.adv_estimator=grpo",
+        "recurrent.enable=memory",
+        "recurrent.memory.config.chunk_size=32",
+        "recurrent.memory.config.max_memorization_length=8",
+        "recurrent.memory.config.max_final_response_length=8",
+        "recurrent.memory.config.max_chunks=2",
+        "recurrent.memory.config.max_prompt_length=32",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.ray_num_cpus=1",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=True",
+        "trainer.logger=[console,jsonl]",
+        f"trainer.default_local_dir={out}",
+        "trainer.progress_bar=False",
+        "trainer.project_name=t",
+        "trainer.experiment_name=t",
+        f"custom_reward_function.path={REPO / 'tests' / 'fixtures' / 'parity_reward.py'}",
+        *extra,
+    ]
+
+
+def _logged_steps(out: Path) -> list[int]:
+    path = out / "logs" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _start(overrides: list[str], log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={log.parent / 'hydra'}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+    with log.open("w") as f:
+        return subprocess.Popen(cmd, cwd=str(log.parent), env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+def _wait_for(predicate, proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            pytest.fail(f"trainer exited with {proc.returncode} early:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"timed out; log:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> tuple[int, str]:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"trainer did not exit; log:\n{log.read_text()[-4000:]}")
+    return rc, log.read_text()
+
+
+def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resumes(tiny_model_path, tmp_path):
+    out = tmp_path / "run"
+    overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=["trainer.save_freq=-1", "trainer.test_freq=-1"])
+    manager = CheckpointManager(out)
+
+    # 1. SIGTERM while step 2 runs (sent as soon as step 1 is logged)
+    log1 = tmp_path / "first.log"
+    proc = _start(overrides, log1)
+    _wait_for(lambda: 1 in _logged_steps(out), proc, log1)
+    proc.send_signal(signal.SIGTERM)
+    rc, text = _finish(proc, log1)
+    assert rc == 0, text[-4000:]
+    assert "[trainer] SIGTERM received: finishing step " in text
+    latest = manager.find_latest()
+    assert latest is not None, text[-4000:]
+    stopped = manager.step_of(latest)
+    assert 2 <= stopped < 5  # save_freq=-1: only the signal wrote a checkpoint, for the step it let finish
+    assert [s for s, _ in manager.list_checkpoints()] == [stopped]
+    assert f"stopped after step {stopped}/5; checkpoint written to {latest}" in text
+    assert f"Run the same command again (trainer.resume_mode=auto) to continue from step {stopped}" in text
+    assert _logged_steps(out) == list(range(stopped + 1))  # the finished step was logged, nothing after it
+
+    # 2. the same command resumes there; two SIGTERMs abandon the step in flight: exit 143, no new checkpoint
+    log2 = tmp_path / "second.log"
+    proc = _start(overrides, log2)
+    _wait_for(lambda: "[trainer] resumed from" in log2.read_text(), proc, log2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _wait_for(lambda: "SIGTERM received" in log2.read_text(), proc, log2)
+    proc.send_signal(signal.SIGTERM)
+    rc, text = _finish(proc, log2)
+    assert rc == 143, text[-4000:]
+    assert f"[trainer] resumed from {latest} (step {stopped})" in text
+    assert "[trainer] second SIGTERM received: abandoning " in text
+    assert f"nothing new was saved. Latest checkpoint: {latest}." in text
+    assert [s for s, _ in manager.list_checkpoints()] == [stopped]
+
+    # 3. the same command again runs to the end; every step is in metrics.jsonl exactly once
+    log3 = tmp_path / "third.log"
+    proc = _start(overrides, log3)
+    rc, text = _finish(proc, log3)
+    assert rc == 0, text[-4000:]
+    assert f"[trainer] resumed from {latest} (step {stopped})" in text
+    assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.fixture
+def ray_cluster():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step_once(
+    tiny_model_path, tmp_path, monkeypatch, capsys, ray_cluster
+):
+    """The save of step 3 crashes right after the checkpoint is complete (like a kill at that moment): step 3's
+    metrics and validation are already in metrics.jsonl. The resumed run starts from checkpoint 3 and logs steps 4
+    on; a second crash, this time while step 4's checkpoint is written, leaves step 4 logged but checkpoint 3
+    latest: the next resume redoes step 4 and metrics.jsonl still holds each step once."""
+    out = tmp_path / "run"
+    extra = ["trainer.save_freq=1", "trainer.test_freq=3", "trainer.logger=[jsonl]"]
+
+    def cfg(steps: int):
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+            return compose(
+                config_name="ppo_trainer", overrides=_overrides(tmp_path, tiny_model_path, out, steps, extra)
+            )
+
+    real_save = CheckpointManager.save
+    crash = {"after_save_of": 3, "before_save_of": None}
+
+    def save(self, step, write_fn, *args, **kwargs):
+        if step == crash["before_save_of"]:
+            raise RuntimeError(f"killed while writing checkpoint {step}")
+        path = real_save(self, step, write_fn, *args, **kwargs)
+        if step == crash["after_save_of"]:
+            raise RuntimeError(f"killed right after checkpoint {step}")
+        return path
+
+    monkeypatch.setattr(CheckpointManager, "save", save)
+    with pytest.raises(RuntimeError, match="killed right after checkpoint 3"):
+        main_ppo.run(cfg(5))
+    rows = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "val-core/hotpotqa/reward/mean@1" in rows[3] and "actor/pg_loss" in rows[3]
+    assert CheckpointManager(out).find_latest().name == "global_step_3"
+
+    crash.update(after_save_of=None, before_save_of=4)
+    with pytest.raises(RuntimeError, match="killed while writing checkpoint 4"):
+        main_ppo.run(cfg(5))
+    assert _logged_steps(out) == [0, 1, 2, 3, 4]
+    assert CheckpointManager(out).find_latest().name == "global_step_3"
+
+    crash.update(before_save_of=None)
+    history = main_ppo.run(cfg(5))
+    assert [h["step"] for h in history] == [4, 5]
+    assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
+    superseded = (out / "logs" / "metrics.jsonl.superseded").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in superseded] == [4]  # the first try of step 4
+
+    # SIGTERM while the checkpoint is being loaded: no step runs, nothing is saved, the handler is put back
+    real_resolve = CheckpointManager.resolve_resume
+
+    def resolve_then_sigterm(self, *args, **kwargs):
+        found = real_resolve(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return found
+
+    monkeypatch.setattr(CheckpointManager, "resolve_resume", resolve_then_sigterm)
+    capsys.readouterr()
+    before = signal.getsignal(signal.SIGTERM)
+    assert main_ppo.run(cfg(6)) == []
+    printed = capsys.readouterr().out
+    assert "[trainer] SIGTERM received: finishing loading the checkpoint to resume from" in printed
+    assert "SIGTERM: stopping before step 6/6; no step ran since the last checkpoint, so none is written" in printed
+    assert "continue from step 5" in printed
+    assert [s for s, _ in CheckpointManager(out).list_checkpoints()][-1] == 5
+    assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,0 +1,86 @@
+"""Graceful stop on SIGTERM for the training loop (clusters send SIGTERM some time before SIGKILL).
+
+* first SIGTERM: :attr:`GracefulStop.requested` turns true; the loop finishes the current step, writes a
+  checkpoint and returns normally (exit code 0);
+* second SIGTERM: the handler raises :class:`StepAbandoned` (a ``SystemExit`` with code 143, ``128 + SIGTERM``)
+  wherever the loop is, so the current step (or checkpoint write) is abandoned; nothing half-updated is saved
+  and the latest complete checkpoint stays the one to resume from;
+* a third SIGTERM gets the default action (the process dies at once).
+
+The handler is installed only in the main thread and the previous one is restored on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ABANDONED_EXIT_CODE = 128 + signal.SIGTERM  # 143, what a shell reports for "killed by SIGTERM"
+
+
+def _say(message: str) -> None:
+    """Print from a signal handler: the handler may run while the main thread is inside a buffered write to
+    stdout, where ``print`` raises ``RuntimeError: reentrant call``; then write to the file descriptor."""
+    try:
+        print(message, flush=True)
+    except RuntimeError:
+        os.write(sys.stdout.fileno(), (message + "\n").encode())
+
+
+class StepAbandoned(SystemExit):
+    """Raised by the second SIGTERM; a ``SystemExit`` so that ``except Exception`` blocks do not swallow it."""
+
+    def __init__(self) -> None:
+        super().__init__(ABANDONED_EXIT_CODE)
+
+
+class GracefulStop:
+    """Context manager: count SIGTERMs while the training loop runs (see the module docstring)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        self.signum = signum
+        self.received = 0
+        self.doing: str | None = None  # what the loop is doing, for the messages ("step 3/5", ...)
+        self._previous: Any = None
+        self._installed = False
+
+    @property
+    def requested(self) -> bool:
+        return self.received > 0
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received += 1
+        name = self.signal_name
+        if self.received == 1:
+            _say(
+                f"[trainer] {name} received: finishing {self.doing or 'the current work'}, then writing a "
+                f"checkpoint and exiting; send {name} again to abandon it"
+            )
+            return
+        signal.signal(self.signum, signal.SIG_DFL)  # a third one kills at once
+        _say(f"[trainer] second {name} received: abandoning {self.doing or 'the current work'}")
+        raise StepAbandoned()
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(self.signum, self._handle)
+            self._installed = True
+        else:
+            logger.info("not in the main thread: %s keeps its current handler", self.signal_name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(self.signum, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
