@@ -407,7 +407,9 @@ def test_agg_loss_padding_rows_and_empty_mask():
         close(agg_loss(loss, mask, mode), agg_loss(AGG_LOSS, AGG_MASK, mode))
     for mode in AGG_MODES:
         close(agg_loss(AGG_LOSS, torch.zeros(2, 3), mode), 0.0)
-    with pytest.raises(ValueError, match="unknown loss_agg_mode 'token_mean'; valid: token-mean, seq-mean-token-sum"):
+    with pytest.raises(
+        ValueError, match="unknown loss_agg_mode 'token_mean'; valid: token-mean, token-sum, seq-mean-token-sum"
+    ):
         agg_loss(AGG_LOSS, AGG_MASK, "token_mean")
     assert grad_acc_mode("token-mean") == "token"
     assert grad_acc_mode("seq-mean-token-sum-norm") == "seq"
@@ -596,6 +598,12 @@ def test_registries_and_error_messages():
     assert get_policy_loss_fn("vanilla") is compute_policy_loss
     with pytest.raises(ValueError, match="unknown policy_loss 'gspo'; valid: vanilla"):
         get_policy_loss_fn("gspo")
-    assert AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert AGG_MODES == (
+        "token-mean",
+        "token-sum",
+        "seq-mean-token-sum",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    )
     with pytest.raises(ValueError, match="already registered"):
         ca.register_adv_est("grpo")(lambda *a: None)

@@ -143,13 +143,14 @@ def padded_reference_log_probs(model, data: DataProto) -> tuple[torch.Tensor, to
 
 
 def test_micro_batch_partitions_by_token_budget():
-    # LPT: 5 -> p0, 4 -> p1, 2 -> p1 (6), 1 -> p0 (6)
-    assert get_seqlen_balanced_partitions([5, 1, 4, 2], 2) == [[0, 1], [2, 3]]
+    # Karmarkar-Karp (as upstream): {5} vs {4} -> spread 1; + {2} -> {2, 4} 6 vs {5} 5; + {1} -> 6 vs 6;
+    # partitions come largest sum first (ties: more rows first, then insertion order)
+    assert get_seqlen_balanced_partitions([5, 1, 4, 2], 2) == [[2, 3], [0, 1]]
     # total 19, budget 8 -> k = 3: 7 | 5+1 | 4+2, ordered by first row
     assert rearrange_micro_batches([5, 1, 4, 2, 7], max_token_len=8) == [[0, 1], [2, 3], [4]]
     # a row longer than the budget gets its own micro-batch instead of failing
     assert rearrange_micro_batches([10, 1], max_token_len=4) == [[0], [1]]
-    # greedy balance does not fit 3 bins of 10 for [6, 6, 6, 6, 3, 3] (sum 30) -> needs 4 micro-batches
+    # no balance fits 3 bins of 10 for [6, 6, 6, 6, 3, 3] (sum 30) -> needs 4 micro-batches
     parts = rearrange_micro_batches([6, 6, 6, 6, 3, 3], max_token_len=10)
     assert sorted(i for p in parts for i in p) == list(range(6))
     assert all(sum([6, 6, 6, 6, 3, 3][i] for i in p) <= 10 for p in parts) and len(parts) == 4

@@ -214,12 +214,26 @@ def test_union_merges_and_detects_conflicts():
 
 def test_concat_preserves_order_and_merges_meta():
     first, second = make_batch(4)[0:2], make_batch(4)[2:4]
-    second.meta_info = {"temperature": 0.0, "extra": 1}
+    second.meta_info = {"temperature": 1.0, "extra": 1}
     joined = DataProto.concat([first, second])
     assert row_ids(joined) == [0, 1, 2, 3]
     assert joined.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3"]
     assert joined.non_tensor_batch["payload"].shape == (4,)
-    assert joined.meta_info == {"temperature": 1.0, "extra": 1}  # first value wins on conflict
+    assert joined.meta_info == {"temperature": 1.0, "extra": 1}
+
+
+def test_concat_conflicting_meta_raises_and_metrics_merge():
+    """verl's rule: a key held by several parts must agree; ``metrics`` dicts/lists become a dict of lists."""
+    first, second = make_batch(4)[0:2], make_batch(4)[2:4]
+    second.meta_info = {"temperature": 0.0}
+    with pytest.raises(ValueError, match="meta_info key 'temperature'"):
+        DataProto.concat([first, second])
+    with pytest.raises(AssertionError, match="Conflicting values for meta_info key 'temperature'"):
+        DataProto.concat([first, second])
+    first.meta_info = {"temperature": 1.0, "metrics": {"loss": 1.0}}
+    second.meta_info = {"temperature": 1.0, "metrics": [{"loss": 2.0}, {"loss": 3.0}]}
+    joined = DataProto.concat([first, second])
+    assert joined.meta_info == {"temperature": 1.0, "metrics": {"loss": [1.0, 2.0, 3.0]}}
 
 
 def test_concat_width_mismatch_names_key_and_shapes():

@@ -313,7 +313,8 @@ def test_score_ruler_response() -> None:
 
 def test_gsm8k_extract_strict_and_flexible() -> None:
     assert gsm8k.extract_solution("so ... #### 1,234", "strict") == "1234"
-    assert gsm8k.extract_solution("#### $56", "strict") == "56"
+    assert gsm8k.extract_solution("#### $56", "strict") is None  # upstream's rule: digits, '.', ',' after '#### '
+    assert gsm8k.extract_solution("#### 42.", "strict") == "42."  # the period is kept, as upstream
     assert gsm8k.extract_solution("#### 1\n#### -2", "strict") == "-2"
     assert gsm8k.extract_solution("the total is 72", "strict") is None
     assert gsm8k.extract_solution("I had 3 apples, then 5. So 8.", "flexible") == "8"
@@ -328,14 +329,15 @@ def test_gsm8k_extract_strict_and_flexible() -> None:
 
 
 def test_gsm8k_compute_score() -> None:
-    assert gsm8k.compute_score("The answer is 42.", "42") == 1.0  # flexible by default
-    assert gsm8k.compute_score("The answer is 42.", "42", method="strict") == 0.0  # no ####
+    assert gsm8k.compute_score("The answer is 42.", "42") == 0.0  # strict by default (upstream): no ####
+    assert gsm8k.compute_score("The answer is 42.", "42", method="flexible") == 1.0
+    assert gsm8k.compute_score("#### 42.", "42") == 0.0  # upstream scores the trailing period 0 too
     assert gsm8k.compute_score("work... #### 42", "42", method="strict") == 1.0
-    assert gsm8k.compute_score("it is 41", "42", format_score=0.1) == 0.1
-    assert gsm8k.compute_score("no number", "42", format_score=0.1) == 0.0
-    assert gsm8k.compute_score("it is 42", "42", score=2.0) == 2.0
-    assert gsm8k.compute_score("it is 1,234", "1,234") == 1.0
-    assert gsm8k.compute_score("it is 42", 42) == 1.0
+    assert gsm8k.compute_score("it is 41", "42", format_score=0.1, method="flexible") == 0.1
+    assert gsm8k.compute_score("no number", "42", format_score=0.1, method="flexible") == 0.0
+    assert gsm8k.compute_score("it is 42", "42", score=2.0, method="flexible") == 2.0
+    assert gsm8k.compute_score("it is 1,234", "1,234", method="flexible") == 1.0
+    assert gsm8k.compute_score("it is 42", 42, method="flexible") == 1.0
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -361,8 +363,9 @@ def test_dispatch_routes() -> None:
     )
     assert rs.default_compute_score("ruler_vt", "Paris", ["Paris"]) == 1.0
     for source in ("openai/gsm8k", "gsm8k"):
-        assert rs.default_compute_score(source, "so it is 18", "18") == 1.0
-        assert rs.default_compute_score(source, "so it is 18", "18", method="strict") == 0.0
+        assert rs.default_compute_score(source, "so it is 18", "18") == 0.0  # strict by default, as upstream
+        assert rs.default_compute_score(source, "so it is 18", "18", method="flexible") == 1.0
+        assert rs.default_compute_score(source, "work\n#### 18", "18") == 1.0
     score = rs.default_compute_score("hotpotqa", boxed, ["Paris"], extra_info={"index": 3})
     assert type(score) is float
     assert rs._default_compute_score is rs.default_compute_score

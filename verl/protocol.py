@@ -16,11 +16,17 @@ from verl, all deliberate:
 * ``select``/``pop``/``rename`` raise ``KeyError`` for a missing key (naming it and the available keys)
   instead of silently ignoring it.
 * ``pad_dataproto_to_divisor`` gives padding rows zero weight (see its docstring).
+* ``make_iterator`` does not require ``len % mini_batch_size == 0`` (the last mini-batch may be shorter).
+
+``concat`` merges ``meta_info`` as verl does: ``meta_info["metrics"]`` of all parts are gathered into one
+dict of lists, and any other key present in several parts must hold equal values (``MetaInfoConflictError``,
+which is both a ``ValueError`` and an ``AssertionError`` so code written against either keeps working).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +39,11 @@ from tensordict import TensorDict
 __all__ = [
     "DataProto",
     "DataProtoItem",
+    "MetaInfoConflictError",
+    "AUTO_PADDING_KEY",
+    "collate_fn",
+    "list_of_dict_to_dict_of_list",
+    "union_tensor_dict",
     "pad_dataproto_to_divisor",
     "unpad_dataproto",
     "PADDING_FLAG_KEY",
@@ -43,6 +54,12 @@ __all__ = [
 PADDING_FLAG_KEY = "is_padding"
 # Tensor keys zeroed on padding rows so they add nothing to token-weighted losses or token counts.
 PAD_ZEROED_MASK_KEYS = ("response_mask", "loss_mask")
+# meta_info key set by ``from_dict(auto_padding=True)`` (verl's name); also enabled by env VERL_AUTO_PADDING=1.
+AUTO_PADDING_KEY = "_verl_auto_padding"
+
+
+class MetaInfoConflictError(ValueError, AssertionError):
+    """Two DataProtos to be concatenated hold different values under the same ``meta_info`` key."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,6 +152,55 @@ def _as_key_list(keys: str | Sequence[str] | None) -> list[str]:
     return list(keys)
 
 
+def list_of_dict_to_dict_of_list(list_of_dict: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``[{"a": 1}, {"a": 2}] -> {"a": [1, 2]}``; every dict needs the keys of the first (KeyError otherwise)."""
+    if not list_of_dict:
+        return {}
+    keys = list(list_of_dict[0])
+    output: dict[str, list[Any]] = {key: [] for key in keys}
+    for i, item in enumerate(list_of_dict):
+        if set(item) != set(keys):
+            raise KeyError(f"dict {i} has keys {sorted(item)} but dict 0 has {sorted(keys)}")
+        for key in keys:
+            output[key].append(item[key])
+    return output
+
+
+def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
+    """Add the keys of ``tensor_dict2`` to ``tensor_dict1`` (in place); shared keys must hold equal tensors."""
+    if tensor_dict1.batch_size != tensor_dict2.batch_size:
+        raise ValueError(
+            f"union_tensor_dict: batch sizes differ ({list(tensor_dict1.batch_size)} vs {list(tensor_dict2.batch_size)})"
+        )
+    for key, value in tensor_dict2.items():
+        if key in tensor_dict1.keys():
+            if not torch.equal(tensor_dict1[key], value):
+                raise ValueError(f"union_tensor_dict: '{key}' differs between the two TensorDicts")
+        else:
+            tensor_dict1[key] = value
+    return tensor_dict1
+
+
+def _merge_meta_infos(meta_infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """verl's concat rule: ``metrics`` gathered into a dict of lists; other shared keys must agree."""
+    merged: dict[str, Any] = {}
+    metrics: list[dict[str, Any]] = []
+    for i, meta in enumerate(meta_infos):
+        for key, value in meta.items():
+            if key == "metrics":
+                if value is not None:
+                    metrics.extend(value if isinstance(value, list) else [value])
+            elif key in merged and not _values_equal(merged[key], value):
+                raise MetaInfoConflictError(
+                    f"Conflicting values for meta_info key '{key}': {merged[key]!r} (earlier part) vs {value!r} (part {i})"
+                )
+            else:
+                merged.setdefault(key, value)
+    if metrics:
+        merged["metrics"] = list_of_dict_to_dict_of_list(metrics)
+    return merged
+
+
 def _describe(value: Any) -> str:
     """Short 'dtype[shape]' description used by __repr__."""
     dtype = str(value.dtype).replace("torch.", "")
@@ -187,13 +253,26 @@ class DataProto:
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, Any] | None = None,
         meta_info: dict[str, Any] | None = None,
+        num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> DataProto:
-        """Build from a dict of tensors (all with the same first dimension) and a dict of non-tensors."""
+        """Build from a dict of tensors (all with the same first dimension) and a dict of non-tensors.
+
+        ``num_batch_dims`` must be 1 (verl accepts the argument but its consistency check also rejects other
+        values). ``auto_padding=True`` sets ``meta_info["_verl_auto_padding"]`` (see ``is_padding_enabled``).
+        """
+        if num_batch_dims != 1:
+            raise ValueError(f"DataProto.from_dict: only num_batch_dims=1 is supported, got {num_batch_dims}")
         batch = _build_tensordict(tensors) if tensors else None
-        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=dict(meta_info or {}))
+        meta = dict(meta_info or {})
+        if auto_padding:
+            meta[AUTO_PADDING_KEY] = True
+        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=meta)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None) -> DataProto:
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None, auto_padding: bool = False
+    ) -> DataProto:
         """Build from one dict: tensors go to ``batch``; numpy arrays and lists go to ``non_tensor_batch``."""
         tensors, non_tensors = {}, {}
         for key, value in data.items():
@@ -205,7 +284,7 @@ class DataProto:
                 raise TypeError(
                     f"data['{key}'] must be a torch.Tensor, numpy array or list, got {type(value).__name__}"
                 )
-        return cls.from_dict(tensors, non_tensors, meta_info)
+        return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     # ---------------------------------------------------------------- basics
     def __len__(self) -> int:
@@ -422,7 +501,8 @@ class DataProto:
 
         All parts need the same tensor keys, each with the same trailing shape (padding to a common
         width is the caller's job), and the same non-tensor keys. ``meta_info`` is the merge of all
-        parts' meta_info; when two parts disagree on a key, the value of the earliest part wins.
+        parts' meta_info by verl's rule: ``metrics`` of all parts become one dict of lists, any other key held
+        by several parts must have equal values (``MetaInfoConflictError`` naming the key otherwise).
         """
         if len(data) == 0:
             raise ValueError("DataProto.concat needs at least one DataProto")
@@ -452,10 +532,7 @@ class DataProto:
                     f"but part 0 has {sorted(first_nt_keys)}"
                 )
         non_tensor = {k: np.concatenate([part.non_tensor_batch[k] for part in data], axis=0) for k in first_nt_keys}
-        meta: dict[str, Any] = {}
-        for part in data:
-            for key, value in part.meta_info.items():
-                meta.setdefault(key, value)
+        meta = _merge_meta_infos([part.meta_info for part in data])
         return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     # ---------------------------------------------------------------- splitting / repeating
@@ -503,6 +580,107 @@ class DataProto:
         if self.batch is not None:
             self.batch = self.batch[torch.from_numpy(order)]
         self.non_tensor_batch = {k: v[order] for k, v in self.non_tensor_batch.items()}
+
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Repeat row i ``repeat_times[i]`` times (0 drops it), keeping row order: counts [2, 0, 1] on rows
+        [a, b, c] give [a, a, c]. ``repeat_times`` is a list, tuple, 1-D array or 1-D tensor of ints."""
+        counts = repeat_times.detach().cpu().numpy() if isinstance(repeat_times, torch.Tensor) else repeat_times
+        counts = np.asarray(counts)
+        if counts.ndim != 1 or counts.shape[0] != len(self):
+            raise ValueError(f"repeat_times must be 1-D with one count per row ({len(self)}), got shape {counts.shape}")
+        if counts.size and (not np.issubdtype(counts.dtype, np.integer) or counts.min() < 0):
+            raise ValueError(f"repeat_times must be non-negative integers, got {counts.tolist()}")
+        return self._take(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
+
+    def select_idxs(self, idxs: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Rows at ``idxs`` (int indices or a bool mask), as a new DataProto (verl's name for ``self[idxs]``)."""
+        return self._take(self._as_row_indices(idxs))
+
+    def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
+        """``self[start:end:step]`` as a DataProto."""
+        return self[slice(start, end, step)]
+
+    def make_iterator(
+        self,
+        mini_batch_size: int,
+        epochs: int,
+        seed: int | None = None,
+        dataloader_kwargs: dict[str, Any] | None = None,
+    ) -> Iterator[DataProto]:
+        """Yield mini-batches of ``mini_batch_size`` rows, ``epochs`` times over the data (verl's signature).
+
+        ``dataloader_kwargs`` follows ``torch.utils.data.DataLoader``: ``shuffle=True`` draws a new row order
+        each epoch from a generator seeded with ``seed``, with the same draws a seeded ``DataLoader`` makes (so
+        verl and this give the same mini-batches; tests/test_verl_compat.py checks it against a DataLoader); ``drop_last=True`` drops a short last mini-batch,
+        which is otherwise kept (verl asserts divisibility instead). Every mini-batch carries ``meta_info``.
+        """
+        kwargs = dict(dataloader_kwargs or {})
+        shuffle, drop_last = bool(kwargs.pop("shuffle", False)), bool(kwargs.pop("drop_last", False))
+        for ignored in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor"):
+            kwargs.pop(ignored, None)
+        if kwargs:
+            raise ValueError(f"make_iterator: unsupported dataloader_kwargs {sorted(kwargs)}")
+        if not isinstance(mini_batch_size, (int, np.integer)) or mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be a positive int, got {mini_batch_size!r}")
+        generator = None
+        if seed is not None:
+            generator = torch.Generator()
+            generator.manual_seed(int(seed))
+        num_rows = len(self)
+
+        def batches() -> Iterator[DataProto]:
+            for _ in range(int(epochs)):
+                order = torch.arange(num_rows)
+                if shuffle:
+                    # the draws a DataLoader(shuffle=True, generator=g) makes per epoch: a base seed for its
+                    # workers, the permutation, and a second (unused, num_samples % n == 0) permutation
+                    torch.empty((), dtype=torch.int64).random_(generator=generator)
+                    order = torch.randperm(num_rows, generator=generator)
+                    torch.randperm(num_rows, generator=generator)
+                for start in range(0, num_rows, int(mini_batch_size)):
+                    rows = order[start : start + int(mini_batch_size)]
+                    if drop_last and len(rows) < mini_batch_size:
+                        break
+                    part = self._take(rows.numpy().astype(np.int64))
+                    part.meta_info = self.meta_info
+                    yield part
+
+        return batches()
+
+    def is_padding_enabled(self) -> bool:
+        """verl's auto-padding flag (``from_dict(auto_padding=True)`` or env ``VERL_AUTO_PADDING=1``).
+
+        Informational here: ``chunk`` accepts any row count either way."""
+        enabled_by_env = os.getenv("VERL_AUTO_PADDING", "FALSE").upper() in ("TRUE", "1")
+        return enabled_by_env or bool(self.meta_info.get(AUTO_PADDING_KEY, False))
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append ``padding_size`` copies of the first (``"first"``) or otherwise the last row, in place."""
+        if padding_size <= 0:
+            return
+        row = 0 if padding_candidate == "first" else len(self) - 1
+        padded = DataProto.concat([self, self._take(np.full(int(padding_size), row, dtype=np.int64))])
+        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
+    def to_tensordict(self) -> TensorDict:
+        """One ``TensorDict`` holding everything (verl's ``to_tensordict``): the tensors, each non-tensor
+        column as a ``NonTensorStack`` of its row values (``td["uid"]`` reads back a list), and each
+        ``meta_info`` entry as non-tensor data (``td["temperature"]``). Keys must not collide."""
+        from tensordict import NonTensorData, NonTensorStack
+
+        num_rows = len(self)
+        td = self.batch.copy() if self.batch is not None else TensorDict({}, batch_size=[num_rows])
+        for kind, keys in (("non_tensor_batch", self.non_tensor_batch), ("meta_info", self.meta_info)):
+            shared = sorted(set(keys) & set(td.keys()))
+            if shared:
+                raise ValueError(f"to_tensordict: {kind} keys {shared} collide with keys already in the TensorDict")
+            if kind == "non_tensor_batch":
+                for key, values in self.non_tensor_batch.items():
+                    td[key] = NonTensorStack(*[NonTensorData(v) for v in values.tolist()], batch_size=[num_rows])
+            else:
+                for key, value in self.meta_info.items():
+                    td.set_non_tensor(key, value)
+        return td
 
     # ---------------------------------------------------------------- devices, copies, persistence
     def to(self, device: str | torch.device) -> DataProto:
@@ -594,3 +772,12 @@ def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
             if not list(unpadded.batch.keys()) and unpadded.non_tensor_batch:
                 unpadded.batch = None
     return unpadded
+
+
+def collate_fn(items: Sequence[DataProtoItem]) -> DataProto:
+    """Stack ``DataProtoItem`` rows back into a DataProto (verl's DataLoader collate function)."""
+    if not items:
+        raise ValueError("collate_fn needs at least one DataProtoItem")
+    batch = torch.stack([item.batch for item in items]).contiguous() if items[0].batch is not None else None
+    columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in items])
+    return DataProto(batch=batch, non_tensor_batch={k: _to_object_array(v) for k, v in columns.items()})

@@ -10,11 +10,17 @@ Rules (all tested in ``tests/test_dp_actor.py``):
 * every row lands in exactly one micro-batch; rows inside a micro-batch keep their original order;
 * a micro-batch never holds more than ``max_token_len`` tokens, except a single row longer than the budget,
   which gets a micro-batch of its own (a warning is logged; it cannot be split);
-* the number of micro-batches is the smallest ``k >= ceil(total / max_token_len)`` for which the greedy
-  balancer fits, then raised to the maximum over the data-parallel group (``dp_group``) so that every rank runs
+* rows are balanced over ``k`` micro-batches with the Karmarkar-Karp largest differencing method (as upstream
+  verl's ``get_seqlen_balanced_partitions``; ``greedy_partition`` keeps the simpler longest-first rule);
+* the number of micro-batches is the smallest ``k >= ceil(total / max_token_len)`` for which the
+  balanced partition fits, then raised to the maximum over the data-parallel group (``dp_group``) so that every rank runs
   the same number of forward/backward passes (FSDP collectives must line up). Extra micro-batches may be
   empty; callers run a zero-weight dummy pass for them.
 * ``get_reverse_idx`` turns the concatenated micro-batch order back into the original row order.
+
+``rearrange_micro_batches`` takes either per-row lengths (returns the index lists) or, as upstream verl, a
+``TensorDict`` with ``attention_mask`` (returns ``(micro_batches, indices)``); ``prepare_dynamic_batch`` /
+``restore_dynamic_batch`` are upstream's DataProto-level pair.
 """
 
 from __future__ import annotations
@@ -22,13 +28,21 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from tensordict import TensorDict
 
 __all__ = [
+    "ceildiv",
+    "roundup_divisible",
+    "karmarkar_karp",
+    "greedy_partition",
+    "log_seqlen_unbalance",
+    "prepare_dynamic_batch",
+    "restore_dynamic_batch",
     "get_seqlen_balanced_partitions",
     "rearrange_micro_batches",
     "split_rows_evenly",
@@ -45,18 +59,84 @@ def _as_int_list(seqlens: Sequence[int] | torch.Tensor) -> list[int]:
     return [int(x) for x in seqlens]
 
 
-def get_seqlen_balanced_partitions(
-    seqlen_list: Sequence[int] | torch.Tensor, k_partitions: int, equal_size: bool = False
-) -> list[list[int]]:
-    """Split row indices into ``k_partitions`` groups with balanced total length (greedy LPT).
+def ceildiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints."""
+    return -(a // -b)
 
-    Rows are taken longest first and each goes to the partition with the smallest current sum (ties: lower
-    partition index). With ``equal_size`` a partition stops accepting rows once it holds
-    ``ceil(n / k)`` rows. Indices inside each partition are sorted; partitions may be empty when
-    ``k_partitions`` exceeds the number of rows.
 
-    Example: lengths ``[5, 1, 4, 2]`` into 2 partitions -> ``[[0, 1], [2, 3]]`` (sums 6 and 6).
+def roundup_divisible(a: int, b: int) -> int:
+    """The smallest multiple of ``b`` that is ``>= a``."""
+    return ceildiv(a, b) * b
+
+
+def _set_key(subset: list) -> tuple:
+    # order of one subset: total length, then item count, then the (index, length) items in insertion order
+    return (subset[0], len(subset[1]), subset[1])
+
+
+class _KKState:
+    """k subsets ``[total, [(index, length), ...]]`` kept in decreasing order (largest differencing method)."""
+
+    def __init__(self, items: Sequence[tuple[int, int]], k: int) -> None:
+        self.sets = [[0, []] for _ in range(k)]
+        for position, (index, length) in enumerate(items):
+            self.sets[position] = [length, [(index, length)]]
+        self.sets.sort(key=_set_key, reverse=True)
+
+    @property
+    def spread(self) -> int:
+        return self.sets[0][0] - self.sets[-1][0]
+
+    def merge(self, other: _KKState) -> None:
+        """Largest subset of ``self`` joins the smallest of ``other``, and so on."""
+        k = len(self.sets)
+        for i in range(k):
+            partner = other.sets[k - 1 - i]
+            self.sets[i][0] += partner[0]
+            self.sets[i][1].extend(partner[1])
+        self.sets.sort(key=_set_key, reverse=True)
+
+    def __lt__(self, other: _KKState) -> bool:  # heap order: largest spread first, then the largest subset
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return _set_key(self.sets[0]) > _set_key(other.sets[0])
+
+
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Karmarkar-Karp partition of row indices into ``k_partitions`` groups with balanced length sums.
+
+    Each row starts as its own k-subset state; the two states with the largest spread are merged (largest subset
+    with smallest) until one is left. With ``equal_size`` the rows, sorted by length, enter in groups of ``k``
+    (one per subset), so the partitions have equal row counts; when ``k`` does not divide the row count,
+    zero-length placeholder rows fill the last group and are dropped again (sizes then differ by at most one;
+    upstream asserts divisibility instead). Partitions come largest sum first; indices in insertion order.
     """
+    lengths = _as_int_list(seqlen_list)
+    if k_partitions < 1:
+        raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
+    ordered = sorted((length, index) for index, length in enumerate(lengths))
+    if equal_size:
+        pad = -len(ordered) % k_partitions
+        ordered = [(0, -1 - j) for j in range(pad)] + ordered  # placeholders: negative indices, length 0
+        groups = [ordered[i : i + k_partitions] for i in range(0, len(ordered), k_partitions)]
+        states = [_KKState([(index, length) for length, index in group], k_partitions) for group in groups]
+    else:
+        states = [_KKState([(index, length)], k_partitions) for length, index in ordered]
+    if not states:
+        return [[] for _ in range(k_partitions)]
+    heap: list[_KKState] = []
+    for state in states:
+        heapq.heappush(heap, state)
+    while len(heap) > 1:
+        first, second = heapq.heappop(heap), heapq.heappop(heap)
+        first.merge(second)
+        heapq.heappush(heap, first)
+    return [[index for index, _ in subset[1] if index >= 0] for subset in heap[0].sets]
+
+
+def greedy_partition(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> list[list[int]]:
+    """Longest-first greedy partition: each row goes to the partition with the smallest sum (ties: lower id);
+    with ``equal_size`` a partition takes at most ``ceil(n / k)`` rows. Partitions in id order."""
     lengths = _as_int_list(seqlen_list)
     if k_partitions < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
@@ -69,7 +149,40 @@ def get_seqlen_balanced_partitions(
         partitions[part].append(index)
         if len(partitions[part]) < capacity:  # a full partition leaves the heap for good
             heapq.heappush(heap, (total + lengths[index], part))
-    return [sorted(p) for p in partitions]
+    return partitions
+
+
+def get_seqlen_balanced_partitions(
+    seqlen_list: Sequence[int] | torch.Tensor, k_partitions: int, equal_size: bool = False
+) -> list[list[int]]:
+    """Split row indices into ``k_partitions`` groups with balanced total length (Karmarkar-Karp, as upstream).
+
+    Indices inside each partition are sorted; partitions come largest sum first. Unlike upstream, ``k_partitions``
+    may exceed the number of rows (the extra partitions are empty) and ``equal_size`` does not need ``k`` to
+    divide the row count (see ``karmarkar_karp``).
+
+    Example: lengths ``[5, 1, 4, 2]`` into 2 partitions -> ``[[2, 3], [0, 1]]`` (sums 6 and 6).
+    """
+    return [sorted(p) for p in karmarkar_karp(seqlen_list, k_partitions, equal_size)]
+
+
+def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str) -> dict:
+    """Token-sum spread before (contiguous equal chunks) and after balancing (``partitions``), as upstream:
+    ``{prefix}/min``, ``/max``, ``/minmax_diff`` (contiguous chunks), ``/balanced_min``, ``/balanced_max``,
+    ``/mean`` (total / number of partitions)."""
+    lengths = _as_int_list(seqlen_list)
+    k = len(partitions)
+    chunk = max(len(lengths) // k, 1)
+    contiguous = [sum(lengths[i : i + chunk]) for i in range(0, len(lengths), chunk)]
+    balanced = [sum(lengths[i] for i in part) for part in partitions]
+    return {
+        f"{prefix}/min": min(contiguous),
+        f"{prefix}/max": max(contiguous),
+        f"{prefix}/minmax_diff": max(contiguous) - min(contiguous),
+        f"{prefix}/balanced_min": min(balanced),
+        f"{prefix}/balanced_max": max(balanced),
+        f"{prefix}/mean": sum(lengths) / k,
+    }
 
 
 def sync_max_count(count: int, dp_group: Optional[dist.ProcessGroup] = None, device: str | torch.device = "cpu") -> int:
@@ -82,19 +195,39 @@ def sync_max_count(count: int, dp_group: Optional[dist.ProcessGroup] = None, dev
 
 
 def rearrange_micro_batches(
-    seqlens: Sequence[int] | torch.Tensor,
+    batch: TensorDict | Mapping[str, torch.Tensor] | Sequence[int] | torch.Tensor,
     max_token_len: int,
     dp_group: Optional[dist.ProcessGroup] = None,
-    min_num_micro_batch: Optional[int] = None,
+    num_batches_divided_by: Optional[int] = None,
     same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
     device: str | torch.device = "cpu",
-) -> list[list[int]]:
-    """Partition rows (given their valid lengths) into micro-batches of at most ``max_token_len`` tokens.
+) -> Any:
+    """Partition rows into micro-batches of at most ``max_token_len`` tokens (upstream verl's signature).
 
-    Returns a list of index lists; concatenating them and applying ``get_reverse_idx`` restores the row
-    order. See the module docstring for the rules.
+    ``batch`` is either the per-row valid lengths (returns the list of index lists) or, as upstream, a
+    ``TensorDict`` with ``attention_mask`` (lengths = its row sums; returns ``(micro_batches, indices)`` with
+    one TensorDict per micro-batch). ``num_batches_divided_by`` rounds the count up to a multiple of it
+    (pipeline schedules); ``use_dynamic_bsz_balance`` is accepted for compatibility: micro-batches are always
+    ordered by their first row. Concatenating them and applying ``get_reverse_idx`` restores the row order.
+    See the module docstring for the rules.
     """
-    lengths = _as_int_list(seqlens)
+    del use_dynamic_bsz_balance
+    if isinstance(batch, (TensorDict, Mapping)):
+        if "attention_mask" not in batch.keys():
+            raise KeyError(f"rearrange_micro_batches needs batch['attention_mask']; keys: {sorted(batch.keys())}")
+        indices = rearrange_micro_batches(
+            batch["attention_mask"].sum(dim=-1),
+            max_token_len,
+            dp_group=dp_group,
+            num_batches_divided_by=num_batches_divided_by,
+            same_micro_num_in_dp=same_micro_num_in_dp,
+            min_num_micro_batch=min_num_micro_batch,
+            device=device,
+        )
+        return [batch[torch.tensor(rows, dtype=torch.long)] for rows in indices], indices
+    lengths = _as_int_list(batch)
     if max_token_len <= 0:
         raise ValueError(f"max_token_len must be > 0, got {max_token_len}")
     if any(length < 0 for length in lengths):
@@ -123,14 +256,45 @@ def rearrange_micro_batches(
     while not fits(partitions):
         k += 1  # terminates: with k == num_rows every row is alone
         partitions = get_seqlen_balanced_partitions(lengths, k)
+    target = k
     if same_micro_num_in_dp:
-        synced = sync_max_count(k, dp_group, device)
-        if synced != k:
-            k = synced
-            partitions = get_seqlen_balanced_partitions(lengths, k)
+        target = sync_max_count(target, dp_group, device)
+    if num_batches_divided_by:
+        target = roundup_divisible(target, int(num_batches_divided_by))
+    if target != k:
+        partitions = get_seqlen_balanced_partitions(lengths, target)
     # Non-empty micro-batches first, in order of their first row; empty ones (only from DP syncing) last.
     partitions.sort(key=lambda part: (len(part) == 0, part[0] if part else 0))
     return partitions
+
+
+def prepare_dynamic_batch(
+    data: Any,
+    max_token_len: int,
+    dp_group: Optional[dist.ProcessGroup] = None,
+    num_batches_divided_by: Optional[int] = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+) -> tuple[list[Any], list[list[int]]]:
+    """Upstream's DataProto form of ``rearrange_micro_batches``: ``(micro DataProtos, index lists)``; each
+    micro-batch keeps the non-tensor columns of its rows and ``meta_info``."""
+    indices = rearrange_micro_batches(
+        data.batch["attention_mask"].sum(dim=-1),
+        max_token_len,
+        dp_group=dp_group,
+        num_batches_divided_by=num_batches_divided_by,
+        same_micro_num_in_dp=same_micro_num_in_dp,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+    )
+    return [data[rows] for rows in indices], indices
+
+
+def restore_dynamic_batch(data: torch.Tensor, batch_idx_list: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Put rows computed in micro-batch order (``torch.cat`` of the micro-batch outputs) back in row order."""
+    order = [i for rows in batch_idx_list for i in rows]
+    return data[torch.tensor(get_reverse_idx(order), dtype=torch.long, device=data.device)]
 
 
 def split_rows_evenly(num_rows: int, num_chunks: int) -> list[list[int]]:

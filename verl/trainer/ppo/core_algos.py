@@ -5,8 +5,8 @@ Contents:
   ``verl.trainer.ppo.dapo``, the Multi-Conv credit assignment of MemAgent (``compute_multiconv_advantage``: one
   scalar advantage per trajectory, broadcast to every response token of every conversation of that trajectory)
   plus the turn-weighting choice (``trajectory_token_weights``);
-* loss aggregation (``agg_loss``) with global normalisers so that a mini-batch loss does not depend on how it is
-  split into micro-batches or ranks;
+* loss aggregation (``agg_loss``, upstream verl 0.9 signature plus our ``global_token_count``/``global_seq_count``)
+  with global normalisers so that a mini-batch loss does not depend on how it is split into micro-batches or ranks;
 * PPO clipped policy loss with decoupled clip range (DAPO clip-higher) and dual clip, KL penalties, entropy and
   value losses, KL controllers;
 * registries (``ADV_ESTIMATORS``, ``POLICY_LOSSES``, ``AGG_MODES``) with clear errors for unknown names;
@@ -14,10 +14,17 @@ Contents:
 
 Shapes: ``[B, L]`` = (rows, response tokens); ``response_mask`` is 1 on response tokens that count.
 Advantages and returns are computed without gradient.
+
+Calling convention for registered estimators (upstream verl's ``compute_advantage``; used by the single-turn
+trainer for every estimator it has no dedicated call for, see ``call_adv_estimator``): keyword arguments
+``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` config), ``index`` (the ``uid`` array)
+and, when the batch has them, ``reward_baselines``/``values``; an estimator without ``**kwargs`` receives only
+the names in its signature. It returns ``(advantages, returns)``, both ``[B, L]``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, Optional, Union
@@ -41,6 +48,7 @@ __all__ = [
     "ADV_ESTIMATORS",
     "register_adv_est",
     "get_adv_estimator_fn",
+    "call_adv_estimator",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_rloo_outcome_advantage",
@@ -57,6 +65,7 @@ __all__ = [
     "register_policy_loss",
     "get_policy_loss_fn",
     "compute_policy_loss",
+    "compute_policy_loss_vanilla",
     "KL_PENALTY_TYPES",
     "kl_penalty",
     "compute_entropy_loss",
@@ -124,6 +133,33 @@ def get_adv_estimator_fn(name: Union[str, AdvantageEstimator]) -> Callable[..., 
 register_adv_est(AdvantageEstimator.GRPO_MULTICONV)(compute_multiconv_advantage)
 
 
+def call_adv_estimator(fn: Callable[..., Any], **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call ``fn`` with the upstream keyword convention (module docstring): all of ``inputs`` when it takes
+    ``**kwargs``, else only those its signature names. A required parameter that ``inputs`` lacks raises a
+    ``TypeError`` naming it and the inputs on offer."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        chosen = dict(inputs)
+    else:
+        chosen = {k: v for k, v in inputs.items() if k in params}
+    missing = [
+        name
+        for name, p in params.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and name not in chosen
+    ]
+    if missing:
+        raise TypeError(
+            f"advantage estimator {getattr(fn, '__name__', fn)} needs {missing}; the trainer provides "
+            f"{sorted(inputs)} (see the calling convention in verl/trainer/ppo/core_algos.py)"
+        )
+    result = fn(**chosen)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"advantage estimator {getattr(fn, '__name__', fn)} must return (advantages, returns)")
+    return result
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Advantage estimators
 # ----------------------------------------------------------------------------------------------------------
@@ -141,8 +177,13 @@ def compute_grpo_outcome_advantage(
     index: GroupIndex,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage; with ``norm_adv_by_std_in_grpo=False`` it is Dr.GRPO's ``R - mean(R_group)``.
+
+    ``config`` (upstream's algorithm config) is accepted and, as upstream, not read: pass
+    ``norm_adv_by_std_in_grpo`` explicitly.
 
     Score per row = ``token_level_rewards.sum(-1)``; rows sharing ``index`` form a group; std is unbiased
     (``torch.std``). The row's scalar advantage is broadcast over its tokens and multiplied by
@@ -163,13 +204,15 @@ def compute_rloo_outcome_advantage(
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out: ``A_i = s_i - mean_{j != i} s_j = (s_i - mean_g) * n / (n - 1)``.
 
-    A group of size 1 has no other member, so its baseline is 0 and ``A = s``. ``epsilon`` is accepted for
-    signature compatibility and unused. Returns ``(advantages, returns)`` (identical), both ``[B, L]``.
+    A group of size 1 has no other member, so its baseline is 0 and ``A = s``. ``epsilon`` and ``config`` are
+    accepted for signature compatibility and unused. Returns ``(advantages, returns)`` (identical), both ``[B, L]``.
     """
-    del epsilon
+    del epsilon, config, kwargs
     scores = token_level_rewards.sum(dim=-1)
     group_ids, num_groups = index_to_group_ids(index, scores.shape[0])
     group_ids = group_ids.to(scores.device)
@@ -222,36 +265,66 @@ def compute_gae_advantage_return(
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
 @torch.no_grad()
 def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    gamma: Optional[float] = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go per token, whitened over the batch, times the mask.
 
-    ``G_t = r_t + gamma * G_{t+1}`` (the running return is reset after masked-out positions). Returns
-    ``(advantages, returns)``; ``returns`` are the raw discounted returns.
+    ``gamma`` comes from ``config.gamma`` (upstream form: ``fn(rewards, mask, config=algo_cfg)``), or is given as
+    ``gamma=`` or as a number in ``config``'s position (our earlier form ``fn(rewards, mask, 0.99)``).
+
+    ``G_t = r_t + gamma * G_next`` over the valid tokens, where ``G_next`` is the return of the next *valid*
+    token: masked-out positions inside a response (tool observations between turns) are skipped, so the return
+    is carried across them (neither discounted nor reset there), and trailing padding stays 0 because the scan
+    starts at 0. ``returns`` is 0 at masked positions. Example, gamma 1, rewards ``[0, 0, 0, 0, 0, 1]``, mask
+    ``[1, 1, 0, 0, 1, 1]``: returns ``[1, 1, 0, 0, 1, 1]``. Returns ``(advantages, returns)``.
     """
+    gamma = _resolve_gamma(config, gamma)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
     mask = response_mask.to(token_level_rewards.dtype)
     for t in reversed(range(token_level_rewards.shape[-1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]
+        candidate = token_level_rewards[:, t] + gamma * running
+        valid = mask[:, t] > 0
+        running = torch.where(valid, candidate, running)
+        returns[:, t] = candidate * mask[:, t]
     advantages = masked_whiten(returns, response_mask) * mask
     return advantages, returns
+
+
+def _resolve_gamma(config: Any, gamma: Optional[float]) -> float:
+    if gamma is not None:
+        return float(gamma)
+    if isinstance(config, (int, float)) and not isinstance(config, bool):
+        return float(config)
+    value = _cfg_get(config, "gamma") if config is not None else None
+    if value is None:
+        raise ValueError("REINFORCE++ needs gamma: pass config with a 'gamma' field (algorithm.gamma) or gamma=")
+    return float(value)
 
 
 @register_adv_est(AdvantageEstimator.REMAX)
 @torch.no_grad()
 def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax: ``returns_t = sum_{k >= t} r_k`` (masked), ``A_t = (returns_t - baseline) * mask``.
+    """ReMax: ``returns_t = sum_{k >= t} r_k * m_k``, ``A_t = returns_t - baseline * m_t`` (as upstream).
 
-    ``reward_baselines`` is ``[B]`` (the greedy rollout's reward per row). Returns ``(advantages, returns)``.
+    ``reward_baselines`` is ``[B]`` (the greedy rollout's reward per row). On valid tokens ``A = returns -
+    baseline``; at a masked position the baseline is not subtracted, so inside a multi-turn hole ``A`` equals
+    the return still to come and on trailing padding it is 0 (these positions never enter a masked loss).
+    ``config`` is accepted and unused. Returns ``(advantages, returns)``.
     """
     mask = response_mask.to(token_level_rewards.dtype)
     returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-    advantages = (returns - reward_baselines.to(returns.dtype).unsqueeze(-1)) * mask
+    advantages = returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask
     return advantages, returns
 
 
@@ -259,11 +332,12 @@ def compute_remax_outcome_advantage(
 # Loss aggregation
 # ----------------------------------------------------------------------------------------------------------
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def grad_acc_mode(loss_agg_mode: str) -> str:
-    """``"token"`` for ``token-mean`` and ``"seq"`` for the ``seq-mean-*`` modes: which count normalises the loss."""
+    """``"token"`` for ``token-*`` and ``"seq"`` for the ``seq-mean-*`` modes: which count normalises the loss
+    (``token-sum`` divides by nothing; its count is passed and ignored)."""
     _check_agg_mode(loss_agg_mode)
     return loss_agg_mode.split("-")[0]
 
@@ -287,35 +361,47 @@ def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
+    dp_size: int = 1,
+    batch_num_tokens: Optional[Union[float, torch.Tensor]] = None,
+    global_batch_size: Optional[Union[float, torch.Tensor]] = None,
+    loss_scale_factor: Optional[float] = None,
+    *,
     global_token_count: Optional[Union[float, torch.Tensor]] = None,
     global_seq_count: Optional[Union[float, torch.Tensor]] = None,
     weights: Optional[torch.Tensor] = None,
-    loss_scale_factor: Optional[float] = None,
 ) -> torch.Tensor:
-    """Aggregate a ``[B, L]`` loss matrix into a scalar.
+    """Aggregate a ``[B, L]`` micro-batch loss matrix into a scalar (upstream verl 0.9 signature).
 
-    Modes (``m`` = mask, ``w`` = optional per-token ``weights`` multiplied into ``loss_mat``):
+    Modes (``m`` = mask, ``w`` = optional per-token ``weights`` multiplied into ``loss_mat``, ``D`` = ``dp_size``):
 
-    * ``token-mean``: ``sum(loss * m) / N`` with ``N = sum(m)``, or ``N = global_token_count`` when given.
-      Each micro-batch then returns ``its_sum / N_minibatch`` and the micro-batch losses *add up* to the
-      mini-batch token-mean, whatever the split (MemAgent's gradient-accumulation fix, docs/spec.md#policy-loss).
-    * ``seq-mean-token-sum``: per row ``sum_t loss * m``, then ``sum over rows / S``.
-    * ``seq-mean-token-mean``: per row ``sum_t loss * m / sum_t m`` (0 for an empty row), then ``/ S``.
+    * ``token-mean``: ``sum(loss * m) / N * D`` with ``N`` = ``global_token_count`` or ``batch_num_tokens``
+      (the token count of the whole mini-batch over all ranks), else this micro-batch's ``sum(m)``. With the global
+      count each micro-batch returns its share and the shares *add up* to the mini-batch token-mean, whatever
+      the split (MemAgent's gradient-accumulation fix, docs/spec.md#policy-loss).
+    * ``token-sum``: ``sum(loss * m) * D`` (no normaliser).
+    * ``seq-mean-token-sum``: per row ``sum_t loss * m``, then ``sum over rows / S * D``.
+    * ``seq-mean-token-mean``: per row ``sum_t loss * m / sum_t m`` (0 for an empty row), then ``/ S * D``.
     * ``seq-mean-token-sum-norm`` (Dr.GRPO): per row ``sum_t loss * m / loss_scale_factor`` (default
-      ``loss_mask.shape[-1]``, keep it constant across training), then ``/ S``. This is the mean over rows, as in
-      the Dr.GRPO objective and current verl; the 2025-04 verl base instead returned the *sum* over rows / L.
+      ``loss_mask.shape[-1]``, keep it constant across training), then ``/ S * D``: the mean over rows, as in the
+      Dr.GRPO objective. Upstream returns the *sum* over rows / ``loss_scale_factor`` here (docs/differences.md).
 
-    ``S`` = number of rows with at least one masked token (padding rows with an all-zero mask are not
-    counted), or ``global_seq_count`` when given. With data parallelism where gradients are *averaged* over
-    ranks, pass the global count divided by the number of ranks (or scale the loss by it).
+    ``S`` = ``global_seq_count`` or ``global_batch_size``, else the number of rows with at least one masked token
+    (padding rows with an all-zero mask are not counted). ``global_token_count``/``global_seq_count`` are our
+    names for ``batch_num_tokens``/``global_batch_size``; give one of each pair. ``D`` undoes the gradient
+    average over data-parallel ranks; callers that scale the loss by the number of ranks themselves (our actor
+    and critic) leave ``dp_size=1``.
     """
     _check_agg_mode(loss_agg_mode)
+    token_count = _one_of("global_token_count", global_token_count, "batch_num_tokens", batch_num_tokens)
+    seq_count = _one_of("global_seq_count", global_seq_count, "global_batch_size", global_batch_size)
     mask = loss_mask.to(loss_mat.dtype)
     if weights is not None:
         loss_mat = loss_mat * weights.to(loss_mat.dtype)
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, mask) * dp_size
     if loss_agg_mode == "token-mean":
-        denominator = mask.sum() if global_token_count is None else global_token_count
-        return masked_sum(loss_mat, mask) / _as_denominator(denominator, loss_mat)
+        denominator = mask.sum() if token_count is None else token_count
+        return masked_sum(loss_mat, mask) / _as_denominator(denominator, loss_mat) * dp_size
     token_counts = mask.sum(dim=-1)
     seq_sums = masked_sum(loss_mat, mask, axis=-1)
     if loss_agg_mode == "seq-mean-token-sum":
@@ -325,8 +411,14 @@ def agg_loss(
     else:  # seq-mean-token-sum-norm
         scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
         seq_losses = seq_sums / scale
-    denominator = (token_counts > 0).to(loss_mat.dtype).sum() if global_seq_count is None else global_seq_count
-    return seq_losses.sum() / _as_denominator(denominator, loss_mat)
+    denominator = (token_counts > 0).to(loss_mat.dtype).sum() if seq_count is None else seq_count
+    return seq_losses.sum() / _as_denominator(denominator, loss_mat) * dp_size
+
+
+def _one_of(ours: str, ours_value: Any, upstream: str, upstream_value: Any) -> Any:
+    if ours_value is not None and upstream_value is not None:
+        raise ValueError(f"agg_loss: give {ours} or {upstream} (the same count under two names), not both")
+    return ours_value if ours_value is not None else upstream_value
 
 
 def _as_denominator(count: Union[float, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -370,13 +462,16 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     *,
-    global_token_count: Optional[Union[float, torch.Tensor]] = None,
-    global_seq_count: Optional[Union[float, torch.Tensor]] = None,
-    weights: Optional[torch.Tensor] = None,
-    loss_scale_factor: Optional[float] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    **agg_kwargs: Any,
+) -> Any:
     """PPO clipped surrogate with decoupled clip range and dual clip; returns
     ``(pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)``.
+
+    Two call forms share this registry entry (``vanilla``): ours/upstream's older one above, and upstream 0.9's
+    ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)`` (a str in the fifth place
+    or ``config=``), which is ``compute_policy_loss_vanilla`` and returns ``(pg_loss, metrics_dict)``.
 
     Per token, ``ratio = exp(clamp(log_prob - old_log_prob, -20, 20))``:
 
@@ -390,6 +485,17 @@ def compute_policy_loss(
     ``clipped > -A * clip_ratio_c`` (dual clip active). ``cliprange_low``/``cliprange_high`` default to
     ``cliprange``.
     """
+    if isinstance(cliprange, str) or config is not None:  # upstream 0.9 form
+        if isinstance(cliprange, str):
+            loss_agg_mode, config = cliprange, config if config is not None else cliprange_low
+            if rollout_is_weights is None and isinstance(cliprange_high, torch.Tensor):
+                rollout_is_weights = cliprange_high
+        return compute_policy_loss_vanilla(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, **agg_kwargs
+        )
+    if rollout_is_weights is not None:
+        given = agg_kwargs.get("weights")
+        agg_kwargs["weights"] = rollout_is_weights if given is None else given * rollout_is_weights
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1.0 (dual-clip bound -A * clip_ratio_c), got {clip_ratio_c}")
     cliprange_low = cliprange if cliprange_low is None else cliprange_low
@@ -416,16 +522,52 @@ def compute_policy_loss(
     ).detach()
 
     pg_losses = torch.where(negative_adv, clip_pg_losses2, clip_pg_losses1)
-    pg_loss = agg_loss(
-        pg_losses,
-        response_mask,
-        loss_agg_mode,
-        global_token_count=global_token_count,
-        global_seq_count=global_seq_count,
-        weights=weights,
-        loss_scale_factor=loss_scale_factor,
-    )
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Optional[torch.Tensor] = None,
+    **agg_kwargs: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Upstream verl 0.9's policy-loss form: clip settings from ``config`` (the actor config: ``clip_ratio``,
+    ``clip_ratio_low``/``clip_ratio_high`` defaulting to it, ``clip_ratio_c`` default 3.0, and optionally a
+    ``global_batch_info`` mapping of ``agg_loss`` arguments); ``rollout_is_weights`` multiply the per-token loss.
+
+    Same numbers as ``compute_policy_loss``; returns ``(pg_loss, {"actor/pg_clipfrac", "actor/ppo_kl",
+    "actor/pg_clipfrac_lower"})`` with float metric values.
+    """
+    if config is None:
+        raise ValueError("compute_policy_loss_vanilla needs config (the actor config with clip_ratio)")
+    clip_ratio = _cfg_get(config, "clip_ratio")
+    low, high = _cfg_get(config, "clip_ratio_low"), _cfg_get(config, "clip_ratio_high")
+    kwargs = dict(_cfg_get(config, "global_batch_info") or {})
+    kwargs.update(agg_kwargs)
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        cliprange=clip_ratio,
+        cliprange_low=clip_ratio if low is None else low,
+        cliprange_high=clip_ratio if high is None else high,
+        clip_ratio_c=float(_cfg_get(config, "clip_ratio_c", 3.0) or 3.0),
+        loss_agg_mode=loss_agg_mode,
+        rollout_is_weights=rollout_is_weights,
+        **kwargs,
+    )
+    metrics = {
+        "actor/pg_clipfrac": float(clipfrac),
+        "actor/ppo_kl": float(ppo_kl),
+        "actor/pg_clipfrac_lower": float(clipfrac_lower),
+    }
+    return pg_loss, metrics
 
 
 # ----------------------------------------------------------------------------------------------------------

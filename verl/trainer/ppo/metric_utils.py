@@ -23,8 +23,11 @@ import numpy as np
 import torch
 
 from verl.protocol import PADDING_FLAG_KEY, DataProto
+from verl.utils.metric import reduce_metrics
 
 __all__ = [
+    "bootstrap_metric",
+    "calc_maj_val",
     "compute_data_metrics",
     "compute_timing_metrics",
     "compute_throughout_metrics",
@@ -33,9 +36,29 @@ __all__ = [
 ]
 
 
-def reduce_metrics(metrics: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Mean of each list of values (e.g. per-micro-batch actor metrics) -> one float per key."""
-    return {key: float(np.mean([float(v) for v in values])) for key, values in metrics.items() if len(values)}
+def bootstrap_metric(
+    data: Sequence[Any], subset_size: int, reduce_fns: Sequence[Any], n_bootstrap: int = 1000, seed: int = 42
+) -> list[tuple[float, float]]:
+    """``(mean, std)`` of each ``reduce_fn`` over ``n_bootstrap`` resamples (with replacement) of ``subset_size``
+    items of ``data``, drawn as upstream draws them (``np.random.seed(seed)`` then ``np.random.choice``), but
+    from a private ``RandomState`` so the global numpy state is untouched."""
+    rng = np.random.RandomState(seed)
+    results: list[list[float]] = [[] for _ in reduce_fns]
+    for _ in range(n_bootstrap):
+        picks = rng.choice(len(data), size=subset_size, replace=True)
+        sample = [data[i] for i in picks]
+        for j, fn in enumerate(reduce_fns):
+            results[j].append(float(fn(sample)))
+    return [(float(np.mean(r)), float(np.std(r))) for r in results]
+
+
+def calc_maj_val(data: Sequence[Mapping[str, Any]], vote_key: str, val_key: str) -> Any:
+    """``val_key`` of the first item whose ``vote_key`` is the most common vote (ties: first vote seen)."""
+    votes: dict[Any, list[Any]] = {}
+    for item in data:
+        votes.setdefault(item[vote_key], []).append(item[val_key])
+    winner = max(votes, key=lambda vote: len(votes[vote]))
+    return votes[winner][0]
 
 
 def _tensor_keys(batch: DataProto) -> set[str]:
@@ -221,7 +244,10 @@ def compute_throughout_metrics(batch: DataProto, timing_raw: Mapping[str, float]
 
 
 def process_validation_metrics(
-    data_sources: Sequence[str], sample_uids: Sequence[Any], infos_dict: Mapping[str, Sequence[Any]]
+    data_sources: Sequence[str],
+    sample_uids: Sequence[Any],
+    infos_dict: Mapping[str, Sequence[Any]],
+    seed: int = 42,
 ) -> dict[str, float]:
     """Validation metrics per data source, grouping the ``n`` repeats of each sample by its uid.
 
@@ -229,8 +255,10 @@ def process_validation_metrics(
     ``mean@n``; with ``n > 1`` also ``std@n``, ``best@n`` (max of the group) and ``worst@n`` (min). Each is
     averaged over the groups of a data source. Keys: ``val-core/<ds>/<var>/<metric>`` for the core variable
     (``acc`` if present, else ``reward``) and its ``mean``/``best`` at the largest ``n``; ``val-aux/...``
-    for everything else. E.g. ``val-core/hotpotqa/reward/mean@4``.
+    for everything else. E.g. ``val-core/hotpotqa/reward/mean@4``. ``seed`` is upstream's bootstrap seed,
+    accepted for its signature: best/worst here are exact group max/min, not bootstrap estimates.
     """
+    del seed
     num = len(data_sources)
     if len(sample_uids) != num:
         raise ValueError(f"sample_uids has {len(sample_uids)} entries but data_sources has {num}")

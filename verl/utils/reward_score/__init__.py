@@ -10,7 +10,10 @@ Built-in routes (longest matching prefix wins; prefixes are case-sensitive):
 ``ruler_qa``                               :func:`hotpotqa.compute_score` (any gold answer)
 ``synthetic``                              :func:`hotpotqa.compute_score` (our synthetic QA sets)
 ``ruler_`` (every other RULER task)        :func:`ruler.compute_score` (string_match_all, 0..1)
-``gsm8k``, ``openai/gsm8k``                :func:`gsm8k.compute_score` (flexible by default)
+``gsm8k``, ``openai/gsm8k``                :func:`gsm8k.compute_score` (strict, as upstream)
+``lighteval/MATH``, ``HuggingFaceH4/       :func:`math.compute_score` (Hendrycks MATH
+MATH-500``, ``DigitalLearningGmbH/MATH-    normalisation, as upstream)
+lighteval``
 =========================================  ===============================================
 
 Add a route with :func:`register_scorer`. A scorer is called as
@@ -25,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from verl.utils.reward_score import gsm8k, hotpotqa, lenient, ruler
+from verl.utils.reward_score import math as math_reward
 
 __all__ = [
     "Scorer",
@@ -34,6 +38,7 @@ __all__ = [
     "hotpotqa",
     "known_data_sources",
     "lenient",
+    "math_reward",
     "register_scorer",
     "resolve_scorer",
     "ruler",
@@ -98,15 +103,22 @@ def default_compute_score(
     solution_str: str | None,
     ground_truth: Any,
     extra_info: dict | None = None,
+    sandbox_fusion_url: str | None = None,
+    concurrent_semaphore: Any = None,
+    memory_limit_mb: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Score ``solution_str`` against ``ground_truth`` with the scorer routed from ``data_source``.
+
+    Upstream's signature; its code-sandbox arguments (``sandbox_fusion_url``, ``concurrent_semaphore``,
+    ``memory_limit_mb``) are accepted and unused (no code data sources here).
 
     Returns a float (or whatever a user-registered scorer returns, e.g. a dict with ``score``).
 
     Raises:
         ValueError: unknown ``data_source`` (see :func:`resolve_scorer`).
     """
+    del sandbox_fusion_url, concurrent_semaphore, memory_limit_mb
     scorer = resolve_scorer(data_source)
     result = scorer(solution_str, ground_truth, extra_info=extra_info, **kwargs)
     if isinstance(result, (bool, int, float)):
@@ -123,4 +135,6 @@ for _prefix in ("hotpotqa", "ruler_hotpotqa", "ruler_hqa", "ruler_qa", "syntheti
 register_scorer("ruler_", ruler.compute_score)
 register_scorer("gsm8k", gsm8k.compute_score)
 register_scorer("openai/gsm8k", gsm8k.compute_score)
+for _prefix in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
+    register_scorer(_prefix, math_reward.compute_score)
 del _prefix

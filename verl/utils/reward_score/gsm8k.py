@@ -1,12 +1,16 @@
-"""GSM8K reward (verl's scorer; MemAgent changed the default extraction to ``flexible``, docs/spec.md#training-reward).
+"""GSM8K reward (upstream verl's scorer; default method ``strict`` as upstream).
 
-* ``strict``: the number after the last ``#### `` marker (an optional ``$`` is allowed after it).
-* ``flexible``: the last number anywhere in the text.
+Only the last 300 characters of the solution are read (as upstream).
 
-A number is an optional ``-``, an optional ``$``, digits (commas allowed only as thousands
-separators, ``1,234,567``) and an optional decimal part; ``$`` and ``,`` are removed from the
-extracted string, and a trailing sentence period is not part of the number (``"is 42."`` -> ``42``).
-The comparison with the ground truth (normalised the same way) is exact string equality, as in verl
+* ``strict`` (upstream's rule exactly): the text after the last ``"#### "`` made of ``-``, digits, ``.`` and
+  ``,``; commas and ``$`` are removed. So ``"#### 42."`` extracts ``"42."`` and scores 0 against ``42``, and
+  ``"#### $56"`` extracts nothing.
+* ``flexible`` (ours; MemAgent's tool workflow asks for it, docs/spec.md#training-reward): the last number
+  anywhere in the text, where a number is an optional ``-``, an optional ``$``, digits (commas only as thousands
+  separators, ``1,234,567``) and an optional decimal part; a trailing sentence period is not part of it
+  (``"is 42."`` -> ``42``). Upstream's flexible keeps that period (docs/differences.md).
+
+The comparison with the ground truth (``$``/``,`` removed) is exact string equality, as in verl
 (``"18.0"`` does not equal ``"18"``).
 """
 
@@ -20,7 +24,8 @@ __all__ = ["GSM8K_METHODS", "compute_score", "extract_solution", "normalize_numb
 GSM8K_METHODS = ("strict", "flexible")
 
 _NUMBER = r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
-_STRICT = re.compile(r"#### ?\$?(" + _NUMBER + r")")
+_STRICT = re.compile(r"#### (-?[0-9.,]+)")
+SOLUTION_CLIP_CHARS = 300
 _FLEXIBLE = re.compile(_NUMBER)
 
 
@@ -39,6 +44,7 @@ def extract_solution(solution_str: str | None, method: str = "strict") -> str | 
         raise ValueError(f"gsm8k extraction method {method!r} is not one of {list(GSM8K_METHODS)}")
     if not isinstance(solution_str, str):
         return None
+    solution_str = solution_str[-SOLUTION_CLIP_CHARS:]
     if method == "strict":
         matches = _STRICT.findall(solution_str)
     else:
@@ -49,7 +55,7 @@ def extract_solution(solution_str: str | None, method: str = "strict") -> str | 
 def compute_score(
     solution_str: str | None,
     ground_truth: Any,
-    method: str = "flexible",
+    method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
     **kwargs: Any,
