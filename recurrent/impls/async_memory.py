@@ -3,8 +3,9 @@
 Same loop (:mod:`recurrent.memory_loop`), prompts, chunking and limits as the sync workflow
 (:mod:`recurrent.impls.memory`): the context is tokenised once by the dataset and cut into
 ``chunk_size``-token chunks (at most ``max_chunks``); each chunk is decoded to text for its
-memory-update prompt; the memory is the previous answer's text ("No previous memory" before the first update); after the last chunk a
-final prompt asks for the boxed answer (``max_final_response_length`` tokens).
+memory-update prompt; the memory is the previous answer's text ("No previous memory" before the
+first update); after the last chunk a final prompt asks for the boxed answer
+(``max_final_response_length`` tokens).
 
 Differences from sync mode (memagent-spec §2.5.3): the chunk is decoded and the whole prompt is
 tokenised again from text, so token boundaries at the chunk edges can differ from the sync

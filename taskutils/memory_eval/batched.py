@@ -246,7 +246,6 @@ def run_batched(
         if counts["failed"] <= 3:
             logger.warning("batched eval: %s item %s failed: %s", cell.info.label, job.item.id, message)
 
-    params_for = {n: _params(config, n) for n in {config.max_memory_tokens, config.max_final_tokens}}
     direct_params = _params(config, config.max_output_tokens)
 
     def next_request(job: _Job) -> tuple[str, Any]:
@@ -254,7 +253,7 @@ def run_batched(
         if job.loop is None:
             return job.prompt, direct_params
         request = job.loop.next_request()
-        return request.prompt, params_for[request.max_tokens]
+        return request.prompt, _params(config, request.max_tokens)
 
     async def step(job: _Job) -> bool:
         """Send the job's next request and take in the answer; True while the job has more to do. An
