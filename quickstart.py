@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from recurrent.prompts import FINAL_STYLES
-from taskutils.memory_eval.agents import AgentConfig, MemoryAgent
+from taskutils.memory_eval.agents import AgentConfig, MemoryAgentClient
 from taskutils.memory_eval.chunking import iter_chunks, load_tokenizer
 from taskutils.memory_eval.client import (
     EndpointError,
@@ -163,7 +163,7 @@ async def run(args: argparse.Namespace) -> int:
             else:
                 print(f"\n[final] answering from the memory ({args.final_style} prompt)", flush=True)
 
-        agent = MemoryAgent(
+        agent = MemoryAgentClient(
             client, args.model, config, tokenizer, args.final_style, RetryPolicy(max_attempts=args.max_attempts)
         )
         try:

@@ -6,7 +6,7 @@ the memory has a fixed size). This script measures both:
 
 1. chunker alone: time per chunk and the tracemalloc peak of walking the whole document
    (the document string itself excluded), at each length;
-2. the agent end to end (``taskutils.memory_eval.agents.MemoryAgent`` over an OpenAI-compatible
+2. the agent end to end (``taskutils.memory_eval.agents.MemoryAgentClient`` over an OpenAI-compatible
    endpoint): wall time per chunk (request + chunking) over a full read of the document, with a
    fixed memory length (EOS ignored, ``max_tokens`` = ``--memory-tokens``) so every turn does the
    same work; this process's RSS (and the GPU's used memory) sampled after every chunk.
@@ -51,7 +51,7 @@ from typing import Any
 import bench_common as bc
 
 from serve.vllm_server import ServerSpec, VLLMServerGroup  # noqa: E402
-from taskutils.memory_eval.agents import AgentConfig, MemoryAgent  # noqa: E402
+from taskutils.memory_eval.agents import AgentConfig, MemoryAgentClient  # noqa: E402
 from taskutils.memory_eval.chunking import count_tokens, iter_chunks, load_tokenizer, middle_truncate  # noqa: E402
 from taskutils.memory_eval.client import endpoint_from_env, make_client  # noqa: E402
 
@@ -94,7 +94,7 @@ async def measure_agent(document: str, args, tokenizer, base_url: str, extra_bod
         top_p=1.0,
         extra_body=extra_body,
     )
-    agent = MemoryAgent(client, args.model, config, tokenizer, final_style="boxed")
+    agent = MemoryAgentClient(client, args.model, config, tokenizer, final_style="boxed")
     await agent.run("Warm-up question?", document[: args.chunk_size * 8])  # first requests pay one-off costs
     samples = {"rss_mib": [], "gpu_used_gib": []}
 

@@ -1,10 +1,11 @@
 """MemAgent as an async agent: one coroutine per trajectory, text memory, OpenAI-style chat calls.
 
-Same prompts, chunking and limits as the sync workflow (:mod:`recurrent.impls.memory`): the
-context is tokenised once by the dataset and cut into ``chunk_size``-token chunks (at most
-``max_chunks``); each chunk is decoded to text for its memory-update prompt; the memory is the
-previous answer's text ("No previous memory" before the first update); after the last chunk a
-final prompt asks for the boxed answer (``max_final_response_length`` tokens).
+Same loop (:mod:`recurrent.memory_loop`), prompts, chunking and limits as the sync workflow
+(:mod:`recurrent.impls.memory`): the context is tokenised once by the dataset and cut into
+``chunk_size``-token chunks (at most ``max_chunks``); each chunk is decoded to text for its
+memory-update prompt; the memory is the previous answer's text ("No previous memory" before the
+first update); after the last chunk a final prompt asks for the boxed answer
+(``max_final_response_length`` tokens).
 
 Differences from sync mode (docs/spec.md#memory-loop): the chunk is decoded and the whole prompt is
 tokenised again from text, so token boundaries at the chunk edges can differ from the sync
@@ -21,7 +22,7 @@ import numpy as np
 from recurrent.async_utils import AsyncOutput, AsyncRAgent, msg
 from recurrent.impls.memory import MemoryConfig, MemoryDataset
 from recurrent.interface import RRegister
-from recurrent.prompts import render_final_prompt, render_update_prompt
+from recurrent.memory_loop import MemoryLoop, MemoryRequest, TextPrompts, run_memory_loop, token_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -44,47 +45,45 @@ class AsyncMemoryDataset(MemoryDataset):
 
 
 class AsyncMemoryAgent(AsyncRAgent):
-    """Read the context chunk by chunk, overwrite the memory, answer from it (one sample)."""
+    """Read the context chunk by chunk, overwrite the memory, answer from it (one sample): one
+    :class:`~recurrent.memory_loop.MemoryLoop` with text prompts, each request awaited over the proxy."""
 
     async def rollout(self, gen_item) -> AsyncOutput:
         cfg: MemoryConfig = self.config
         idx = self.sample_index(gen_item)
-        question = str(gen_item.non_tensor_batch["prompt"])
         context = np.asarray(gen_item.non_tensor_batch["context_ids"])
         length = int(gen_item.batch["context_length"])
+        chunks = (
+            self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+            for ids in token_chunks(context, cfg.chunk_size, length)
+        )
+        loop = MemoryLoop(
+            str(gen_item.non_tensor_batch["prompt"]),
+            chunks,
+            TextPrompts(final_style="boxed"),
+            memory_tokens=cfg.max_memorization_length,
+            final_tokens=cfg.max_final_response_length,
+            max_chunks=cfg.max_chunks,
+        )
         base = self.sampling_params(gen_item.meta_info)
         session = f"mem-{idx}"
-        timing = {"mt_misc": 0.0, "mt_async_gen": 0.0}
-        conversations, memory = [], None
-        step = 0
-        while step * cfg.chunk_size < length:
-            if step >= cfg.max_chunks:
-                raise ValueError(
-                    f"context of {length} tokens needs more than max_chunks={cfg.max_chunks} chunks "
-                    f"of {cfg.chunk_size} tokens (the dataset should have truncated it)"
-                )
+        conversations, generating = [], 0.0
+
+        async def send(request: MemoryRequest) -> str:
+            nonlocal generating
+            messages = [{"role": "user", "content": request.prompt}]
             t0 = time.perf_counter()
-            ids = context[step * cfg.chunk_size : (step + 1) * cfg.chunk_size].tolist()
-            chunk = self.tokenizer.decode(ids, skip_special_tokens=True)
-            messages = [{"role": "user", "content": render_update_prompt(question, memory, chunk)}]
-            t1 = time.perf_counter()
             completion = await self.proxy.chat(
-                messages, request_id=session, **base, max_completion_tokens=cfg.max_memorization_length
+                messages, request_id=session, **base, max_completion_tokens=request.max_tokens
             )
-            t2 = time.perf_counter()
+            generating += time.perf_counter() - t0
             answer = msg(completion.choices[0])
             conversations.append(messages + [answer])
-            memory = answer["content"]
-            timing["mt_misc"] += t1 - t0
-            timing["mt_async_gen"] += t2 - t1
-            step += 1
-        messages = [{"role": "user", "content": render_final_prompt(question, memory)}]
-        t1 = time.perf_counter()
-        completion = await self.proxy.chat(
-            messages, request_id=session, **base, max_completion_tokens=cfg.max_final_response_length
-        )
-        timing["mt_async_gen"] += time.perf_counter() - t1
-        conversations.append(messages + [msg(completion.choices[0])])
+            return answer["content"]
+
+        started = time.perf_counter()
+        await run_memory_loop(loop, send)
+        timing = {"mt_misc": time.perf_counter() - started - generating, "mt_async_gen": generating}
         if idx == 0 and logger.isEnabledFor(logging.DEBUG):
             for conv in conversations:
                 logger.debug("[sample 0] %s", [(m["role"], _clip(m["content"])) for m in conv])

@@ -3,7 +3,8 @@
 Per trajectory: ``ceil(context_tokens / chunk_size)`` memory-update conversations (at most
 ``max_chunks``), then one final-answer conversation. All trajectories still reading at turn k go
 to the engine in one batch; trajectories whose context is exhausted wait, and every final answer
-is generated together in the last turn.
+is generated together in the last turn. The loop itself (chunks, memory, final turn) is
+:mod:`recurrent.memory_loop`, shared with the async agent and the evaluation.
 
 Deliberate differences from the original (docs/spec.md#original-bugs):
 * the final prompt renders ``\\boxed{}`` (the original sync agent sent ``\\boxed{{}}``);
@@ -22,8 +23,8 @@ import numpy as np
 import torch
 
 from recurrent.interface import RAgent, RConfig, RRegister
-from recurrent.prompts import MEMORY_FINAL_TEMPLATE_BOXED, MEMORY_UPDATE_TEMPLATE, NO_MEMORY
-from recurrent.utils import TokenTemplate, center_truncate, chat_template_string
+from recurrent.memory_loop import MemoryLoop, TokenPrompts, lockstep_turn, token_chunks
+from recurrent.utils import center_truncate
 from verl.protocol import DataProto
 from verl.utils.dataset.rl_dataset import RLHFDataset, require_column
 
@@ -108,65 +109,52 @@ class MemoryDataset(RLHFDataset):
 
 
 class MemoryAgent(RAgent):
-    """The MemAgent workflow as a lock-step state machine over a batch of trajectories."""
+    """The MemAgent workflow: one :class:`~recurrent.memory_loop.MemoryLoop` per trajectory (token-id
+    prompts, :class:`~recurrent.memory_loop.TokenPrompts`), stepped in lock-step
+    (:func:`~recurrent.memory_loop.lockstep_turn`)."""
 
     def __init__(self, tokenizer, config: MemoryConfig):
         super().__init__(tokenizer, config)
-        chat = chat_template_string(tokenizer)
-        if "{message}" not in chat:
-            raise ValueError("the tokenizer's chat template did not render the user message")
-        self.update_template = TokenTemplate(chat.replace("{message}", MEMORY_UPDATE_TEMPLATE), tokenizer)
-        self.final_template = TokenTemplate(chat.replace("{message}", MEMORY_FINAL_TEMPLATE_BOXED), tokenizer)
-        self.no_memory = tokenizer.encode(NO_MEMORY, add_special_tokens=False)
+        self.prompts = TokenPrompts(tokenizer, final_style="boxed")
         self.drop_ids = torch.tensor([t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None])
-        logger.info("[RECURRENT] max_input_length: %d", config.max_raw_input_length + self.update_template.length)
+        logger.info(
+            "[RECURRENT] max_input_length: %d", config.max_raw_input_length + self.prompts.update_template.length
+        )
 
     def start(self, gen_batch: DataProto, timing_raw: dict) -> None:
-        self.contexts = gen_batch.non_tensor_batch["context_ids"]
-        self.questions = gen_batch.non_tensor_batch["prompt_ids"]
-        self.ctx_length = gen_batch.batch["context_length"].clone()
-        self.memory: list[list[int] | None] = [None] * len(gen_batch)
-        self.step = 0
+        cfg = self.config
+        contexts = gen_batch.non_tensor_batch["context_ids"]
+        questions = gen_batch.non_tensor_batch["prompt_ids"]
+        lengths = gen_batch.batch["context_length"].tolist()
+        self.loops = [
+            MemoryLoop(
+                questions[i],
+                token_chunks(contexts[i], cfg.chunk_size, lengths[i]),
+                self.prompts,
+                memory_tokens=cfg.max_memorization_length,
+                final_tokens=cfg.max_final_response_length,
+                max_chunks=cfg.max_chunks,
+            )
+            for i in range(len(gen_batch))
+        ]
+        self.turn: list[int] = []
         self.is_final = False
-        self.active: torch.Tensor | None = None
 
     def action(self):
-        c = self.config.chunk_size
-        active = self.ctx_length > self.step * c
-        n = len(self.ctx_length)
-        if not bool(active.any()):
-            prompts = [
-                self.final_template.format(prompt=self.questions[i], memory=self.memory[i] or self.no_memory)
-                for i in range(n)
-            ]
-            self.sample_index_list.append(torch.arange(n))
-            self.final_mask_list.append(torch.ones(n, dtype=torch.bool))
-            self.is_final = True
-            max_tokens = self.config.max_final_response_length
-        else:
-            idx = torch.nonzero(active, as_tuple=False).squeeze(-1)
-            lo, hi = self.step * c, (self.step + 1) * c
-            prompts = [
-                self.update_template.format(
-                    prompt=self.questions[i],
-                    memory=self.memory[i] or self.no_memory,
-                    chunk=self.contexts[i][lo:hi],
-                )
-                for i in idx.tolist()
-            ]
-            self.sample_index_list.append(idx)
-            self.final_mask_list.append(torch.zeros(len(idx), dtype=torch.bool))
-            max_tokens = self.config.max_memorization_length
-        self.active = None if self.is_final else idx
-        return prompts, {"generation_kwargs": {"max_tokens": max_tokens, "n": 1}}
+        self.turn = lockstep_turn(self.loops)
+        requests = [self.loops[i].next_request() for i in self.turn]
+        self.is_final = all(r.is_final for r in requests)
+        max_tokens = requests[0].max_tokens if requests else self.config.max_final_response_length
+        self.sample_index_list.append(torch.tensor(self.turn, dtype=torch.long))
+        self.final_mask_list.append(torch.full((len(self.turn),), self.is_final, dtype=torch.bool))
+        return [r.prompt for r in requests], {"generation_kwargs": {"max_tokens": max_tokens, "n": 1}}
 
     def update(self, gen_output: DataProto) -> DataProto:
-        if not self.is_final:
-            responses = gen_output.batch["responses"]
-            keep = gen_output.batch["response_mask"].bool() & ~torch.isin(responses, self.drop_ids)
-            for row, i in enumerate(self.active.tolist()):
-                self.memory[i] = responses[row][keep[row]][: self.config.max_memorization_length].tolist()
-            self.step += 1
+        responses = gen_output.batch["responses"]
+        keep = gen_output.batch["response_mask"].bool() & ~torch.isin(responses, self.drop_ids)
+        for row, i in enumerate(self.turn):
+            loop = self.loops[i]
+            loop.take(responses[row][keep[row]][: loop.pending.max_tokens].tolist())
         return gen_output
 
     def done(self) -> bool:

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 
-from recurrent.prompts import NO_MEMORY, render_final_prompt, render_template, render_update_prompt
+from recurrent.memory_loop import MemoryLoop, MemoryRequest, TextPrompts, run_memory_loop
+from recurrent.prompts import render_template
 from taskutils.memory_eval.chunking import DEFAULT_CHARS_PER_TOKEN, TokenSpanner, iter_chunks, middle_truncate
 from taskutils.memory_eval.client import RequestStats, RetryPolicy, chat_completion
-from verl.utils.reward_score.lenient import extract_solution
 
 __all__ = [
     "AgentConfig",
@@ -33,12 +33,18 @@ __all__ = [
     "DIRECT_TEMPLATE_ANSWER_IS",
     "DIRECT_TEMPLATE_BOXED",
     "DirectAgent",
-    "MemoryAgent",
+    "MEMORY_METHODS",
     "METHODS",
+    "MemoryAgentClient",
     "make_agent",
+    "memory_chunks",
+    "memory_loop",
 ]
 
 METHODS = ("recurrent", "recurrent-boxed", "openai", "boxed")
+
+MEMORY_METHODS = {"recurrent": "answer_is", "recurrent-boxed": "boxed"}
+"""Memory-agent evaluation method -> final prompt style (:data:`recurrent.prompts.FINAL_STYLES`)."""
 
 DIRECT_TEMPLATE_ANSWER_IS = (
     "Please read the following text and answer the question below.\n\n<text>\n{chunk}\n</text>\n\n{prompt}\n\n"
@@ -92,18 +98,54 @@ class AgentOutput:
 StepCallback = Callable[[str, int, str, str], Any]
 
 
-def _strip_think(text: str) -> str:
-    solution, _ = extract_solution(text, force_think=False)
-    return (solution if solution is not None else text).strip()
-
-
 async def _maybe_await(value: Any) -> None:
     if inspect.isawaitable(value):
         await value
 
 
-class MemoryAgent:
-    """The MemAgent loop: memory <- model(question, memory, chunk) per chunk, then a final answer."""
+def memory_chunks(
+    context: str, config: AgentConfig, tokenizer: TokenSpanner | None = None
+) -> tuple[Iterator[str], int | None]:
+    """The memory agent's view of a document: its chunks (lazy) and the token count it was cut from.
+
+    The document is stripped, centre-truncated to ``config.max_context_tokens`` (first + last half,
+    when set) and cut into ``config.chunk_tokens``-token chunks (:func:`~taskutils.memory_eval.chunking.
+    iter_chunks`; approximate character chunks without a tokenizer). The second value is the
+    document's token count when it was truncated, else None.
+    """
+    context = context.strip()
+    truncated_from = None
+    if config.max_context_tokens is not None:
+        context, before, after = middle_truncate(context, config.max_context_tokens, tokenizer, config.chars_per_token)
+        truncated_from = before if after < before else None
+    return iter_chunks(context, config.chunk_tokens, tokenizer, config.chars_per_token), truncated_from
+
+
+def memory_loop(
+    question: str,
+    chunks: Iterable[str],
+    config: AgentConfig,
+    final_style: str = "answer_is",
+    memory: str | None = None,
+    start_chunk: int = 0,
+) -> MemoryLoop:
+    """The evaluation's :class:`~recurrent.memory_loop.MemoryLoop` for one item: text prompts, the
+    ``<think>`` block of a memory update dropped, ``config``'s token budgets; ``memory`` /
+    ``start_chunk`` resume it mid-document."""
+    return MemoryLoop(
+        question,
+        chunks,
+        TextPrompts(final_style=final_style, strip_think=True),
+        memory_tokens=config.max_memory_tokens,
+        final_tokens=config.max_final_tokens,
+        memory=memory,
+        start_chunk=start_chunk,
+    )
+
+
+class MemoryAgentClient:
+    """The MemAgent loop (:mod:`recurrent.memory_loop`) over an OpenAI-compatible endpoint:
+    memory <- model(question, memory, chunk) per chunk, then a final answer."""
 
     def __init__(
         self,
@@ -139,42 +181,32 @@ class MemoryAgent:
         cfg = self.config
         out = AgentOutput(response="", stats=stats if stats is not None else RequestStats())
         start = time.perf_counter()
-        context = context.strip()
-        if cfg.max_context_tokens is not None:
-            context, before, after = middle_truncate(
-                context, cfg.max_context_tokens, self.tokenizer, cfg.chars_per_token
-            )
-            out.truncated_from_tokens = before if after < before else None
-        memory = NO_MEMORY
-        for index, chunk in enumerate(iter_chunks(context, cfg.chunk_tokens, self.tokenizer, cfg.chars_per_token)):
-            t0 = time.perf_counter()
-            message = render_update_prompt(question, memory, chunk)
+        chunks, out.truncated_from_tokens = memory_chunks(context, cfg, self.tokenizer)
+        loop = memory_loop(question, chunks, cfg, self.final_style)
+        turn_started = start
+
+        async def send(request: MemoryRequest) -> str:
+            nonlocal turn_started
+            turn_started = time.perf_counter()
+            messages = [{"role": "user", "content": request.prompt}]
             content, _ = await chat_completion(
-                self.client,
-                self.model,
-                [{"role": "user", "content": message}],
-                self.retry,
-                out.stats,
-                **cfg.sampling(cfg.max_memory_tokens),
+                self.client, self.model, messages, self.retry, out.stats, **cfg.sampling(request.max_tokens)
             )
-            memory = _strip_think(content) or NO_MEMORY
-            out.num_chunks = index + 1
-            out.chunk_seconds.append(time.perf_counter() - t0)
+            return content
+
+        async def on_turn(request: MemoryRequest, content: str) -> None:
+            if request.is_final:
+                out.response, out.memory = content, loop.memory
+                out.elapsed_s = time.perf_counter() - start
+                if on_step is not None:
+                    await _maybe_await(on_step("final", loop.chunks_read, "", content))
+                return
+            out.num_chunks = loop.chunks_read
+            out.chunk_seconds.append(time.perf_counter() - turn_started)
             if on_step is not None:
-                await _maybe_await(on_step("chunk", index, chunk, memory))
-        message = render_final_prompt(question, memory, style=self.final_style)
-        content, _ = await chat_completion(
-            self.client,
-            self.model,
-            [{"role": "user", "content": message}],
-            self.retry,
-            out.stats,
-            **cfg.sampling(cfg.max_final_tokens),
-        )
-        out.response, out.memory = content, memory
-        out.elapsed_s = time.perf_counter() - start
-        if on_step is not None:
-            await _maybe_await(on_step("final", out.num_chunks, "", content))
+                await _maybe_await(on_step("chunk", request.index, request.chunk, loop.memory))
+
+        await run_memory_loop(loop, send, on_turn)
         return out
 
 
@@ -232,16 +264,14 @@ def make_agent(
     config: AgentConfig | None = None,
     tokenizer: TokenSpanner | None = None,
     retry: RetryPolicy | None = None,
-) -> MemoryAgent | DirectAgent:
+) -> MemoryAgentClient | DirectAgent:
     """The agent of evaluation ``method`` (one of :data:`METHODS`).
 
     Raises:
         ValueError: for an unknown method.
     """
-    if method == "recurrent":
-        return MemoryAgent(client, model, config, tokenizer, "answer_is", retry)
-    if method == "recurrent-boxed":
-        return MemoryAgent(client, model, config, tokenizer, "boxed", retry)
+    if method in MEMORY_METHODS:
+        return MemoryAgentClient(client, model, config, tokenizer, MEMORY_METHODS[method], retry)
     if method == "openai":
         return DirectAgent(client, model, config, tokenizer, "answer_is", retry)
     if method == "boxed":

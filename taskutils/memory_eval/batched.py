@@ -4,8 +4,9 @@ The HTTP agents (:mod:`taskutils.memory_eval.agents`) send one request per turn 
 small model and long documents the per-request work (HTTP, JSON, chat templating under one GIL)
 can outweigh the generation (an H200 run measured 1.4-6 s per memory turn through the HTTP endpoint
 with ~1,500 items in flight). Here every unfinished item is in flight at once on the engine's own
-event loop, so the engine batches their requests, with the same prompts (:mod:`recurrent.prompts`),
-chunking (:func:`~taskutils.memory_eval.chunking.iter_chunks`), chat template
+event loop, so the engine batches their requests, with the same memory loop
+(:class:`recurrent.memory_loop.MemoryLoop`, built by :func:`~taskutils.memory_eval.agents.memory_loop`),
+chunking (:func:`~taskutils.memory_eval.agents.memory_chunks`), chat template
 (:func:`recurrent.chat_template.load_chat_template`, as ``serve.inproc_server``), sampling and
 scoring (:func:`~taskutils.memory_eval.scoring.score_response`), and the same record and meta files
 (:mod:`~taskutils.memory_eval.results`), so summaries and reports read them unchanged.
@@ -40,19 +41,17 @@ from typing import Any
 
 from recurrent.async_utils import turn_end_token_ids
 from recurrent.chat_template import load_chat_template, tokenize_conversation
-from recurrent.prompts import (
-    NO_MEMORY,
-    render_final_prompt,
-    render_template,
-    render_update_prompt,
-)
+from recurrent.memory_loop import MemoryLoop
+from recurrent.prompts import render_template
 from taskutils.memory_eval.agents import (
     DIRECT_TEMPLATE_ANSWER_IS,
     DIRECT_TEMPLATE_BOXED,
+    MEMORY_METHODS,
     AgentConfig,
-    _strip_think,
+    memory_chunks,
+    memory_loop,
 )
-from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks, middle_truncate
+from taskutils.memory_eval.chunking import HFTokenizer, middle_truncate
 from taskutils.memory_eval.data import EvalItem
 from taskutils.memory_eval.results import ResultStore, result_paths, write_meta
 from taskutils.memory_eval.runner import CellInfo, item_record
@@ -62,7 +61,6 @@ __all__ = ["BatchCell", "run_batched"]
 
 logger = logging.getLogger(__name__)
 
-MEMORY_METHODS = {"recurrent": "answer_is", "recurrent-boxed": "boxed"}
 DIRECT_METHODS = {"openai": DIRECT_TEMPLATE_ANSWER_IS, "boxed": DIRECT_TEMPLATE_BOXED}
 
 
@@ -81,13 +79,11 @@ class BatchCell:
 
 @dataclass
 class _Job:
-    """One unfinished item: its cell, chunks still to read and the memory so far."""
+    """One unfinished item: its cell and its memory loop (memory agent) or its single prompt (direct)."""
 
     cell: int
     item: EvalItem
-    chunks: list[str] = field(default_factory=list)
-    next_chunk: int = 0
-    memory: str = NO_MEMORY
+    loop: MemoryLoop | None = None  # the memory agent's loop (chunks, memory, position); None: direct
     started: float = field(default_factory=time.perf_counter)
     requests: int = 0
     truncated_from: int | None = None
@@ -103,7 +99,10 @@ def _params(config: AgentConfig, max_tokens: int):
 
 
 def _save_state(path: Path, jobs: list[_Job]) -> None:
-    state = {str(j.item.id): {"next_chunk": j.next_chunk, "memory": j.memory, "requests": j.requests} for j in jobs}
+    state = {
+        str(j.item.id): {"next_chunk": j.loop.chunks_read, "memory": j.loop.memory, "requests": j.requests}
+        for j in jobs
+    }
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, ensure_ascii=False), encoding="utf-8")
     os.replace(tmp, path)
@@ -177,15 +176,15 @@ def run_batched(
         """An unfinished item's job: its chunks (memory agent) or its truncated prompt (direct)."""
         k, item, state = task
         job = _Job(k, item)
-        context = item.get_context().strip()
-        if cells[k].info.method in MEMORY_METHODS:
-            if config.max_context_tokens is not None:
-                context, before, after = middle_truncate(context, config.max_context_tokens, spanner)
-                job.truncated_from = before if after < before else None
-            job.chunks = list(iter_chunks(context, config.chunk_tokens, spanner))
-            if state:
-                job.next_chunk, job.memory, job.requests = state["next_chunk"], state["memory"], state["requests"]
+        method = cells[k].info.method
+        if method in MEMORY_METHODS:
+            chunks, job.truncated_from = memory_chunks(item.get_context(), config, spanner)
+            state = state or {}
+            job.loop = memory_loop(item.question, list(chunks), config, MEMORY_METHODS[method],
+                                   state.get("memory"), state.get("next_chunk", 0))  # fmt: skip
+            job.requests = state.get("requests", 0)
         else:
+            context = item.get_context().strip()
             document, before, after = middle_truncate(context, config.max_input_tokens, spanner)
             job.truncated_from = before if after < before else None
             job.prompt = render_template(DIRECT_METHODS[cells[k].info.method], prompt=item.question, chunk=document)
@@ -224,13 +223,14 @@ def run_batched(
 
     def finish(job: _Job, response: str) -> None:
         cell = cells[job.cell]
+        read = job.loop.chunks_read if job.loop is not None else 0
         scores = score_response(response.strip(), job.item.answers, cell.info.method)
         stores[job.cell].append({
             **item_record(job.item, cell.info), "status": "ok", "error": None, "response": response,
             "pred": scores.pop("pred"), **{f"judge_{k}": v for k, v in scores.items()},
-            "num_chunks": job.next_chunk if job.chunks else 0, "requests": job.requests, "retries": 0,
+            "num_chunks": read, "requests": job.requests, "retries": 0,
             "elapsed_s": round(time.perf_counter() - job.started, 3), "truncated_from_tokens": job.truncated_from,
-            "memory": job.memory if job.chunks else None})  # fmt: skip
+            "memory": job.loop.memory if read else None})  # fmt: skip
         job.done = True
         counts["finished"] += 1
 
@@ -246,21 +246,14 @@ def run_batched(
         if counts["failed"] <= 3:
             logger.warning("batched eval: %s item %s failed: %s", cell.info.label, job.item.id, message)
 
-    memory_params, final_params = _params(config, config.max_memory_tokens), _params(config, config.max_final_tokens)
     direct_params = _params(config, config.max_output_tokens)
 
-    def next_request(job: _Job) -> tuple[str, str, Any]:
-        """The job's next request: a memory update, the final answer or the direct baseline's prompt."""
-        if job.prompt is not None:
-            return "direct", job.prompt, direct_params
-        if job.next_chunk < len(job.chunks):
-            return (
-                "memory",
-                render_update_prompt(job.item.question, job.memory, job.chunks[job.next_chunk]),
-                memory_params,
-            )
-        style = MEMORY_METHODS[cells[job.cell].info.method]
-        return "final", render_final_prompt(job.item.question, job.memory, style=style), final_params
+    def next_request(job: _Job) -> tuple[str, Any]:
+        """The job's next prompt and sampling: its loop's next request, or the direct baseline's prompt."""
+        if job.loop is None:
+            return job.prompt, direct_params
+        request = job.loop.next_request()
+        return request.prompt, _params(config, request.max_tokens)
 
     async def step(job: _Job) -> bool:
         """Send the job's next request and take in the answer; True while the job has more to do. An
@@ -269,7 +262,7 @@ def run_batched(
         if (deadline is not None and time.time() > deadline) or (stop is not None and stop.is_set()):
             counts["stopped"] = 1
             return False
-        kind, message, params = next_request(job)
+        message, params = next_request(job)
         ids, seconds = await asyncio.get_running_loop().run_in_executor(pool, ids_of, message)
         counts["tokenize_s"] += seconds
         try:
@@ -280,11 +273,13 @@ def run_batched(
             return False
         job.requests += 1
         counts["requests"] += 1
-        if kind != "memory":
+        if job.loop is None:
             finish(job, text_of(output))
             return False
-        job.memory = _strip_think(text_of(output)) or NO_MEMORY
-        job.next_chunk += 1
+        job.loop.take(text_of(output))
+        if job.loop.done:
+            finish(job, job.loop.answer)
+            return False
         return True
 
     async def run_item(job: _Job) -> None:
@@ -355,7 +350,7 @@ def _save_states(cells: Sequence[BatchCell], jobs: list[_Job]) -> None:
     """Write every cell's state file (unfinished memory items), removing it once the cell is done."""
     for k, cell in enumerate(cells):
         state_path = cell.paths()[2]
-        mine = [j for j in jobs if j.cell == k and j.chunks]
+        mine = [j for j in jobs if j.cell == k and j.loop is not None]
         if mine:
             _save_state(state_path, mine)
         elif state_path.exists():

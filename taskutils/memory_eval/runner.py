@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from taskutils.memory_eval.agents import DirectAgent, MemoryAgent
+from taskutils.memory_eval.agents import DirectAgent, MemoryAgentClient
 from taskutils.memory_eval.client import RequestFailed, RequestStats, describe_error
 from taskutils.memory_eval.data import EvalItem
 from taskutils.memory_eval.results import ResultStore, write_meta
@@ -65,7 +65,7 @@ def item_record(item: EvalItem, info: CellInfo) -> dict[str, Any]:
 
 
 async def _run_item(
-    item: EvalItem, agent: MemoryAgent | DirectAgent, info: CellInfo, result: CellResult
+    item: EvalItem, agent: MemoryAgentClient | DirectAgent, info: CellInfo, result: CellResult
 ) -> dict[str, Any]:
     record = item_record(item, info)
     start = time.perf_counter()
@@ -113,7 +113,7 @@ async def run_cell(
     store: ResultStore,
     meta_path: Any,
     info: CellInfo,
-    agent_for: Callable[[int], MemoryAgent | DirectAgent],
+    agent_for: Callable[[int], MemoryAgentClient | DirectAgent],
     concurrency: int = 64,
     force: bool = False,
     redo_failed: bool = True,
