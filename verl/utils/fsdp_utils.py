@@ -1,7 +1,10 @@
 """FSDP2 helpers: sharding, CPU offload, full-weight iteration for weight sync, optimizer and LR schedule.
 
 Sharding (``apply_fsdp2``): ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes a
-transformers model lists in ``_no_split_modules``) and then on the root module, over a 1-D data-parallel mesh.
+transformers model lists in ``_no_split_modules``) and then on the root module, over the mesh of
+``init_fsdp_mesh``: 1-D (plain FSDP, every rank holds a shard) or, with ``fsdp_config.fsdp_size`` dividing the world
+size, 2-D ``("ddp", "fsdp")`` = HSDP (parameters sharded within groups of ``fsdp_size`` ranks and replicated across
+the groups; FSDP2 reduce-scatters gradients within a group and all-reduces them across groups).
 On CUDA the default mixed precision is ``param_dtype=bf16, reduce_dtype=fp32`` (fp32 master weights, bf16
 compute, fp32 gradient reduction). The same code path runs on CPU with the gloo backend (verified with torch
 2.13: loss and grad norm equal the unsharded model's); there the default is full fp32 precision.
@@ -30,6 +33,7 @@ __all__ = [
     "is_fsdp2_module",
     "get_decoder_layer_classes",
     "init_dp_mesh",
+    "init_fsdp_mesh",
     "apply_fsdp2",
     "offload_fsdp_model_to_cpu",
     "load_fsdp_model_to_gpu",
@@ -78,6 +82,36 @@ def init_dp_mesh(device_type: Optional[str] = None, world_size: Optional[int] = 
     return init_device_mesh(device_type, (world_size or dist.get_world_size(),), mesh_dim_names=("dp",))
 
 
+def init_fsdp_mesh(
+    fsdp_size: Optional[int] = -1,
+    device_type: Optional[str] = None,
+    world_size: Optional[int] = None,
+    key: str = "fsdp_config.fsdp_size",
+):
+    """The sharding mesh for ``fsdp_config.fsdp_size`` (verl's ``create_device_mesh``).
+
+    ``fsdp_size`` < 1 (verl: -1), None or >= the world size: the 1-D mesh of ``init_dp_mesh`` (plain FSDP).
+    Otherwise a 2-D mesh ``(world // fsdp_size, fsdp_size)`` named ``("ddp", "fsdp")``: ``fully_shard`` on it
+    shards within each row of ``fsdp_size`` consecutive ranks and replicates across rows (HSDP). ``ValueError``
+    naming ``key`` when ``fsdp_size`` does not divide the world size.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("init_fsdp_mesh needs torch.distributed to be initialised (dist.init_process_group)")
+    world = int(world_size or dist.get_world_size())
+    size = int(fsdp_size) if fsdp_size is not None else -1
+    if size < 1 or size >= world:
+        return init_dp_mesh(device_type, world)
+    if world % size != 0:
+        raise ValueError(
+            f"{key}={size} must divide the number of ranks ({world}): HSDP shards within groups of {key} ranks "
+            "and replicates across world/fsdp_size groups; use -1 for plain FSDP over all ranks"
+        )
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    return init_device_mesh(device_type, (world // size, size), mesh_dim_names=("ddp", "fsdp"))
+
+
 def apply_fsdp2(
     model: nn.Module,
     mesh: Any = None,
@@ -91,7 +125,8 @@ def apply_fsdp2(
 
     Args:
         model: the (maybe peft-wrapped) transformers model, with parameters on CPU or on the target device.
-        mesh: a 1-D ``DeviceMesh``; default ``init_dp_mesh()``.
+        mesh: a 1-D ``DeviceMesh`` (FSDP) or a 2-D one (HSDP: replicate over dim 0, shard over dim 1), see
+            ``init_fsdp_mesh``; default ``init_dp_mesh()``.
         param_dtype: compute dtype of the gathered parameters; ``"auto"`` = bf16 on CUDA, unchanged on CPU;
             ``None`` = unchanged.
         reduce_dtype: gradient reduction dtype (when ``param_dtype`` is set).

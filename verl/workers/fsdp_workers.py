@@ -63,7 +63,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
+        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer, init_fsdp_mesh
         from verl.utils.model_loading import load_causal_lm
 
         self._init_distributed()
@@ -91,9 +91,16 @@ class ActorRolloutRefWorker(TrainingWorker):
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         ).to(device)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
-        if self.sharded:
+        self.fsdp_mesh = None
+        if self.sharded:  # HSDP when fsdp_size divides the world size (the ref model shares the mesh, as in verl)
+            self.fsdp_mesh = init_fsdp_mesh(
+                (actor_cfg.get("fsdp_config") or {}).get("fsdp_size", -1),
+                device_type=self.device_name,
+                world_size=self.world_size,
+                key="actor_rollout_ref.actor.fsdp_config.fsdp_size",
+            )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
-            actor_module = apply_fsdp2(actor_module, param_dtype=param_dtype)
+            actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
         optim = actor_cfg.get("optim", {})
         optimizer = build_optimizer(
             actor_module,
@@ -123,7 +130,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             ).to(device)
             ref_module.requires_grad_(False)
             if self.sharded:
-                ref_module = apply_fsdp2(ref_module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+                ref_module = apply_fsdp2(
+                    ref_module, mesh=self.fsdp_mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None
+                )
             ref_settings = {**actor_settings, **config_to_dict(cfg.get("ref", {}))}
             self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
         self._init_rollout()
