@@ -52,6 +52,24 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
     return options
 
 
+# Micro-batching of a log-prob-only pass; verl reads them from ``rollout`` for the actor's old log-probs and from
+# ``ref`` for the reference log-probs (the actor's own ppo_* budgets are for its update).
+LOG_PROB_KEYS = (
+    "log_prob_micro_batch_size",
+    "log_prob_micro_batch_size_per_gpu",
+    "log_prob_max_token_len_per_gpu",
+    "log_prob_use_dynamic_bsz",
+)
+
+
+def log_prob_settings(actor_settings: dict, section: Any) -> dict:
+    """``actor_settings`` with the ``LOG_PROB_KEYS`` of ``section`` (``actor_rollout_ref.rollout`` or ``.ref``)
+    laid over it; a key the section leaves null keeps the actor's fallback (``ppo_micro_batch_size_per_gpu``,
+    ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, see ``ActorSettings``)."""
+    overlay = {key: value for key, value in config_to_dict(section).items() if key in LOG_PROB_KEYS}
+    return {**actor_settings, **overlay}
+
+
 class ActorRolloutRefWorker(TrainingWorker):
     """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``."""
 
@@ -120,7 +138,10 @@ class ActorRolloutRefWorker(TrainingWorker):
             "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
         }
         self.actor_module, self.optimizer = actor_module, optimizer
-        self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
+        # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's
+        self.actor = DataParallelPPOActor(
+            log_prob_settings(actor_settings, cfg.get("rollout")), actor_module, optimizer
+        )
         if bool(actor_cfg.get("use_kl_loss", False)):
             ref_module = load_causal_lm(
                 self.model_path,
@@ -133,6 +154,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 ref_module = apply_fsdp2(
                     ref_module, mesh=self.fsdp_mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None
                 )
+            # the ref's own keys (its log_prob_* budgets among them) over the actor's
             ref_settings = {**actor_settings, **config_to_dict(cfg.get("ref", {}))}
             self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
         self._init_rollout()
