@@ -46,6 +46,7 @@ __all__ = [
     "build_optimizer",
     "warmup_lr_lambda",
     "build_lr_scheduler",
+    "build_optim_and_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
@@ -288,14 +289,25 @@ def warmup_lr_lambda(
     """LR multiplier for scheduler step ``s`` (0-based; step ``s`` is the ``s``-th ``scheduler.step()``).
 
     Warm-up: ``(s + 1) / W`` for ``s < W`` (the first update already uses ``lr / W``; verl's ``s / W`` spends the
-    first training step at lr 0), then 1.0 (``constant``) or a cosine decay to ``min_lr_ratio`` at
-    ``total_training_steps`` (``cosine``).
+    first training step at lr 0), then 1.0 (``constant``; ``min_lr_ratio`` unused, as in verl) or verl's
+    ``get_cosine_schedule_with_warmup`` with half a cycle (``cosine``):
+    ``min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + cos(pi * p))`` with ``p = (s - W) / (total_training_steps - W)``,
+    i.e. 1.0 right after warm-up down to the floor ``min_lr_ratio`` at ``total_training_steps``, where it stays.
 
-    Example: ``W = 4`` -> multipliers ``0.25, 0.5, 0.75, 1.0, 1.0, ...``.
+    Example: ``W = 4`` -> multipliers ``0.25, 0.5, 0.75, 1.0, 1.0, ...``; ``cosine``, ``W = 0``, 4 total steps,
+    ``min_lr_ratio = 0.2`` -> ``1.0, 0.8828, 0.6, 0.3172, 0.2, 0.2, ...``.
     """
     if warmup_style not in ("constant", "cosine"):
-        raise ValueError(f"unknown warmup_style '{warmup_style}'; valid: constant, cosine")
+        raise ValueError(f"unknown optim.warmup_style '{warmup_style}'; valid: constant, cosine")
+    min_lr_ratio = float(min_lr_ratio or 0.0)
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
     warmup = max(0, int(num_warmup_steps))
+    if warmup_style == "cosine" and int(total_training_steps) < 1:
+        raise ValueError(
+            f"optim.warmup_style=cosine needs optim.total_training_steps >= 1 (got {total_training_steps}); "
+            "the trainer sets it from the dataloader length x trainer.total_epochs or trainer.total_training_steps"
+        )
 
     def lr_lambda(step: int) -> float:
         if step < warmup:
@@ -317,10 +329,34 @@ def build_lr_scheduler(
     warmup_style: str = "constant",
     min_lr_ratio: Optional[float] = 0.0,
 ) -> LambdaLR:
-    """LambdaLR with linear warm-up (verl keys): ``lr_warmup_steps > 0`` wins, else
-    ``int(lr_warmup_steps_ratio * total_training_steps)``. Call ``scheduler.step()`` once per training step."""
-    if lr_warmup_steps is not None and lr_warmup_steps > 0:
+    """LambdaLR with linear warm-up (verl keys): ``lr_warmup_steps >= 0`` wins (0 = no warm-up), a negative
+    value (or None) means ``int(lr_warmup_steps_ratio * total_training_steps)``. Call ``scheduler.step()`` once
+    per training step."""
+    if lr_warmup_steps is not None and int(lr_warmup_steps) >= 0:
         num_warmup = int(lr_warmup_steps)
     else:
-        num_warmup = int(lr_warmup_steps_ratio * total_training_steps)
+        num_warmup = int(float(lr_warmup_steps_ratio or 0.0) * total_training_steps)
     return LambdaLR(optimizer, warmup_lr_lambda(num_warmup, warmup_style, total_training_steps, min_lr_ratio or 0.0))
+
+
+def build_optim_and_scheduler(module: nn.Module, optim: Any, default_lr: float):
+    """AdamW and its LR schedule from an ``optim`` config section (``lr``, ``weight_decay``, ``betas``,
+    ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``, ``warmup_style``, ``min_lr_ratio``),
+    shared by the actor and the critic workers so that every key reaches both."""
+    optim = optim or {}
+    optimizer = build_optimizer(
+        module,
+        lr=float(optim.get("lr", default_lr)),
+        weight_decay=float(optim.get("weight_decay", 0.01)),
+        betas=tuple(optim.get("betas", (0.9, 0.999))),
+    )
+    warmup_steps = optim.get("lr_warmup_steps", -1)
+    scheduler = build_lr_scheduler(
+        optimizer,
+        total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+        lr_warmup_steps=-1 if warmup_steps is None else int(warmup_steps),
+        lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
+        warmup_style=str(optim.get("warmup_style", "constant") or "constant"),
+        min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+    )
+    return optimizer, scheduler

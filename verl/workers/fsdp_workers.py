@@ -81,7 +81,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer, init_fsdp_mesh
+        from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
         from verl.utils.model_loading import load_causal_lm
 
         self._init_distributed()
@@ -119,20 +119,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
             actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
-        optim = actor_cfg.get("optim", {})
-        optimizer = build_optimizer(
-            actor_module,
-            lr=float(optim.get("lr", 1e-6)),
-            weight_decay=float(optim.get("weight_decay", 0.01)),
-            betas=tuple(optim.get("betas", (0.9, 0.999))),
-        )
-        self.lr_scheduler = build_lr_scheduler(
-            optimizer,
-            total_training_steps=int(optim.get("total_training_steps", 0) or 0),
-            lr_warmup_steps=optim.get("lr_warmup_steps", -1),
-            lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
-            warmup_style=str(optim.get("warmup_style", "constant")),
-        )
+        optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.get("optim"), default_lr=1e-6)
         actor_settings = {
             **config_to_dict(actor_cfg),
             "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
