@@ -42,7 +42,6 @@ def build_worker_group(cfg: DictConfig, device: str):
 
 def run(cfg: DictConfig) -> list[dict]:
     import ray
-    from transformers import AutoTokenizer
 
     from recurrent.interface import load_register
     from verl.trainer.config_schema import apply_config_aliases, validate_config
@@ -51,6 +50,7 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.checkpoint import CheckpointManager
     from verl.utils.dataset.rl_dataset import collate_fn
     from verl.utils.dataset.sampler import ResumableDataLoader
+    from verl.utils.model_loading import load_tokenizer
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
@@ -87,7 +87,7 @@ def run(cfg: DictConfig) -> list[dict]:
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
     use_critic = not name and cfg.algorithm.adv_estimator == "gae"
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)  # with model.trust_remote_code
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     if name:
         train_ds = register.dataset_cls(recurrent_config, list(_files(cfg.data.train_files)), tokenizer, data_cfg)

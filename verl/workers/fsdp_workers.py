@@ -134,6 +134,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 self.model_path,
                 dtype=train_dtype,
                 attn_implementation=model_cfg.get("attn_implementation"),
+                override_config=config_to_dict(model_cfg.get("override_config")) or None,
                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             ).to(device)
             ref_module.requires_grad_(False)
@@ -150,8 +151,11 @@ class ActorRolloutRefWorker(TrainingWorker):
     def _init_rollout(self) -> None:
         from verl.workers.rollout.base import get_rollout_engine
 
-        rc = self.config.rollout
+        rc, model_cfg = self.config.rollout, self.config.get("model") or {}
         name = str(rc.get("name", "hf"))
+        # the engine builds the same model as the actor: the same config overrides and remote-code permission
+        overrides = config_to_dict(model_cfg.get("override_config")) or None
+        trust_remote_code = bool(model_cfg.get("trust_remote_code", False))
         max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(
             rc.get("response_length", 1024)
         )
@@ -169,6 +173,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 dtype=dtype,
                 max_batch_size=batch,
                 max_model_len=max_len,
+                trust_remote_code=trust_remote_code,
+                override_config=overrides,
             )
         else:
             self.rollout = get_rollout_engine(
@@ -183,6 +189,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 max_num_seqs=int(rc.get("max_num_seqs") or 256),
                 enable_sleep_mode=bool(rc.get("free_cache_engine", True)) if self.device_name == "cuda" else None,
                 seed=int(rc.get("seed", 0) or 0),
+                trust_remote_code=trust_remote_code,
+                hf_overrides=overrides,
                 **vllm_extra_options(rc),
             )
 
