@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
     from verl.utils.checkpoint import CheckpointManager
     from verl.utils.dataset.rl_dataset import collate_fn
-    from verl.utils.dataset.sampler import ResumableDataLoader
+    from verl.utils.dataset.sampler import ResumableDataLoader, train_dataloader
     from verl.utils.model_loading import load_tokenizer
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
@@ -104,13 +104,7 @@ def run(cfg: DictConfig) -> list[dict]:
             RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
         )
     seed = int(cfg.data.get("seed", 1) or 1)
-    train_loader = ResumableDataLoader(
-        train_ds,
-        batch_size=int(cfg.data.train_batch_size),
-        shuffle=bool(cfg.data.get("shuffle", True)),
-        seed=seed,
-        collate_fn=collate_fn,
-    )
+    train_loader = train_dataloader(train_ds, cfg.data, collate_fn)  # with data.dataloader_num_workers
     val_loader = None
     if val_ds is not None:
         vbs = cfg.data.get("val_batch_size") or len(val_ds)
