@@ -98,7 +98,17 @@ class MemoryDataset(RLHFDataset):
         row["context_ids"] = ctx
         row["context_length"] = torch.tensor(len(ctx), dtype=torch.long)
         row["prompt_ids"] = self.tokenizer.encode(messages[-1]["content"], add_special_tokens=False)
-        return self.stamp_row(row, i)
+        return self.stamp_row(row, self.row_positions[i])
+
+    def prompt_length(self, row: dict) -> int:
+        """The question's tokens (``prompt_ids``, what every turn's prompt embeds), for filter_overlong_prompts."""
+        return len(self.tokenizer.encode(row[self.prompt_key][-1]["content"], add_special_tokens=False))
+
+    def prompt_length_limit(self) -> tuple[int, str]:
+        """The question budget ``recurrent.memory.config.max_prompt_length``: ``data.max_prompt_length`` only sizes
+        the engine here (the original compared the templated question with max_chunks * chunk_size, which never
+        filters)."""
+        return self.recurrent_config.max_prompt_length, "recurrent.memory.config.max_prompt_length"
 
     @staticmethod
     def get_batch_keys() -> tuple[list[str], list[str]]:

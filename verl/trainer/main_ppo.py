@@ -42,7 +42,6 @@ def build_worker_group(cfg: DictConfig, device: str):
 
 def run(cfg: DictConfig) -> list[dict]:
     import ray
-    from transformers import AutoTokenizer
 
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
@@ -51,7 +50,8 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.trainer.ppo.workflow import load_workflow_provider
     from verl.utils.checkpoint import CheckpointManager
     from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
-    from verl.utils.dataset.sampler import ResumableDataLoader
+    from verl.utils.dataset.sampler import ResumableDataLoader, train_dataloader
+    from verl.utils.model_loading import load_tokenizer
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
@@ -64,7 +64,7 @@ def run(cfg: DictConfig) -> list[dict]:
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
     use_critic = not name and cfg.algorithm.adv_estimator == "gae"
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)  # with model.trust_remote_code
     workflow = None
     if name:  # multi-turn workflow, built by its provider (recurrent.provider: module:function)
         workflow = load_workflow_provider(cfg.recurrent.provider)(cfg, tokenizer)
@@ -76,13 +76,7 @@ def run(cfg: DictConfig) -> list[dict]:
             RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
         )
     seed = int(cfg.data.get("seed", 1) or 1)
-    train_loader = ResumableDataLoader(
-        train_ds,
-        batch_size=int(cfg.data.train_batch_size),
-        shuffle=bool(cfg.data.get("shuffle", True)),
-        seed=seed,
-        collate_fn=collate_fn,
-    )
+    train_loader = train_dataloader(train_ds, cfg.data, collate_fn)  # with data.dataloader_num_workers
     val_loader = None
     if val_ds is not None:
         vbs = cfg.data.get("val_batch_size") or len(val_ds)

@@ -1,7 +1,10 @@
 """FSDP2 helpers: sharding, CPU offload, full-weight iteration for weight sync, optimizer and LR schedule.
 
 Sharding (``apply_fsdp2``): ``torch.distributed.fsdp.fully_shard`` on every decoder layer (the classes a
-transformers model lists in ``_no_split_modules``) and then on the root module, over a 1-D data-parallel mesh.
+transformers model lists in ``_no_split_modules``) and then on the root module, over the mesh of
+``init_fsdp_mesh``: 1-D (plain FSDP, every rank holds a shard) or, with ``fsdp_config.fsdp_size`` dividing the world
+size, 2-D ``("ddp", "fsdp")`` = HSDP (parameters sharded within groups of ``fsdp_size`` ranks and replicated across
+the groups; FSDP2 reduce-scatters gradients within a group and all-reduces them across groups).
 On CUDA the default mixed precision is ``param_dtype=bf16, reduce_dtype=fp32`` (fp32 master weights, bf16
 compute, fp32 gradient reduction). The same code path runs on CPU with the gloo backend (verified with torch
 2.13: loss and grad norm equal the unsharded model's); there the default is full fp32 precision.
@@ -30,6 +33,7 @@ __all__ = [
     "is_fsdp2_module",
     "get_decoder_layer_classes",
     "init_dp_mesh",
+    "init_fsdp_mesh",
     "apply_fsdp2",
     "offload_fsdp_model_to_cpu",
     "load_fsdp_model_to_gpu",
@@ -42,6 +46,7 @@ __all__ = [
     "build_optimizer",
     "warmup_lr_lambda",
     "build_lr_scheduler",
+    "build_optim_and_scheduler",
 ]
 
 logger = logging.getLogger(__name__)
@@ -78,6 +83,36 @@ def init_dp_mesh(device_type: Optional[str] = None, world_size: Optional[int] = 
     return init_device_mesh(device_type, (world_size or dist.get_world_size(),), mesh_dim_names=("dp",))
 
 
+def init_fsdp_mesh(
+    fsdp_size: Optional[int] = -1,
+    device_type: Optional[str] = None,
+    world_size: Optional[int] = None,
+    key: str = "fsdp_config.fsdp_size",
+):
+    """The sharding mesh for ``fsdp_config.fsdp_size`` (verl's ``create_device_mesh``).
+
+    ``fsdp_size`` < 1 (verl: -1), None or >= the world size: the 1-D mesh of ``init_dp_mesh`` (plain FSDP).
+    Otherwise a 2-D mesh ``(world // fsdp_size, fsdp_size)`` named ``("ddp", "fsdp")``: ``fully_shard`` on it
+    shards within each row of ``fsdp_size`` consecutive ranks and replicates across rows (HSDP). ``ValueError``
+    naming ``key`` when ``fsdp_size`` does not divide the world size.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("init_fsdp_mesh needs torch.distributed to be initialised (dist.init_process_group)")
+    world = int(world_size or dist.get_world_size())
+    size = int(fsdp_size) if fsdp_size is not None else -1
+    if size < 1 or size >= world:
+        return init_dp_mesh(device_type, world)
+    if world % size != 0:
+        raise ValueError(
+            f"{key}={size} must divide the number of ranks ({world}): HSDP shards within groups of {key} ranks "
+            "and replicates across world/fsdp_size groups; use -1 for plain FSDP over all ranks"
+        )
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    return init_device_mesh(device_type, (world // size, size), mesh_dim_names=("ddp", "fsdp"))
+
+
 def apply_fsdp2(
     model: nn.Module,
     mesh: Any = None,
@@ -91,7 +126,8 @@ def apply_fsdp2(
 
     Args:
         model: the (maybe peft-wrapped) transformers model, with parameters on CPU or on the target device.
-        mesh: a 1-D ``DeviceMesh``; default ``init_dp_mesh()``.
+        mesh: a 1-D ``DeviceMesh`` (FSDP) or a 2-D one (HSDP: replicate over dim 0, shard over dim 1), see
+            ``init_fsdp_mesh``; default ``init_dp_mesh()``.
         param_dtype: compute dtype of the gathered parameters; ``"auto"`` = bf16 on CUDA, unchanged on CPU;
             ``None`` = unchanged.
         reduce_dtype: gradient reduction dtype (when ``param_dtype`` is set).
@@ -253,14 +289,25 @@ def warmup_lr_lambda(
     """LR multiplier for scheduler step ``s`` (0-based; step ``s`` is the ``s``-th ``scheduler.step()``).
 
     Warm-up: ``(s + 1) / W`` for ``s < W`` (the first update already uses ``lr / W``; verl's ``s / W`` spends the
-    first training step at lr 0), then 1.0 (``constant``) or a cosine decay to ``min_lr_ratio`` at
-    ``total_training_steps`` (``cosine``).
+    first training step at lr 0), then 1.0 (``constant``; ``min_lr_ratio`` unused, as in verl) or verl's
+    ``get_cosine_schedule_with_warmup`` with half a cycle (``cosine``):
+    ``min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + cos(pi * p))`` with ``p = (s - W) / (total_training_steps - W)``,
+    i.e. 1.0 right after warm-up down to the floor ``min_lr_ratio`` at ``total_training_steps``, where it stays.
 
-    Example: ``W = 4`` -> multipliers ``0.25, 0.5, 0.75, 1.0, 1.0, ...``.
+    Example: ``W = 4`` -> multipliers ``0.25, 0.5, 0.75, 1.0, 1.0, ...``; ``cosine``, ``W = 0``, 4 total steps,
+    ``min_lr_ratio = 0.2`` -> ``1.0, 0.8828, 0.6, 0.3172, 0.2, 0.2, ...``.
     """
     if warmup_style not in ("constant", "cosine"):
-        raise ValueError(f"unknown warmup_style '{warmup_style}'; valid: constant, cosine")
+        raise ValueError(f"unknown optim.warmup_style '{warmup_style}'; valid: constant, cosine")
+    min_lr_ratio = float(min_lr_ratio or 0.0)
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
     warmup = max(0, int(num_warmup_steps))
+    if warmup_style == "cosine" and int(total_training_steps) < 1:
+        raise ValueError(
+            f"optim.warmup_style=cosine needs optim.total_training_steps >= 1 (got {total_training_steps}); "
+            "the trainer sets it from the dataloader length x trainer.total_epochs or trainer.total_training_steps"
+        )
 
     def lr_lambda(step: int) -> float:
         if step < warmup:
@@ -282,10 +329,34 @@ def build_lr_scheduler(
     warmup_style: str = "constant",
     min_lr_ratio: Optional[float] = 0.0,
 ) -> LambdaLR:
-    """LambdaLR with linear warm-up (verl keys): ``lr_warmup_steps > 0`` wins, else
-    ``int(lr_warmup_steps_ratio * total_training_steps)``. Call ``scheduler.step()`` once per training step."""
-    if lr_warmup_steps is not None and lr_warmup_steps > 0:
+    """LambdaLR with linear warm-up (verl keys): ``lr_warmup_steps >= 0`` wins (0 = no warm-up), a negative
+    value (or None) means ``int(lr_warmup_steps_ratio * total_training_steps)``. Call ``scheduler.step()`` once
+    per training step."""
+    if lr_warmup_steps is not None and int(lr_warmup_steps) >= 0:
         num_warmup = int(lr_warmup_steps)
     else:
-        num_warmup = int(lr_warmup_steps_ratio * total_training_steps)
+        num_warmup = int(float(lr_warmup_steps_ratio or 0.0) * total_training_steps)
     return LambdaLR(optimizer, warmup_lr_lambda(num_warmup, warmup_style, total_training_steps, min_lr_ratio or 0.0))
+
+
+def build_optim_and_scheduler(module: nn.Module, optim: Any, default_lr: float):
+    """AdamW and its LR schedule from an ``optim`` config section (``lr``, ``weight_decay``, ``betas``,
+    ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``, ``warmup_style``, ``min_lr_ratio``),
+    shared by the actor and the critic workers so that every key reaches both."""
+    optim = optim or {}
+    optimizer = build_optimizer(
+        module,
+        lr=float(optim.get("lr", default_lr)),
+        weight_decay=float(optim.get("weight_decay", 0.01)),
+        betas=tuple(optim.get("betas", (0.9, 0.999))),
+    )
+    warmup_steps = optim.get("lr_warmup_steps", -1)
+    scheduler = build_lr_scheduler(
+        optimizer,
+        total_training_steps=int(optim.get("total_training_steps", 0) or 0),
+        lr_warmup_steps=-1 if warmup_steps is None else int(warmup_steps),
+        lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
+        warmup_style=str(optim.get("warmup_style", "constant") or "constant"),
+        min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+    )
+    return optimizer, scheduler

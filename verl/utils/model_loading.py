@@ -36,6 +36,7 @@ __all__ = [
     "resolve_dtype",
     "resolve_attn_implementation",
     "load_causal_lm",
+    "load_tokenizer",
     "build_causal_lm_from_config",
     "prepare_for_training",
     "apply_lora",
@@ -157,6 +158,16 @@ def prepare_for_training(
             model.enable_input_require_grads()  # frozen embeddings + checkpointing need grads on the inputs
         model = apply_lora(model, lora)
     return model
+
+
+def load_tokenizer(model_cfg: Any) -> Any:
+    """The policy's tokenizer from the ``actor_rollout_ref.model`` section: ``path`` with ``trust_remote_code``
+    (custom tokenizer code shipped with the checkpoint runs only when that key allows it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(model_cfg.get("path")), trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
+    )
 
 
 def load_causal_lm(

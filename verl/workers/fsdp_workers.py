@@ -56,6 +56,24 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
     return options
 
 
+# Micro-batching of a log-prob-only pass; verl reads them from ``rollout`` for the actor's old log-probs and from
+# ``ref`` for the reference log-probs (the actor's own ppo_* budgets are for its update).
+LOG_PROB_KEYS = (
+    "log_prob_micro_batch_size",
+    "log_prob_micro_batch_size_per_gpu",
+    "log_prob_max_token_len_per_gpu",
+    "log_prob_use_dynamic_bsz",
+)
+
+
+def log_prob_settings(actor_settings: dict, section: Any) -> dict:
+    """``actor_settings`` with the ``LOG_PROB_KEYS`` of ``section`` (``actor_rollout_ref.rollout`` or ``.ref``)
+    laid over it; a key the section leaves null keeps the actor's fallback (``ppo_micro_batch_size_per_gpu``,
+    ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, see ``ActorSettings``)."""
+    overlay = {key: value for key, value in config_to_dict(section).items() if key in LOG_PROB_KEYS}
+    return {**actor_settings, **overlay}
+
+
 class ActorRolloutRefWorker(TrainingWorker):
     """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``."""
 
@@ -67,7 +85,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
+        from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
         from verl.utils.model_loading import load_causal_lm
 
         self._init_distributed()
@@ -95,39 +113,40 @@ class ActorRolloutRefWorker(TrainingWorker):
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         ).to(device)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
-        if self.sharded:
+        self.fsdp_mesh = None
+        if self.sharded:  # HSDP when fsdp_size divides the world size (the ref model shares the mesh, as in verl)
+            self.fsdp_mesh = init_fsdp_mesh(
+                (actor_cfg.get("fsdp_config") or {}).get("fsdp_size", -1),
+                device_type=self.device_name,
+                world_size=self.world_size,
+                key="actor_rollout_ref.actor.fsdp_config.fsdp_size",
+            )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
-            actor_module = apply_fsdp2(actor_module, param_dtype=param_dtype)
-        optim = actor_cfg.get("optim", {})
-        optimizer = build_optimizer(
-            actor_module,
-            lr=float(optim.get("lr", 1e-6)),
-            weight_decay=float(optim.get("weight_decay", 0.01)),
-            betas=tuple(optim.get("betas", (0.9, 0.999))),
-        )
-        self.lr_scheduler = build_lr_scheduler(
-            optimizer,
-            total_training_steps=int(optim.get("total_training_steps", 0) or 0),
-            lr_warmup_steps=optim.get("lr_warmup_steps", -1),
-            lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
-            warmup_style=str(optim.get("warmup_style", "constant")),
-        )
+            actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
+        optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.get("optim"), default_lr=1e-6)
         actor_settings = {
             **config_to_dict(actor_cfg),
             "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
         }
         self.actor_module, self.optimizer = actor_module, optimizer
-        self.actor = DataParallelPPOActor(actor_settings, actor_module, optimizer)
+        # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's
+        self.actor = DataParallelPPOActor(
+            log_prob_settings(actor_settings, cfg.get("rollout")), actor_module, optimizer
+        )
         if bool(actor_cfg.get("use_kl_loss", False)):
             ref_module = load_causal_lm(
                 self.model_path,
                 dtype=train_dtype,
                 attn_implementation=model_cfg.get("attn_implementation"),
+                override_config=config_to_dict(model_cfg.get("override_config")) or None,
                 trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             ).to(device)
             ref_module.requires_grad_(False)
             if self.sharded:
-                ref_module = apply_fsdp2(ref_module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+                ref_module = apply_fsdp2(
+                    ref_module, mesh=self.fsdp_mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None
+                )
+            # the ref's own keys (its log_prob_* budgets among them) over the actor's
             ref_settings = {**actor_settings, **config_to_dict(cfg.get("ref", {}))}
             self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
         self._init_rollout()
@@ -136,8 +155,11 @@ class ActorRolloutRefWorker(TrainingWorker):
     def _init_rollout(self) -> None:
         from verl.workers.rollout.base import get_rollout_engine
 
-        rc = self.config.rollout
+        rc, model_cfg = self.config.rollout, self.config.get("model") or {}
         name = str(rc.get("name", "hf"))
+        # the engine builds the same model as the actor: the same config overrides and remote-code permission
+        overrides = config_to_dict(model_cfg.get("override_config")) or None
+        trust_remote_code = bool(model_cfg.get("trust_remote_code", False))
         max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(
             rc.get("response_length", 1024)
         )
@@ -155,6 +177,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 dtype=dtype,
                 max_batch_size=batch,
                 max_model_len=max_len,
+                trust_remote_code=trust_remote_code,
+                override_config=overrides,
             )
         else:
             self.rollout = get_rollout_engine(
@@ -169,6 +193,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 max_num_seqs=int(rc.get("max_num_seqs") or 256),
                 enable_sleep_mode=bool(rc.get("free_cache_engine", True)) if self.device_name == "cuda" else None,
                 seed=int(rc.get("seed", 0) or 0),
+                trust_remote_code=trust_remote_code,
+                hf_overrides=overrides,
                 **vllm_extra_options(rc),
             )
 

@@ -117,6 +117,52 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.dataframe = read_rows(self.files)
         self.rows = [{k: _to_python(v) for k, v in row.items()} for row in self.dataframe.to_dict(orient="records")]
         self._validate_rows()
+        # position of each kept row among all rows read (index / sample_uuid stay those of the unfiltered files)
+        self.row_positions = list(range(len(self.rows)))
+        if config.get("filter_overlong_prompts", False):
+            self._drop_overlong_prompts()
+
+    # ------------------------------------------------------------------ data.filter_overlong_prompts
+    def prompt_length(self, row: dict[str, Any]) -> int:
+        """Tokens of a row's prompt as the rollout sees it: the chat-templated messages with the generation
+        prompt (what ``__getitem__`` puts in ``raw_prompt_ids`` before truncation)."""
+        ids = self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return len(ids)
+
+    def prompt_length_limit(self) -> tuple[int, str]:
+        """``(max tokens, the key that sets it)`` for ``data.filter_overlong_prompts``."""
+        return self.max_prompt_length, "data.max_prompt_length"
+
+    def _drop_overlong_prompts(self) -> None:
+        """Drop the rows whose ``prompt_length`` exceeds ``prompt_length_limit``; log how many per file."""
+        limit, key = self.prompt_length_limit()
+        keep = [self.prompt_length(row) <= limit for row in self.rows]
+        dropped: dict[str, int] = {}
+        totals: dict[str, int] = {}
+        for row, ok in zip(self.rows, keep):
+            source = str(row.get("_source_file"))
+            totals[source] = totals.get(source, 0) + 1
+            if not ok:
+                dropped[source] = dropped.get(source, 0) + 1
+        for source, count in dropped.items():
+            logger.warning(
+                "data.filter_overlong_prompts: dropped %d of %d rows of %s (prompt longer than %s=%d tokens)",
+                count,
+                totals[source],
+                source,
+                key,
+                limit,
+            )
+        if not any(keep):
+            raise ValueError(
+                f"data.filter_overlong_prompts dropped every row of {', '.join(self.files)}: no prompt fits in "
+                f"{key}={limit} tokens"
+            )
+        self.rows = [row for row, ok in zip(self.rows, keep) if ok]
+        self.row_positions = [pos for pos, ok in zip(self.row_positions, keep) if ok]
+        self.dataframe = self.dataframe[keep].reset_index(drop=True)
 
     def _validate_rows(self) -> None:
         require_column(self.dataframe, self.prompt_key, "data.prompt_key")
@@ -139,7 +185,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             ids = ids["input_ids"]
         row["raw_prompt_ids"] = truncate_ids(list(ids), self.max_prompt_length, self.truncation, f"row {i} prompt")
         row["raw_prompt"] = messages
-        return self.stamp_row(row, i)
+        return self.stamp_row(row, self.row_positions[i])
 
     @staticmethod
     def stamp_row(row: dict[str, Any], i: int) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["ResumableSampler", "ResumableDataLoader"]
+__all__ = ["ResumableSampler", "ResumableDataLoader", "train_dataloader"]
 
 # Keys that must agree between a saved state and the sampler loading it (else the batch order would differ).
 _CONFIG_KEYS = ("dataset_len", "batch_size", "shuffle", "seed", "drop_last")
@@ -221,3 +221,20 @@ class ResumableDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a ``state_dict()`` (see ``ResumableSampler.load_state_dict``)."""
         self.sampler.load_state_dict(state)
+
+
+def train_dataloader(dataset: Any, data_cfg: Any, collate_fn: Optional[Callable[[list[Any]], Any]] = None):
+    """The trainer's training loader from the ``data`` section: ``train_batch_size`` prompts per batch,
+    ``shuffle``, ``seed`` and ``dataloader_num_workers`` worker processes (0 = load in the trainer's process;
+    resuming stays exact either way, see ``ResumableDataLoader``)."""
+    workers = data_cfg.get("dataloader_num_workers", 0)
+    if workers is None or isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ValueError(f"data.dataloader_num_workers must be an integer >= 0, got {workers!r}")
+    return ResumableDataLoader(
+        dataset,
+        batch_size=int(data_cfg.get("train_batch_size")),
+        shuffle=bool(data_cfg.get("shuffle", True)),
+        seed=int(data_cfg.get("seed", 1) or 1),
+        collate_fn=collate_fn,
+        num_workers=workers,
+    )

@@ -67,7 +67,7 @@ class DataParallelPPOActor(DataParallelComponent):
     ):
         super().__init__(actor_module, dp_group)
         self.config = config
-        self.settings = ActorSettings.from_config(config)
+        self.settings = ActorSettings.from_config(config, dp_size=self.dp_size)
         self.actor_module = actor_module
         self.actor_optimizer = optimizer
         self.use_logits_to_keep = supports_logits_to_keep(actor_module)

@@ -7,11 +7,14 @@ worker) and validates them with errors that name the key and the value.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-__all__ = ["ActorSettings"]
+__all__ = ["ActorSettings", "per_gpu_from_global", "settings_from_config"]
+
+logger = logging.getLogger(__name__)
 
 _LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -31,12 +34,54 @@ def _lookup(config: Any, key: str) -> Any:
     return getattr(config, key, _MISSING)
 
 
-def settings_from_config(cls: type, config: Any, legacy_aliases: dict[str, str]) -> Any:
+def per_gpu_from_global(
+    global_size: Any, dp_size: int, old_key: str, new_key: str, per_gpu: Any = None, section: str = "actor"
+) -> Optional[int]:
+    """Upstream verl's meaning of a deprecated global micro-batch key (``ppo_micro_batch_size``,
+    ``log_prob_micro_batch_size``, ``forward_micro_batch_size``): rows per micro-batch summed over the ``dp_size``
+    data-parallel ranks, i.e. ``global_size // dp_size`` rows per GPU (with a deprecation warning).
+
+    Returns ``per_gpu`` unchanged when ``global_size`` is None. ``ValueError`` naming the keys when both are set
+    (as upstream) or when ``global_size < dp_size`` (less than one row per GPU).
+    """
+    if global_size is None:
+        return per_gpu
+    if per_gpu is not None:
+        raise ValueError(
+            f"{section}.{old_key}={global_size} and {section}.{new_key}={per_gpu} are both set: remove the deprecated "
+            f"global size {section}.{old_key} (only {new_key} is supported together with it, as in verl)"
+        )
+    global_size, dp_size = int(global_size), max(1, int(dp_size))
+    if global_size < dp_size:
+        raise ValueError(
+            f"{section}.{old_key}={global_size} is a global micro-batch size (deprecated; divided over the "
+            f"{dp_size} data-parallel ranks) and must be >= {dp_size}; set {section}.{new_key} instead"
+        )
+    value = global_size // dp_size
+    logger.warning(
+        "%s.%s=%d is deprecated: a global size over %d data-parallel ranks, i.e. %s=%d per GPU%s; set %s.%s instead",
+        section,
+        old_key,
+        global_size,
+        dp_size,
+        new_key,
+        value,
+        f" ({global_size % dp_size} rows rounded away)" if global_size % dp_size else "",
+        section,
+        new_key,
+    )
+    return value
+
+
+def settings_from_config(
+    cls: type, config: Any, legacy_aliases: dict[str, str], dp_size: int = 1, section: str = "actor"
+) -> Any:
     """Build the settings dataclass ``cls`` from a DictConfig / dict / attribute object and validate it.
 
     Absent keys take the field defaults; an explicit None keeps its meaning only for Optional fields
-    (e.g. ``grad_clip=None``: no clipping). ``legacy_aliases`` maps a field to the older key that fills it
-    when the field itself is unset (verl's ``ppo_micro_batch_size`` -> ``ppo_micro_batch_size_per_gpu``).
+    (e.g. ``grad_clip=None``: no clipping). ``legacy_aliases`` maps a per-GPU field to the deprecated global
+    key that fills it (verl's ``ppo_micro_batch_size`` -> ``ppo_micro_batch_size_per_gpu``), divided by the
+    data-parallel size ``dp_size`` (``per_gpu_from_global``).
     """
     values = {}
     for f in fields(cls):
@@ -46,8 +91,8 @@ def settings_from_config(cls: type, config: Any, legacy_aliases: dict[str, str])
         values[f.name] = value
     for new_key, old_key in legacy_aliases.items():
         legacy = _lookup(config, old_key)
-        if values[new_key] is None and legacy is not _MISSING:
-            values[new_key] = legacy
+        if legacy is not _MISSING:
+            values[new_key] = per_gpu_from_global(legacy, dp_size, old_key, new_key, values[new_key], section)
     settings = cls(**values)
     settings.validate()
     return settings
@@ -92,8 +137,9 @@ class ActorSettings:
     policy_loss: Optional[Any] = None
 
     @classmethod
-    def from_config(cls, config: Any) -> ActorSettings:
-        """Build from a DictConfig / dict / attribute object (missing keys take the defaults above)."""
+    def from_config(cls, config: Any, dp_size: int = 1) -> ActorSettings:
+        """Build from a DictConfig / dict / attribute object (missing keys take the defaults above); the
+        deprecated global ``ppo_micro_batch_size`` / ``log_prob_micro_batch_size`` are divided by ``dp_size``."""
         return settings_from_config(
             cls,
             config,
@@ -101,6 +147,7 @@ class ActorSettings:
                 "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
                 "log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size",
             },
+            dp_size=dp_size,
         )
 
     # ------------------------------------------------------------------ derived values

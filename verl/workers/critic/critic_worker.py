@@ -88,7 +88,7 @@ class CriticWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the value model, shard it, build AdamW, the LR schedule and the ``DataParallelPPOCritic``."""
-        from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer
+        from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
 
         self._init_distributed()
         cfg = self.config
@@ -107,23 +107,15 @@ class CriticWorker(TrainingWorker):
             trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
             override_config=config_to_dict(model_cfg.get("override_config")) or None,
         ).to(device)
-        if self.world_size > 1 or self.device_name == "cuda":
-            module = apply_fsdp2(module, param_dtype="bfloat16" if self.device_name == "cuda" else None)
-        optim = cfg.get("optim", {}) or {}
-        self.optimizer = build_optimizer(
-            module,
-            lr=float(optim.get("lr", 1e-5)),
-            weight_decay=float(optim.get("weight_decay", 0.01)),
-            betas=tuple(optim.get("betas", (0.9, 0.999))),
-        )
-        self.lr_scheduler = build_lr_scheduler(
-            self.optimizer,
-            total_training_steps=int(optim.get("total_training_steps", 0) or 0),
-            lr_warmup_steps=optim.get("lr_warmup_steps", -1),
-            lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
-            warmup_style=str(optim.get("warmup_style", "constant")),
-            min_lr_ratio=optim.get("min_lr_ratio", 0.0),
-        )
+        if self.world_size > 1 or self.device_name == "cuda":  # HSDP when fsdp_size divides the world size
+            mesh = init_fsdp_mesh(
+                (model_cfg.get("fsdp_config") or {}).get("fsdp_size", -1),
+                device_type=self.device_name,
+                world_size=self.world_size,
+                key="critic.model.fsdp_config.fsdp_size",
+            )
+            module = apply_fsdp2(module, mesh=mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+        self.optimizer, self.lr_scheduler = build_optim_and_scheduler(module, cfg.get("optim"), default_lr=1e-5)
         settings = {**config_to_dict(cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
         self.critic_module = module
         self.critic = DataParallelPPOCritic(settings, module, self.optimizer)

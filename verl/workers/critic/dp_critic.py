@@ -70,8 +70,9 @@ class CriticSettings:
     ulysses_sequence_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, config: Any) -> CriticSettings:
-        """Build from a DictConfig / dict / attribute object; missing keys take the defaults above."""
+    def from_config(cls, config: Any, dp_size: int = 1) -> CriticSettings:
+        """Build from a DictConfig / dict / attribute object; missing keys take the defaults above. The deprecated
+        global ``ppo_micro_batch_size`` / ``forward_micro_batch_size`` are divided by ``dp_size`` (verl)."""
         return settings_from_config(
             cls,
             config,
@@ -79,6 +80,8 @@ class CriticSettings:
                 "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
                 "forward_micro_batch_size_per_gpu": "forward_micro_batch_size",
             },
+            dp_size=dp_size,
+            section="critic",
         )
 
     @property
@@ -176,7 +179,7 @@ class DataParallelPPOCritic(DataParallelComponent):
     ):
         super().__init__(critic_module, dp_group)
         self.config = config
-        self.settings = CriticSettings.from_config(config)
+        self.settings = CriticSettings.from_config(config, dp_size=self.dp_size)
         self.critic_module = critic_module
         self.critic_optimizer = optimizer
 

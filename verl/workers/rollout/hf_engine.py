@@ -90,6 +90,8 @@ class HFRolloutEngine(RolloutEngine):
             leave torch's setting alone (note that torch records the value process-wide for threads
             started later). On a small, busy CPU box the decoding thread's OpenMP team competes with
             the caller's for the same cores; ``num_threads=1`` was 10-100x faster there for tiny models.
+        trust_remote_code: allow custom modelling code shipped with the checkpoint (model and tokenizer).
+        override_config: HF config attributes set before loading from a folder (``model.override_config``).
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class HFRolloutEngine(RolloutEngine):
         seed: int | None = None,
         num_threads: int | None = None,
         trust_remote_code: bool = False,
+        override_config: dict[str, Any] | None = None,
     ):
         if max_batch_size < 1 or max_model_len < 2:
             raise ValueError(f"need max_batch_size >= 1 and max_model_len >= 2, got {max_batch_size}, {max_model_len}")
@@ -112,7 +115,7 @@ class HFRolloutEngine(RolloutEngine):
             self.device = torch.device("cuda", torch.cuda.current_device())
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        self.model, self.tokenizer = self._load(model, tokenizer, dtype, trust_remote_code)
+        self.model, self.tokenizer = self._load(model, tokenizer, dtype, trust_remote_code, override_config)
         self.model.to(self.device)
         self.model.eval()
         self.max_batch_size = max_batch_size
@@ -146,8 +149,15 @@ class HFRolloutEngine(RolloutEngine):
         self._thread.start()
 
     # ------------------------------------------------------------------ loading
-    def _load(self, model: Any, tokenizer: Any, dtype: torch.dtype | None, trust_remote_code: bool):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def _load(
+        self,
+        model: Any,
+        tokenizer: Any,
+        dtype: torch.dtype | None,
+        trust_remote_code: bool,
+        override_config: dict[str, Any] | None = None,
+    ):
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         if isinstance(model, nn.Module):
             if dtype is not None:
@@ -159,6 +169,11 @@ class HFRolloutEngine(RolloutEngine):
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"model path {str(path)!r} has no config.json")
         kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if override_config:  # the same config attributes the trained model gets (model.override_config)
+            config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+            for key, value in override_config.items():
+                setattr(config, key, value)
+            kwargs["config"] = config
         if dtype is not None:
             kwargs["dtype"] = dtype
         loaded = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)

@@ -103,6 +103,8 @@ class VLLMRolloutEngine(RolloutEngine):
         logprobs_mode: vLLM ``logprobs_mode``; ``"processed_logprobs"`` (default) reports log-probs of the
             distribution actually sampled from (after temperature/top-k/top-p), like HFRolloutEngine.
         weight_bucket_bytes: bucket size for :meth:`update_weights`.
+        trust_remote_code: allow custom modelling code shipped with the checkpoint.
+        hf_overrides: HF config attributes to override (vLLM ``hf_overrides``; ``model.override_config``).
         engine_kwargs: extra vLLM ``EngineArgs`` fields.
     """
 
@@ -124,6 +126,7 @@ class VLLMRolloutEngine(RolloutEngine):
         logprobs_mode: str | None = "processed_logprobs",
         weight_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         trust_remote_code: bool = False,
+        hf_overrides: dict[str, Any] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         cudagraph_max_tokens: int | None = None,
     ):
@@ -163,6 +166,8 @@ class VLLMRolloutEngine(RolloutEngine):
             "logprobs_mode": logprobs_mode,
         }
         args.update({k: v for k, v in optional.items() if v is not None})
+        if hf_overrides:  # HF config attributes, as the trained model's model.override_config
+            args["hf_overrides"] = dict(hf_overrides)
         if cudagraph_max_tokens and not enforce_eager:
             if max_num_batched_tokens is not None and cudagraph_max_tokens > max_num_batched_tokens:
                 raise ValueError(
