@@ -1,0 +1,115 @@
+"""Advantage estimation, KL control and DAPO options: the ``algorithm`` section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from verl.workers.config.base import BaseConfig, Checks
+
+__all__ = ["KLControlConfig", "FilterGroupsConfig", "OverlongBufferConfig", "AlgoConfig"]
+
+KL_CTRL_TYPES = ("fixed", "adaptive")
+FILTER_GROUP_METRICS = ("score", "reward")
+
+
+@dataclass
+class KLControlConfig(BaseConfig):
+    """``algorithm.kl_ctrl``: the controller of the in-reward KL penalty."""
+
+    SECTION = "algorithm.kl_ctrl"
+
+    # fixed | adaptive.
+    type: str = "fixed"
+    # Initial (fixed: constant) KL coefficient.
+    kl_coef: float = 0.001
+    # Adaptive controller horizon.
+    horizon: int = 10000
+    # Adaptive controller target KL.
+    target_kl: float = 0.1
+
+    def check(self, c: Checks) -> None:
+        c.choice("type", KL_CTRL_TYPES)
+        c.number("kl_coef", lambda v: v >= 0, ">= 0")
+        if self.type == "adaptive":
+            c.number("horizon", lambda v: v > 0, "> 0 for the adaptive controller")
+            c.number("target_kl", lambda v: v > 0, "> 0 for the adaptive controller")
+
+
+@dataclass
+class FilterGroupsConfig(BaseConfig):
+    """``algorithm.filter_groups``: DAPO dynamic sampling (drop groups whose rewards are all equal)."""
+
+    SECTION = "algorithm.filter_groups"
+
+    # Turn the filter on.
+    enable: bool = False
+    # Per-trajectory quantity whose variance decides: score (verifier) | reward (after shaping).
+    metric: str = "score"
+    # Max generation batches drawn to fill a training batch; 0 = no limit.
+    max_num_gen_batches: int = 0
+
+    def check(self, c: Checks) -> None:
+        if self.enable:
+            c.choice("metric", FILTER_GROUP_METRICS)
+            c.integer("max_num_gen_batches", 0)
+
+
+@dataclass
+class OverlongBufferConfig(BaseConfig):
+    """``algorithm.overlong_buffer``: DAPO soft overlong punishment (``len`` is checked against
+    ``data.max_response_length`` by ``validate_config``)."""
+
+    SECTION = "algorithm.overlong_buffer"
+
+    # Turn the penalty on.
+    enable: bool = False
+    # Buffer length: the penalty ramps over the last `len` tokens before max_response_length.
+    len: int = 512
+    # Penalty at max_response_length.
+    penalty_factor: float = 1.0
+
+    def check(self, c: Checks) -> None:
+        if self.enable:
+            c.number("penalty_factor", lambda v: v >= 0, ">= 0")
+
+
+@dataclass
+class AlgoConfig(BaseConfig):
+    """``algorithm``."""
+
+    SECTION = "algorithm"
+
+    # Discount factor (gae only).
+    gamma: float = 1.0
+    # GAE lambda (gae only).
+    lam: float = 1.0
+    # Advantage estimator: gae | grpo | grpo_multiconv | rloo | reinforce_plus_plus | remax.
+    adv_estimator: str = "gae"
+    # GRPO: divide by the group std (False = Dr.GRPO).
+    norm_adv_by_std_in_grpo: bool = True
+    # Alias of norm_adv_by_std_in_grpo; null = not set. When set it overrides it.
+    grpo_use_adv: Optional[bool] = None
+    # Subtract a KL penalty from the reward.
+    use_kl_in_reward: bool = False
+    # KL estimator for the in-reward penalty.
+    kl_penalty: str = "kl"
+    # KL controller for the in-reward penalty.
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    # DAPO dynamic sampling.
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    # DAPO soft overlong punishment on the response length.
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+    def check(self, c: Checks) -> None:
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
+
+        c.choice("adv_estimator", sorted(ADV_ESTIMATORS))
+        c.number("gamma", lambda v: 0 <= v <= 1, "in [0, 1]")
+        c.number("lam", lambda v: 0 <= v <= 1, "in [0, 1]")
+        c.choice("kl_penalty", KL_PENALTY_TYPES)
+
+    @property
+    def norm_adv_by_std(self) -> bool:
+        """``grpo_use_adv`` when set (MemAgent's alias), else ``norm_adv_by_std_in_grpo``."""
+        return self.norm_adv_by_std_in_grpo if self.grpo_use_adv is None else self.grpo_use_adv

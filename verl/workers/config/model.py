@@ -1,0 +1,53 @@
+"""The policy model section ``actor_rollout_ref.model`` (the actor, the ref model and the rollout engine load it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from verl.workers.config.base import BaseConfig, Checks
+
+__all__ = ["ModelConfig"]
+
+
+@dataclass
+class ModelConfig(BaseConfig):
+    """``actor_rollout_ref.model``."""
+
+    SECTION = "actor_rollout_ref.model"
+
+    # HF model folder (or hub id resolvable offline) of the base model.
+    path: str = "~/models/deepseek-llm-7b-chat"
+    # Python module to import before loading the model.
+    external_lib: Optional[str] = None
+    # Overrides of the HF model config for the actor, the ref model and the rollout engine.
+    override_config: dict = field(default_factory=dict)
+    # Activation checkpointing in the actor/ref forward.
+    enable_gradient_checkpointing: bool = True
+    # Unpad sequences (varlen attention) in training forward passes.
+    use_remove_padding: bool = False
+    # Attention kernel; null = flash_attention_2 when installed on CUDA, else sdpa.
+    attn_implementation: Optional[str] = None
+    # LoRA rank; 0 = full fine-tuning.
+    lora_rank: int = 0
+    # LoRA alpha (scaling = lora_alpha / lora_rank).
+    lora_alpha: int = 16
+    # Modules LoRA adapts: "all-linear" or a list of module names.
+    target_modules: Any = "all-linear"
+    # Use Liger kernels when installed (GPU only).
+    use_liger: bool = False
+    # Allow custom modelling code shipped with the checkpoint (tokenizer, actor, ref, rollout engine).
+    trust_remote_code: bool = False
+
+    def check(self, c: Checks) -> None:
+        c.integer("lora_rank", 0)
+        c.integer("lora_alpha", 1)
+        if not self.path and "path" not in c.bad:
+            c.error(f"{c.key('path')} must name the model folder (got {self.path!r})")
+
+    @property
+    def lora(self) -> Optional[dict]:
+        """The LoRA options of ``load_causal_lm``, or None for full fine-tuning."""
+        if self.lora_rank <= 0:
+            return None
+        return {"r": self.lora_rank, "lora_alpha": self.lora_alpha, "target_modules": self.target_modules}
