@@ -3,7 +3,9 @@
 ``validate_config(cfg)`` checks the composed config before any worker starts and raises one
 :class:`ConfigError` listing every problem found, each message naming the full key, what was expected and
 what was given, e.g. ``data.train_batch_size must be divisible by actor_rollout_ref.actor.ppo_mini_batch_size
-(got 128 and 10)``. It never touches the filesystem or the network.
+(got 128 and 10)``. It never touches the filesystem or the network. The checks of single keys live in the typed
+sections (``verl/trainer/config``, ``verl/workers/config``: their ``__post_init__``); this module adds those that
+relate keys of different sections and the free-form workflow sub-configs (``recurrent.<name>``).
 
 Helpers used by the entry point:
 
@@ -16,10 +18,16 @@ Helpers used by the entry point:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.config.recurrent import RECURRENT_OFF as _RECURRENT_OFF
+from verl.trainer.config.reward import REWARD_MANAGERS
+from verl.trainer.config.trainer import DEVICES, RESUME_MODES, VALID_LOGGERS
+from verl.workers.config.base import ConfigError, collect_errors
+from verl.workers.config.rollout import ROLLOUT_MODES, ROLLOUT_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -39,34 +47,10 @@ __all__ = [
     "RECURRENT_ADV_ESTIMATORS",
 ]
 
-# Logger backends implemented by verl.utils.tracking.Tracking.
-VALID_LOGGERS = ("console", "wandb", "tensorboard", "jsonl")
-# Rollout engines (verl.workers.rollout.base.get_rollout_engine).
-ROLLOUT_NAMES = ("vllm", "hf")
-ROLLOUT_MODES = ("sync", "async")
-DEVICES = ("cpu", "cuda")
-RESUME_MODES = ("auto", "disable", "resume_path")
-ACTOR_STRATEGIES = ("fsdp", "fsdp2")
-# Reward managers (verl/workers/reward_manager); extend when a new one is registered.
-REWARD_MANAGERS = ("naive", "thread")
-WARMUP_STYLES = ("constant", "cosine")
-KL_CTRL_TYPES = ("fixed", "adaptive")
-FILTER_GROUP_METRICS = ("score", "reward")
-CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 # Estimators that work on trajectory-level outcome rewards, i.e. in recurrent (multi-conversation) mode.
 RECURRENT_ADV_ESTIMATORS = ("grpo", "grpo_multiconv")
-# Values of recurrent.enable that mean "off".
-_RECURRENT_OFF = (None, False, "", "false", "False", "none", "None", "null")
 
 _ABSENT = object()
-
-
-class ConfigError(ValueError):
-    """Invalid trainer configuration; ``errors`` holds one message per problem."""
-
-    def __init__(self, errors: Sequence[str]):
-        self.errors = list(errors)
-        super().__init__("invalid config:\n  - " + "\n  - ".join(self.errors))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -91,18 +75,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _as_list(value: Any) -> list:
-    if isinstance(value, ListConfig):
-        return list(OmegaConf.to_container(value, resolve=True))
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
 class _Checker:
     """Collects error messages; every check names the full key and the offending value."""
 
@@ -123,16 +95,6 @@ class _Checker:
             return False
         return True
 
-    def choice(self, key: str, choices: Sequence[Any], allow_none: bool = False) -> None:
-        if not self.present(key):
-            return
-        value = self.get(key)
-        if value is None and allow_none:
-            return
-        if value not in choices:
-            valid = ", ".join(map(str, choices)) + (", null" if allow_none else "")
-            self.error(f"{key} must be one of [{valid}] (got {value!r})")
-
     def integer(
         self, key: str, minimum: Optional[int] = None, allow_none: bool = False, also: Sequence[int] = ()
     ) -> None:
@@ -147,19 +109,6 @@ class _Checker:
             parts += ["null"] if allow_none else []
             expected = "an integer" + (" " + " or ".join(parts) if parts else "")
             self.error(f"{key} must be {expected} (got {value!r})")
-
-    def number(self, key: str, check: Callable[[float], bool], expected: str, allow_none: bool = False) -> None:
-        if not self.present(key):
-            return
-        value = self.get(key)
-        if value is None and allow_none:
-            return
-        if not _is_number(value) or not check(float(value)):
-            self.error(f"{key} must be {expected} (got {value!r})")
-
-    def boolean(self, key: str) -> None:
-        if self.present(key) and not isinstance(self.get(key), bool):
-            self.error(f"{key} must be True or False (got {self.get(key)!r})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,87 +190,32 @@ def apply_config_aliases(cfg: DictConfig) -> DictConfig:
 
 
 def validate_config(cfg: Any) -> None:
-    """Raise :class:`ConfigError` (a ``ValueError``) listing every invalid key; return None when valid."""
+    """Raise :class:`ConfigError` (a ``ValueError``) listing every invalid key; return None when valid.
+
+    The per-key checks (types, ranges, choices) are the typed sections' ``__post_init__``
+    (``verl.trainer.config.from_config``); the checks below relate keys of different sections."""
+    from verl.trainer.config import PPOConfig
+
     cfg = _as_omegaconf(cfg)
     c = _Checker(cfg)
-    _check_data(c)
-    _check_actor(c)
+    with collect_errors() as typed_errors:
+        PPOConfig.from_config(cfg)
+    c.errors.extend(typed_errors)
+    _check_batch_sizes(c)
     _check_log_prob_passes(c)
     _check_rollout(c)
     _check_algorithm(c)
-    _check_reward(c)
-    _check_trainer(c)
     _check_recurrent(c)
     if c.errors:
-        raise ConfigError(c.errors)
+        raise ConfigError(list(dict.fromkeys(c.errors)))
 
 
-def _check_data(c: _Checker) -> None:
-    from verl.utils.dataset.rl_dataset import TRUNCATIONS
-
-    c.integer("data.max_prompt_length", 1)
-    c.integer("data.max_response_length", 1)
-    c.integer("data.train_batch_size", 1)
-    c.integer("data.val_batch_size", 1, allow_none=True)
-    c.integer("data.gen_batch_size", 1, allow_none=True)
-    c.integer("data.dataloader_num_workers", 0)
-    c.choice("data.truncation", TRUNCATIONS)
-    c.boolean("data.shuffle")
-    c.boolean("data.filter_overlong_prompts")
-    c.boolean("data.return_raw_chat")
-    for key in ("data.train_files", "data.val_files"):
-        if c.present(key) and c.get(key) in (None, "", []):
-            c.error(f"{key} must name at least one file (got {c.get(key)!r})")
-    train_bs, gen_bs = c.get("data.train_batch_size"), c.get("data.gen_batch_size")
-    if _is_int(train_bs) and _is_int(gen_bs) and gen_bs < train_bs:
-        c.error(f"data.gen_batch_size must be >= data.train_batch_size or null (got {gen_bs} and {train_bs})")
-
-
-def _check_actor(c: _Checker) -> None:
-    from verl.trainer.ppo.core_algos import AGG_MODES, KL_PENALTY_TYPES, TURN_WEIGHTING_MODES
-
+def _check_batch_sizes(c: _Checker) -> None:
     a = "actor_rollout_ref.actor"
-    c.choice(f"{a}.strategy", ACTOR_STRATEGIES)
-    c.integer(f"{a}.ppo_mini_batch_size", 1)
-    c.integer(f"{a}.train_batch_size", 1)
     train_bs, mini_bs = c.get("data.train_batch_size"), c.get(f"{a}.ppo_mini_batch_size")
     if _is_int(train_bs) and _is_int(mini_bs) and mini_bs >= 1 and train_bs % mini_bs != 0:
         c.error(f"data.train_batch_size must be divisible by {a}.ppo_mini_batch_size (got {train_bs} and {mini_bs})")
-    c.boolean(f"{a}.use_dynamic_bsz")
     _check_micro_batch(c, a, "ppo_micro_batch_size", f"{a}.use_dynamic_bsz", f"{a}.ppo_max_token_len_per_gpu")
-    c.number(f"{a}.grad_clip", lambda v: v > 0, "> 0 or null", allow_none=True)
-    c.number(f"{a}.clip_ratio", lambda v: 0 < v < 1, "in (0, 1)")
-    c.number(f"{a}.clip_ratio_low", lambda v: 0 < v < 1, "in (0, 1) or null", allow_none=True)
-    c.number(f"{a}.clip_ratio_high", lambda v: v > 0, "> 0 or null", allow_none=True)
-    c.number(f"{a}.clip_ratio_c", lambda v: v > 1, "> 1 (dual-clip lower bound)")
-    c.choice(f"{a}.loss_agg_mode", AGG_MODES)
-    c.choice(f"{a}.turn_weighting", TURN_WEIGHTING_MODES)
-    c.number(f"{a}.entropy_coeff", lambda v: True, "a number")
-    c.boolean(f"{a}.use_kl_loss")
-    c.number(f"{a}.kl_loss_coef", lambda v: v >= 0, ">= 0")
-    c.choice(f"{a}.kl_loss_type", KL_PENALTY_TYPES)
-    c.integer(f"{a}.ppo_epochs", 1)
-    c.integer(f"{a}.ulysses_sequence_parallel_size", 1)
-    sp = c.get(f"{a}.ulysses_sequence_parallel_size")
-    if _is_int(sp) and sp != 1:
-        c.error(f"{a}.ulysses_sequence_parallel_size must be 1: sequence parallelism is not implemented (got {sp})")
-    contents = _as_list(c.get(f"{a}.checkpoint.contents", []))
-    unknown = [x for x in contents if x not in CHECKPOINT_CONTENTS]
-    if unknown:
-        c.error(f"{a}.checkpoint.contents entries must be in [{', '.join(CHECKPOINT_CONTENTS)}] (got {unknown})")
-    o = f"{a}.optim"
-    c.number(f"{o}.lr", lambda v: v > 0, "> 0")
-    c.integer(f"{o}.lr_warmup_steps", 0, also=(-1,))
-    c.number(f"{o}.lr_warmup_steps_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
-    c.number(f"{o}.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1] or null", allow_none=True)
-    c.choice(f"{o}.warmup_style", WARMUP_STYLES)
-    c.number(f"{o}.weight_decay", lambda v: v >= 0, ">= 0")
-    betas = c.get(f"{o}.betas")
-    if betas is not None:
-        values = _as_list(betas)
-        if len(values) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in values):
-            c.error(f"{o}.betas must be two numbers in [0, 1) (got {values})")
-    c.integer(f"{a}.fsdp_config.fsdp_size", 1, also=(-1,))
 
 
 def _check_micro_batch(c: _Checker, section: str, name: str, dynamic_key: str, token_key: str) -> None:
@@ -361,43 +255,12 @@ def _check_log_prob_passes(c: _Checker) -> None:
 
 def _check_rollout(c: _Checker) -> None:
     r = "actor_rollout_ref.rollout"
-    c.choice(f"{r}.name", ROLLOUT_NAMES)
-    c.choice(f"{r}.mode", ROLLOUT_MODES)
-    c.integer(f"{r}.n", 1)
-    c.integer(f"{r}.val_kwargs.n", 1)
-    for prefix in (r, f"{r}.val_kwargs"):
-        c.number(f"{prefix}.temperature", lambda v: v >= 0, ">= 0")
-        c.number(f"{prefix}.top_p", lambda v: 0 < v <= 1, "in (0, 1]")
-        c.integer(f"{prefix}.top_k", 1, also=(-1,))
-        c.boolean(f"{prefix}.do_sample")
-    c.integer(f"{r}.prompt_length", 1)
-    c.integer(f"{r}.response_length", 1)
-    c.integer(f"{r}.max_model_len", 1, allow_none=True)
-    c.integer(f"{r}.max_num_batched_tokens", 1)
-    c.integer(f"{r}.cudagraph_max_tokens", 1, allow_none=True)
-    graphs, step_budget = c.get(f"{r}.cudagraph_max_tokens"), c.get(f"{r}.max_num_batched_tokens")
-    if _is_int(graphs) and _is_int(step_budget) and graphs > step_budget:
-        c.error(f"{r}.cudagraph_max_tokens ({graphs}) must be <= {r}.max_num_batched_tokens ({step_budget})")
-    c.integer(f"{r}.max_num_seqs", 1)
-    c.integer(f"{r}.tensor_model_parallel_size", 1)
-    c.number(f"{r}.gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]")
-    if c.get(f"{r}.use_fire_sampling", False):
-        c.error(f"{r}.use_fire_sampling=True is not implemented; set it to False")
     if c.get(f"{r}.name") == "vllm":
         tp = c.get(f"{r}.tensor_model_parallel_size")
         world = _world_size(c)
         if _is_int(tp) and tp >= 1 and world is not None and world % tp != 0:
             c.error(
                 f"{r}.tensor_model_parallel_size ({tp}) must divide trainer.nnodes x trainer.n_gpus_per_node ({world})"
-            )
-        max_len = c.get(f"{r}.max_model_len")
-        if max_len is None and _is_int(c.get(f"{r}.prompt_length")) and _is_int(c.get(f"{r}.response_length")):
-            max_len = c.get(f"{r}.prompt_length") + c.get(f"{r}.response_length")
-        budget = c.get(f"{r}.max_num_batched_tokens")
-        if not c.get(f"{r}.enable_chunked_prefill", True) and _is_int(budget) and _is_int(max_len) and budget < max_len:
-            c.error(
-                f"{r}.max_num_batched_tokens ({budget}) must be >= the max model length ({max_len}) when "
-                f"{r}.enable_chunked_prefill is False"
             )
 
 
@@ -407,25 +270,6 @@ def _world_size(c: _Checker) -> Optional[int]:
 
 
 def _check_algorithm(c: _Checker) -> None:
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
-
-    c.choice("algorithm.adv_estimator", sorted(ADV_ESTIMATORS))
-    c.boolean("algorithm.norm_adv_by_std_in_grpo")
-    use_adv = c.get("algorithm.grpo_use_adv")
-    if use_adv is not None and not isinstance(use_adv, bool):
-        c.error(f"algorithm.grpo_use_adv must be True, False or null (got {use_adv!r})")
-    c.number("algorithm.gamma", lambda v: 0 <= v <= 1, "in [0, 1]")
-    c.number("algorithm.lam", lambda v: 0 <= v <= 1, "in [0, 1]")
-    c.boolean("algorithm.use_kl_in_reward")
-    c.choice("algorithm.kl_penalty", KL_PENALTY_TYPES)
-    c.choice("algorithm.kl_ctrl.type", KL_CTRL_TYPES)
-    c.number("algorithm.kl_ctrl.kl_coef", lambda v: v >= 0, ">= 0")
-    if c.get("algorithm.kl_ctrl.type") == "adaptive":
-        c.number("algorithm.kl_ctrl.horizon", lambda v: v > 0, "> 0 for the adaptive controller")
-        c.number("algorithm.kl_ctrl.target_kl", lambda v: v > 0, "> 0 for the adaptive controller")
-    if c.get("algorithm.filter_groups.enable", False):
-        c.choice("algorithm.filter_groups.metric", FILTER_GROUP_METRICS)
-        c.integer("algorithm.filter_groups.max_num_gen_batches", 0)
     if c.get("algorithm.overlong_buffer.enable", False):
         length, max_resp = c.get("algorithm.overlong_buffer.len"), c.get("data.max_response_length")
         if not _is_int(length) or length < 1 or (_is_int(max_resp) and length > max_resp):
@@ -433,39 +277,6 @@ def _check_algorithm(c: _Checker) -> None:
                 f"algorithm.overlong_buffer.len must be an integer in [1, data.max_response_length={max_resp}] "
                 f"(got {length!r})"
             )
-        c.number("algorithm.overlong_buffer.penalty_factor", lambda v: v >= 0, ">= 0")
-
-
-def _check_reward(c: _Checker) -> None:
-    c.choice("reward_model.reward_manager", REWARD_MANAGERS)
-    c.boolean("reward_model.enable")
-
-
-def _check_trainer(c: _Checker) -> None:
-    t = "trainer"
-    loggers = _as_list(c.get(f"{t}.logger", []))
-    for name in loggers:
-        if name not in VALID_LOGGERS:
-            c.error(f"{t}.logger entries must be in [{', '.join(VALID_LOGGERS)}] (got {name!r} in {loggers})")
-    c.choice(f"{t}.device", DEVICES, allow_none=True)
-    c.choice(f"{t}.resume_mode", RESUME_MODES)
-    if c.get(f"{t}.resume_mode") == "resume_path" and not c.get(f"{t}.resume_from_path"):
-        c.error(f"{t}.resume_from_path must be set when {t}.resume_mode=resume_path")
-    c.integer(f"{t}.nnodes", 1)
-    c.integer(f"{t}.n_gpus_per_node", 1)
-    c.integer(f"{t}.total_epochs", 1)
-    c.integer(f"{t}.total_training_steps", 1, allow_none=True)
-    c.integer(f"{t}.save_freq", 1, also=(-1,))
-    c.integer(f"{t}.test_freq", 1, also=(-1,))
-    c.number(f"{t}.max_wall_time_s", lambda v: v > 0, "> 0 seconds (or null for no limit)", allow_none=True)
-    c.integer(f"{t}.critic_warmup", 0)
-    c.integer(f"{t}.log_val_generations", 0)
-    c.integer(f"{t}.max_actor_ckpt_to_keep", 1, allow_none=True)
-    c.integer(f"{t}.max_critic_ckpt_to_keep", 1, allow_none=True)
-    c.integer(f"{t}.ray_num_cpus", 1, allow_none=True)
-    c.boolean(f"{t}.val_before_train")
-    if not c.get(f"{t}.default_local_dir"):
-        c.error(f"{t}.default_local_dir must be a folder path (got {c.get(f'{t}.default_local_dir')!r})")
 
 
 def _check_recurrent(c: _Checker) -> None:
