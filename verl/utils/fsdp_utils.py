@@ -339,24 +339,21 @@ def build_lr_scheduler(
     return LambdaLR(optimizer, warmup_lr_lambda(num_warmup, warmup_style, total_training_steps, min_lr_ratio or 0.0))
 
 
-def build_optim_and_scheduler(module: nn.Module, optim: Any, default_lr: float):
-    """AdamW and its LR schedule from an ``optim`` config section (``lr``, ``weight_decay``, ``betas``,
-    ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``, ``warmup_style``, ``min_lr_ratio``),
-    shared by the actor and the critic workers so that every key reaches both."""
-    optim = optim or {}
-    optimizer = build_optimizer(
-        module,
-        lr=float(optim.get("lr", default_lr)),
-        weight_decay=float(optim.get("weight_decay", 0.01)),
-        betas=tuple(optim.get("betas", (0.9, 0.999))),
-    )
-    warmup_steps = optim.get("lr_warmup_steps", -1)
+def build_optim_and_scheduler(module: nn.Module, optim: Any):
+    """AdamW and its LR schedule from an ``optim`` section (:class:`~verl.workers.config.OptimizerConfig`: ``lr``,
+    ``weight_decay``, ``betas``, ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``,
+    ``warmup_style``, ``min_lr_ratio``; a mapping is read as the actor's section), shared by the actor and the
+    critic workers so that every key reaches both."""
+    from verl.workers.config.optimizer import OptimizerConfig
+
+    optim = OptimizerConfig.from_config(optim)
+    optimizer = build_optimizer(module, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
     scheduler = build_lr_scheduler(
         optimizer,
-        total_training_steps=int(optim.get("total_training_steps", 0) or 0),
-        lr_warmup_steps=-1 if warmup_steps is None else int(warmup_steps),
-        lr_warmup_steps_ratio=float(optim.get("lr_warmup_steps_ratio", 0.0) or 0.0),
-        warmup_style=str(optim.get("warmup_style", "constant") or "constant"),
-        min_lr_ratio=optim.get("min_lr_ratio", 0.0),
+        total_training_steps=optim.total_training_steps,
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_warmup_steps_ratio=optim.lr_warmup_steps_ratio,
+        warmup_style=optim.warmup_style,
+        min_lr_ratio=optim.min_lr_ratio,
     )
     return optimizer, scheduler

@@ -21,7 +21,9 @@ import torch
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
-from verl.workers.training_worker import TrainingWorker, config_to_dict
+from verl.workers.actor.settings import plain_values
+from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from verl.workers.training_worker import TrainingWorker
 
 logger = logging.getLogger(__name__)
 
@@ -40,19 +42,17 @@ def memory_metrics(device: str) -> dict[str, float]:
 def vllm_extra_options(rc: Any) -> dict[str, Any]:
     """``cudagraph_max_tokens`` and ``engine_kwargs`` of ``actor_rollout_ref.rollout`` as
     :class:`~verl.workers.rollout.vllm_engine.VLLMRolloutEngine` arguments (null entries dropped;
-    ``swap_space``, which vLLM no longer has, dropped with a warning)."""
-    extra = {k: v for k, v in dict(rc.get("engine_kwargs") or {}).items() if v is not None}
+    ``swap_space``, which vLLM no longer has, dropped with a warning). ``rc``: a RolloutConfig or a mapping."""
+    rc = RolloutConfig.from_config(rc)  # validates sleep_level (1 or 2)
+    extra = {k: v for k, v in rc.engine_kwargs.items() if v is not None}
     if extra.pop("swap_space", None) is not None:
         logger.warning(
             "actor_rollout_ref.rollout.engine_kwargs.swap_space is ignored: vLLM has no swap space since 0.11"
         )
     options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
-    sleep_level = int(rc.get("sleep_level", 2))
-    if sleep_level not in (1, 2):
-        raise ValueError(f"actor_rollout_ref.rollout.sleep_level must be 1 or 2, got {sleep_level}")
-    options["sleep_level"] = sleep_level
-    if rc.get("cudagraph_max_tokens"):
-        options["cudagraph_max_tokens"] = int(rc.get("cudagraph_max_tokens"))
+    options["sleep_level"] = rc.sleep_level
+    if rc.cudagraph_max_tokens:
+        options["cudagraph_max_tokens"] = rc.cudagraph_max_tokens
     return options
 
 
@@ -66,16 +66,18 @@ LOG_PROB_KEYS = (
 )
 
 
-def log_prob_settings(actor_settings: dict, section: Any) -> dict:
+def log_prob_settings(actor_settings: dict, section: RolloutConfig | RefConfig) -> dict:
     """``actor_settings`` with the ``LOG_PROB_KEYS`` of ``section`` (``actor_rollout_ref.rollout`` or ``.ref``)
     laid over it; a key the section leaves null keeps the actor's fallback (``ppo_micro_batch_size_per_gpu``,
     ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, see ``ActorSettings``)."""
-    overlay = {key: value for key, value in config_to_dict(section).items() if key in LOG_PROB_KEYS}
-    return {**actor_settings, **overlay}
+    return {**actor_settings, **{key: getattr(section, key) for key in LOG_PROB_KEYS}}
 
 
 class ActorRolloutRefWorker(TrainingWorker):
-    """All roles of one rank. ``config`` is ``actor_rollout_ref``; ``device`` is ``cpu`` or ``cuda``."""
+    """All roles of one rank. ``config`` is ``actor_rollout_ref`` (read through the typed ``self.conf``);
+    ``device`` is ``cpu`` or ``cuda``."""
+
+    CONFIG_CLS = ActorRolloutRefConfig
 
     def __init__(self, config: Any, device: str = "cpu"):
         super().__init__(config, device)
@@ -89,111 +91,97 @@ class ActorRolloutRefWorker(TrainingWorker):
         from verl.utils.model_loading import load_causal_lm
 
         self._init_distributed()
-        cfg = self.config
+        cfg = self.conf
         model_cfg, actor_cfg = cfg.model, cfg.actor
-        torch.manual_seed(int(actor_cfg.get("seed", 0) or 0))
+        torch.manual_seed(0)  # the same initialisation (LoRA adapters) on every rank
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
-        lora = None
-        if int(model_cfg.get("lora_rank", 0) or 0) > 0:
-            lora = {
-                "r": int(model_cfg.lora_rank),
-                "lora_alpha": int(model_cfg.get("lora_alpha", 16)),
-                "target_modules": model_cfg.get("target_modules", "all-linear"),
-            }
         self.model_path = str(model_cfg.path)
         actor_module = load_causal_lm(
             self.model_path,
             dtype=train_dtype,
-            attn_implementation=model_cfg.get("attn_implementation"),
-            override_config=config_to_dict(model_cfg.get("override_config")) or None,
-            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
-            lora=lora,
-            use_liger=bool(model_cfg.get("use_liger", False)),
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            attn_implementation=model_cfg.attn_implementation,
+            override_config=model_cfg.override_config or None,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            lora=model_cfg.lora,
+            use_liger=model_cfg.use_liger,
+            trust_remote_code=model_cfg.trust_remote_code,
         ).to(device)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
         self.fsdp_mesh = None
         if self.sharded:  # HSDP when fsdp_size divides the world size (the ref model shares the mesh, as in verl)
             self.fsdp_mesh = init_fsdp_mesh(
-                (actor_cfg.get("fsdp_config") or {}).get("fsdp_size", -1),
+                actor_cfg.fsdp_config.fsdp_size,
                 device_type=self.device_name,
                 world_size=self.world_size,
                 key="actor_rollout_ref.actor.fsdp_config.fsdp_size",
             )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
             actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
-        optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.get("optim"), default_lr=1e-6)
-        actor_settings = {
-            **config_to_dict(actor_cfg),
-            "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
-        }
+        optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.optim)
+        actor_settings = {**plain_values(actor_cfg), "use_remove_padding": model_cfg.use_remove_padding}
         self.actor_module, self.optimizer = actor_module, optimizer
         # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's
-        self.actor = DataParallelPPOActor(
-            log_prob_settings(actor_settings, cfg.get("rollout")), actor_module, optimizer
-        )
-        if bool(actor_cfg.get("use_kl_loss", False)):
+        self.actor = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.rollout), actor_module, optimizer)
+        if actor_cfg.use_kl_loss:
             ref_module = load_causal_lm(
                 self.model_path,
                 dtype=train_dtype,
-                attn_implementation=model_cfg.get("attn_implementation"),
-                override_config=config_to_dict(model_cfg.get("override_config")) or None,
-                trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+                attn_implementation=model_cfg.attn_implementation,
+                override_config=model_cfg.override_config or None,
+                trust_remote_code=model_cfg.trust_remote_code,
             ).to(device)
             ref_module.requires_grad_(False)
             if self.sharded:
                 ref_module = apply_fsdp2(
                     ref_module, mesh=self.fsdp_mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None
                 )
-            # the ref's own keys (its log_prob_* budgets among them) over the actor's
-            ref_settings = {**actor_settings, **config_to_dict(cfg.get("ref", {}))}
-            self.ref = DataParallelPPOActor(ref_settings, ref_module, None)
+            # the ref's own log_prob_* budgets over the actor's
+            self.ref = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.ref), ref_module, None)
         self._init_rollout()
         self._offload_idle_models()
 
     def _init_rollout(self) -> None:
         from verl.workers.rollout.base import get_rollout_engine
 
-        rc, model_cfg = self.config.rollout, self.config.get("model") or {}
-        name = str(rc.get("name", "hf"))
+        rc, model_cfg = self.conf.rollout, self.conf.model
         # the engine builds the same model as the actor: the same config overrides and remote-code permission
-        overrides = config_to_dict(model_cfg.get("override_config")) or None
-        trust_remote_code = bool(model_cfg.get("trust_remote_code", False))
-        max_len = int(rc.get("max_model_len") or 0) or int(rc.get("prompt_length", 1024)) + int(
-            rc.get("response_length", 1024)
-        )
-        if name == "hf":
+        overrides = model_cfg.override_config or None
+        max_len = rc.engine_max_len
+        if max_len is None:
+            raise ValueError(
+                "actor_rollout_ref.rollout.max_model_len or prompt_length and response_length must be set "
+                f"(got {rc.max_model_len}, {rc.prompt_length}, {rc.response_length})"
+            )
+        if rc.name == "hf":
             # The HF engine preallocates its KV cache for max_batch_size rows (vLLM's max_num_seqs is
             # a scheduler limit, far too large to preallocate): cap it. bf16 is slow on CPUs without
             # AVX512-BF16, so CPU runs use float32.
             cap = 64 if self.device_name == "cpu" else 256
-            batch = int(rc.get("hf_max_batch_size") or min(int(rc.get("max_num_seqs") or cap), cap))
-            dtype = "float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16"))
             self.rollout = get_rollout_engine(
                 "hf",
                 model=self.model_path,
                 device="cuda:0" if self.device_name == "cuda" else "cpu",
-                dtype=dtype,
-                max_batch_size=batch,
+                dtype="float32" if self.device_name == "cpu" else rc.dtype,
+                max_batch_size=min(rc.max_num_seqs, cap),
                 max_model_len=max_len,
-                trust_remote_code=trust_remote_code,
+                trust_remote_code=model_cfg.trust_remote_code,
                 override_config=overrides,
             )
         else:
             self.rollout = get_rollout_engine(
                 "vllm",
                 model_path=self.model_path,
-                dtype="float32" if self.device_name == "cpu" else str(rc.get("dtype", "bfloat16")),
-                gpu_memory_utilization=float(rc.get("gpu_memory_utilization", 0.5)),
-                enforce_eager=bool(rc.get("enforce_eager", True)),
+                dtype="float32" if self.device_name == "cpu" else rc.dtype,
+                gpu_memory_utilization=rc.gpu_memory_utilization,
+                enforce_eager=rc.enforce_eager,
                 max_model_len=max_len,
-                tensor_parallel_size=int(rc.get("tensor_model_parallel_size", 1)),
-                max_num_batched_tokens=int(rc.get("max_num_batched_tokens") or 8192),
-                max_num_seqs=int(rc.get("max_num_seqs") or 256),
-                enable_sleep_mode=bool(rc.get("free_cache_engine", True)) if self.device_name == "cuda" else None,
-                seed=int(rc.get("seed", 0) or 0),
-                trust_remote_code=trust_remote_code,
+                tensor_parallel_size=rc.tensor_model_parallel_size,
+                max_num_batched_tokens=rc.max_num_batched_tokens,
+                max_num_seqs=rc.max_num_seqs,
+                enable_sleep_mode=rc.free_cache_engine if self.device_name == "cuda" else None,
+                seed=rc.seed,
+                trust_remote_code=model_cfg.trust_remote_code,
                 hf_overrides=overrides,
                 **vllm_extra_options(rc),
             )
@@ -213,11 +201,11 @@ class ActorRolloutRefWorker(TrainingWorker):
             offload_fsdp_optimizer,
         )
 
-        fc = self.config.get(role, {}).get("fsdp_config", {}) or {}
+        fsdp = self.conf.actor.fsdp_config if role == "actor" else self.conf.ref.fsdp_config
         module = self.actor_module if role == "actor" else self.ref.actor_module
         on_gpu = self.device_name == "cuda"
-        params = on_gpu and bool(fc.get("param_offload", False))
-        optim = on_gpu and with_optimizer and bool(fc.get("optimizer_offload", False))
+        params = on_gpu and fsdp.param_offload
+        optim = on_gpu and with_optimizer and role == "actor" and self.conf.actor.fsdp_config.optimizer_offload
         if params:
             load_fsdp_model_to_gpu(module)
         if optim:
@@ -284,7 +272,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         """The dtype of the rollout engine's weights (float32 on CPU, ``rollout.dtype`` on a GPU)."""
         if self.device_name == "cpu":
             return torch.float32
-        return getattr(torch, str(self.config.rollout.get("dtype", "bfloat16")))
+        return getattr(torch, self.conf.rollout.dtype)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def wake_up_rollout(self) -> None:
@@ -297,7 +285,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def sleep_rollout(self) -> None:
         """Free the engine's KV cache while training (vLLM on GPU; a no-op elsewhere)."""
-        if bool(self.config.rollout.get("free_cache_engine", True)):
+        if self.conf.rollout.free_cache_engine:
             self.rollout.sleep()
 
     # ------------------------------------------------------------------ training

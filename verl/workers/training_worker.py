@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Optional
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from verl.single_controller import Worker
+from verl.workers.config.base import BaseConfig
 
 
 def config_to_dict(cfg: Any) -> dict:
@@ -25,10 +26,22 @@ class TrainingWorker(Worker):
     in-process (``LocalWorkerGroup``) the defaults are rank 0 of 1.
     """
 
+    # the typed section ``config`` holds (``self.conf``)
+    CONFIG_CLS: ClassVar[Optional[type[BaseConfig]]] = None
+
     def __init__(self, config: Any, device: str = "cpu"):
         super().__init__()
         self.config = OmegaConf.create(config_to_dict(config))
         self.device_name = device
+
+    @property
+    def conf(self) -> Any:
+        """``config`` as the typed ``CONFIG_CLS`` (built and validated once per config object)."""
+        cached = self.__dict__.get("_conf")
+        if cached is None or cached[0] is not self.config:
+            cached = (self.config, self.CONFIG_CLS.from_config(self.config))
+            self.__dict__["_conf"] = cached
+        return cached[1]
 
     def _init_distributed(self) -> None:
         if self.device_name == "cuda":

@@ -1,37 +1,51 @@
-"""Typed view of the actor section of the config (``actor_rollout_ref.actor``), with verl's key names.
+"""The actor config as :class:`~verl.workers.actor.dp_actor.DataParallelPPOActor` uses it.
 
-``ActorSettings.from_config`` accepts an OmegaConf ``DictConfig``, a plain ``dict`` or any attribute object,
-reads the keys below (unknown keys such as ``optim`` or ``fsdp_config`` are ignored: they belong to the
-worker) and validates them with errors that name the key and the value.
+:class:`ActorSettings` is the typed ``actor_rollout_ref.actor`` section (:class:`verl.workers.config.ActorConfig`:
+its fields, YAML defaults and checks) plus what the worker lays over it: ``use_remove_padding`` from the model
+section and the ``log_prob_*`` micro-batching of the pass it runs (``rollout`` for old log-probs, ``ref`` for the
+reference model). ``ActorSettings.from_config`` accepts an OmegaConf ``DictConfig``, a plain ``dict`` or a typed
+config; absent keys take the YAML defaults; the deprecated global micro-batch keys are divided by the data-parallel
+size as in verl.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["ActorSettings", "per_gpu_from_global", "settings_from_config"]
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.base import BaseConfig, Checks, to_plain
+
+__all__ = ["ActorSettings", "per_gpu_from_global", "plain_values"]
 
 logger = logging.getLogger(__name__)
 
-_LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+def plain_values(config: Any) -> dict:
+    """A plain dict of a DictConfig / mapping / typed config (None -> {})."""
+    if isinstance(config, BaseConfig):
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    config = to_plain(config)
+    return dict(config) if isinstance(config, Mapping) else {}
 
 
-_MISSING = object()
-
-
-def _lookup(config: Any, key: str) -> Any:
-    """``config[key]`` / ``config.key``, or ``_MISSING`` when absent."""
-    if config is None:
-        return _MISSING
-    if isinstance(config, Mapping) or hasattr(config, "get"):
-        try:
-            return config.get(key, _MISSING)
-        except Exception:  # noqa: BLE001 - e.g. OmegaConf missing-value errors
-            return _MISSING
-    return getattr(config, key, _MISSING)
+def apply_legacy_micro_batches(
+    values: dict, aliases: dict[str, str], dp_size: int, section: str, keep_legacy: tuple[str, ...] = ()
+) -> dict:
+    """``values`` with each deprecated global key of ``aliases`` (per-GPU key -> global key) divided by ``dp_size``
+    into its per-GPU key (:func:`per_gpu_from_global`); the global key is then null (or dropped when it is not a
+    field: ``keep_legacy`` lists those that are)."""
+    values = dict(values)
+    for new_key, old_key in aliases.items():
+        legacy = values.pop(old_key, None)
+        if legacy is not None:
+            values[new_key] = per_gpu_from_global(legacy, dp_size, old_key, new_key, values.get(new_key), section)
+        if old_key in keep_legacy:
+            values[old_key] = None
+    return values
 
 
 def per_gpu_from_global(
@@ -73,34 +87,9 @@ def per_gpu_from_global(
     return value
 
 
-def settings_from_config(
-    cls: type, config: Any, legacy_aliases: dict[str, str], dp_size: int = 1, section: str = "actor"
-) -> Any:
-    """Build the settings dataclass ``cls`` from a DictConfig / dict / attribute object and validate it.
-
-    Absent keys take the field defaults; an explicit None keeps its meaning only for Optional fields
-    (e.g. ``grad_clip=None``: no clipping). ``legacy_aliases`` maps a per-GPU field to the deprecated global
-    key that fills it (verl's ``ppo_micro_batch_size`` -> ``ppo_micro_batch_size_per_gpu``), divided by the
-    data-parallel size ``dp_size`` (``per_gpu_from_global``).
-    """
-    values = {}
-    for f in fields(cls):
-        value = _lookup(config, f.name)
-        if value is _MISSING or (value is None and "Optional" not in str(f.type)):
-            value = f.default
-        values[f.name] = value
-    for new_key, old_key in legacy_aliases.items():
-        legacy = _lookup(config, old_key)
-        if legacy is not _MISSING:
-            values[new_key] = per_gpu_from_global(legacy, dp_size, old_key, new_key, values[new_key], section)
-    settings = cls(**values)
-    settings.validate()
-    return settings
-
-
 @dataclass
-class ActorSettings:
-    """Actor options (verl names). See ``verl/workers/actor/dp_actor.py`` for how each is used.
+class ActorSettings(ActorConfig):
+    """``actor_rollout_ref.actor`` (every field of :class:`ActorConfig`, same defaults) plus the worker's overlay.
 
     Mini-batches: with ``train_batch_size`` set, each ``update_policy`` call takes exactly
     ``train_batch_size // ppo_mini_batch_size`` optimizer steps per epoch (docs/spec.md#policy-loss; the number of
@@ -108,62 +97,56 @@ class ActorSettings:
     Without it, mini-batches hold ``ppo_mini_batch_size`` rows (the last may be smaller).
     """
 
-    ppo_mini_batch_size: int = 1
-    train_batch_size: Optional[int] = None
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_max_token_len_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: Optional[bool] = None
+    # Unpad sequences (the worker copies actor_rollout_ref.model.use_remove_padding).
     use_remove_padding: bool = False
-    clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None
-    clip_ratio_high: Optional[float] = None
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: Optional[float] = None
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    ppo_epochs: int = 1
-    shuffle: bool = False
+    # Rows per micro-batch per GPU of a log-prob pass (rollout's or ref's key); null = ppo_micro_batch_size_per_gpu.
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    # Token budget of a log-prob pass (rollout's or ref's key); null = ppo_max_token_len_per_gpu.
+    log_prob_max_token_len_per_gpu: Optional[int] = None
+    # Token-budget micro-batches for a log-prob pass (rollout's or ref's key); null = use_dynamic_bsz.
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    # Seed of the actor's initialisation (not a YAML key: every rank uses the same).
     seed: int = 0
-    grad_clip: Optional[float] = 1.0
-    ulysses_sequence_parallel_size: int = 1
+    # Rows of logits turned into entropies at once (memory bound of the entropy pass).
     entropy_chunk_size: int = 2048
-    # verl's ``policy_loss`` section: ``loss_mode`` names the policy loss in the core_algos registry
-    policy_loss: Optional[Any] = None
+    # seq-mean-token-sum-norm divisor; null = the response length (Dr.GRPO).
+    loss_scale_factor: Optional[float] = None
 
     @classmethod
-    def from_config(cls, config: Any, dp_size: int = 1) -> ActorSettings:
-        """Build from a DictConfig / dict / attribute object (missing keys take the defaults above); the
-        deprecated global ``ppo_micro_batch_size`` / ``log_prob_micro_batch_size`` are divided by ``dp_size``."""
-        return settings_from_config(
-            cls,
-            config,
+    def from_config(cls, config: Any, dp_size: int = 1, path: Optional[str] = None) -> ActorSettings:
+        """Build from a DictConfig / dict / typed config (absent keys take the defaults above); the deprecated
+        global ``ppo_micro_batch_size`` / ``log_prob_micro_batch_size`` are divided by ``dp_size``."""
+        values = apply_legacy_micro_batches(
+            plain_values(config),
             {
                 "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
                 "log_prob_micro_batch_size_per_gpu": "log_prob_micro_batch_size",
             },
-            dp_size=dp_size,
+            dp_size,
+            "actor",
+            keep_legacy=("ppo_micro_batch_size",),
         )
+        return super().from_config(values, path)
+
+    def check(self, c: Checks) -> None:
+        super().check(c)
+        mini, train = self.ppo_mini_batch_size, self.train_batch_size
+        if not c.bad & {"ppo_mini_batch_size", "train_batch_size"} and train is not None and train < mini:
+            c.error(
+                f"{c.key('train_batch_size')} ({train}) must be >= {c.key('ppo_mini_batch_size')} ({mini}): "
+                "their ratio is the number of optimizer steps per batch"
+            )
+        per_gpu = self.ppo_micro_batch_size_per_gpu
+        if not self.use_dynamic_bsz and (per_gpu is None or per_gpu < 1):
+            c.error(
+                f"{c.key('ppo_micro_batch_size_per_gpu')} must be >= 1 when use_dynamic_bsz is False, got {per_gpu}"
+            )
 
     # ------------------------------------------------------------------ derived values
     @property
-    def clip_low(self) -> float:
-        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
-
-    @property
-    def clip_high(self) -> float:
-        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
-
-    @property
     def policy_loss_mode(self) -> str:
         """``policy_loss.loss_mode`` (default ``vanilla``: PPO clip with dual clip)."""
-        mode = _lookup(self.policy_loss, "loss_mode") if self.policy_loss is not None else _MISSING
-        return "vanilla" if mode in (_MISSING, None) else str(mode)
+        return self.policy_loss.loss_mode
 
     @property
     def log_prob_dynamic(self) -> bool:
@@ -175,41 +158,5 @@ class ActorSettings:
 
     @property
     def log_prob_micro_batch_size(self) -> int:
+        """Rows per micro-batch of a log-prob pass (its own key, else the update's)."""
         return int(self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu or 1)
-
-    def validate(self) -> None:
-        """Raise ValueError naming the offending key and value."""
-        from verl.trainer.ppo.core_algos import POLICY_LOSSES
-
-        if self.policy_loss_mode not in POLICY_LOSSES:
-            raise ValueError(
-                f"actor.policy_loss.loss_mode must be one of [{', '.join(sorted(POLICY_LOSSES))}], "
-                f"got {self.policy_loss_mode!r}"
-            )
-        if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
-            raise ValueError(f"actor.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
-        if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):
-            raise ValueError(
-                f"actor.train_batch_size ({self.train_batch_size}) must be >= actor.ppo_mini_batch_size "
-                f"({self.ppo_mini_batch_size}): their ratio is the number of optimizer steps per batch"
-            )
-        if not self.use_dynamic_bsz and (
-            self.ppo_micro_batch_size_per_gpu is None or self.ppo_micro_batch_size_per_gpu < 1
-        ):
-            raise ValueError(
-                "actor.ppo_micro_batch_size_per_gpu must be >= 1 when use_dynamic_bsz is False, "
-                f"got {self.ppo_micro_batch_size_per_gpu}"
-            )
-        if self.use_dynamic_bsz and int(self.ppo_max_token_len_per_gpu) < 1:
-            raise ValueError(f"actor.ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
-        if self.loss_agg_mode not in _LOSS_AGG_MODES:
-            raise ValueError(f"actor.loss_agg_mode '{self.loss_agg_mode}' unknown; valid: {', '.join(_LOSS_AGG_MODES)}")
-        if self.clip_ratio_c <= 1.0:
-            raise ValueError(f"actor.clip_ratio_c must be > 1.0, got {self.clip_ratio_c}")
-        if self.ppo_epochs < 1:
-            raise ValueError(f"actor.ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        if int(self.ulysses_sequence_parallel_size) != 1:
-            raise ValueError(
-                f"actor.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not supported "
-                "(sequence parallelism is not implemented); use 1"
-            )

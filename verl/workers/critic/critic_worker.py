@@ -21,8 +21,10 @@ from torch import nn
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
+from verl.workers.actor.settings import plain_values
+from verl.workers.config import CriticConfig
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
-from verl.workers.training_worker import TrainingWorker, config_to_dict
+from verl.workers.training_worker import TrainingWorker
 
 __all__ = ["CriticWorker", "load_value_model"]
 
@@ -78,12 +80,10 @@ def load_value_model(
 
 
 class CriticWorker(TrainingWorker):
-    """The value model of one rank. ``config`` is the ``critic`` section; ``device`` is ``cpu`` or ``cuda``.
+    """The value model of one rank. ``config`` is the ``critic`` section (read through the typed ``self.conf``,
+    :class:`~verl.workers.config.CriticConfig`); ``device`` is ``cpu`` or ``cuda``."""
 
-    Extra keys read from ``config`` besides verl's: ``seed`` (head initialisation, default 0),
-    ``train_batch_size`` (see ``CriticSettings``), ``model.attn_implementation``, ``model.trust_remote_code``,
-    ``optim.betas`` / ``optim.lr_warmup_steps``.
-    """
+    CONFIG_CLS = CriticConfig
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -91,32 +91,29 @@ class CriticWorker(TrainingWorker):
         from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
 
         self._init_distributed()
-        cfg = self.config
-        model_cfg = cfg.get("model", {}) or {}
-        if not model_cfg.get("path"):
-            raise ValueError("critic.model.path must name the value model's base checkpoint folder")
+        cfg = self.conf
+        model_cfg = cfg.model
         # the same seed on every rank: the new value head starts identical everywhere
-        torch.manual_seed(int(cfg.get("seed", 0) or 0))
+        torch.manual_seed(0)
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
-        self.model_path = os.path.expanduser(str(model_cfg.path))
+        self.model_path = os.path.expanduser(model_cfg.path)
         module = load_value_model(
             self.model_path,
             dtype="float32",
-            attn_implementation=model_cfg.get("attn_implementation"),
-            gradient_checkpointing=bool(model_cfg.get("enable_gradient_checkpointing", False)),
-            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
-            override_config=config_to_dict(model_cfg.get("override_config")) or None,
+            gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            trust_remote_code=bool(model_cfg.trust_remote_code),  # null: the YAML makes it follow the policy's
+            override_config=model_cfg.override_config or None,
         ).to(device)
         if self.world_size > 1 or self.device_name == "cuda":  # HSDP when fsdp_size divides the world size
             mesh = init_fsdp_mesh(
-                (model_cfg.get("fsdp_config") or {}).get("fsdp_size", -1),
+                model_cfg.fsdp_config.fsdp_size,
                 device_type=self.device_name,
                 world_size=self.world_size,
                 key="critic.model.fsdp_config.fsdp_size",
             )
             module = apply_fsdp2(module, mesh=mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None)
-        self.optimizer, self.lr_scheduler = build_optim_and_scheduler(module, cfg.get("optim"), default_lr=1e-5)
-        settings = {**config_to_dict(cfg), "use_remove_padding": bool(model_cfg.get("use_remove_padding", False))}
+        self.optimizer, self.lr_scheduler = build_optim_and_scheduler(module, cfg.optim)
+        settings = {**plain_values(cfg), "use_remove_padding": model_cfg.use_remove_padding}
         self.critic_module = module
         self.critic = DataParallelPPOCritic(settings, module, self.optimizer)
 

@@ -32,7 +32,10 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import pack_rows
-from verl.workers.actor.settings import settings_from_config
+from verl.workers.actor.settings import apply_legacy_micro_batches, plain_values
+from verl.workers.config.actor import ActorConfig
+from verl.workers.config.base import Checks
+from verl.workers.config.critic import CriticConfig
 from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
 
@@ -44,83 +47,70 @@ logger = logging.getLogger(__name__)
 _STAT_NAMES = ("vf_loss", "vf_clipfrac", "vpred_sum", "tokens")
 
 
+# critic keys that follow the actor's in the YAML (``${actor_rollout_ref.actor.<key>}``): on their own (a partial
+# dict, as in tests) a null takes the actor's default
+_FOLLOWS_ACTOR = ("ppo_mini_batch_size", "use_dynamic_bsz", "ppo_epochs", "shuffle")
+
+
 @dataclass
-class CriticSettings:
-    """Critic options (the ``critic`` section, verl names).
+class CriticSettings(CriticConfig):
+    """The ``critic`` section (every field of :class:`CriticConfig`, same defaults) plus the worker's overlay.
 
     Mini-batches: rows carrying ``mini_batch_id`` (assigned by the trainer) are grouped by it; otherwise
     ``train_batch_size // ppo_mini_batch_size`` contiguous mini-batches when ``train_batch_size`` is set, else
     mini-batches of ``ppo_mini_batch_size`` rows (as the actor does).
     """
 
-    ppo_mini_batch_size: int = 1
+    # Prompts per step as seen by the critic (the trainer's batch); null = mini-batches of ppo_mini_batch_size rows.
     train_batch_size: Optional[int] = None
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
-    forward_micro_batch_size_per_gpu: Optional[int] = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 32768
-    forward_max_token_len_per_gpu: Optional[int] = None
+    # Unpad sequences (the worker copies critic.model.use_remove_padding).
     use_remove_padding: bool = False
-    cliprange_value: float = 0.5
+    # Loss aggregation of the value loss (the actor's modes).
     loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
-    shuffle: bool = False
+    # Seed of the value head's initialisation (the same on every rank).
     seed: int = 0
-    grad_clip: Optional[float] = 1.0
-    ulysses_sequence_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, config: Any, dp_size: int = 1) -> CriticSettings:
-        """Build from a DictConfig / dict / attribute object; missing keys take the defaults above. The deprecated
+    def from_config(cls, config: Any, dp_size: int = 1, path: Optional[str] = None) -> CriticSettings:
+        """Build from a DictConfig / dict / typed config; absent keys take the defaults above. The deprecated
         global ``ppo_micro_batch_size`` / ``forward_micro_batch_size`` are divided by ``dp_size`` (verl)."""
-        return settings_from_config(
-            cls,
-            config,
+        values = apply_legacy_micro_batches(
+            plain_values(config),
             {
                 "ppo_micro_batch_size_per_gpu": "ppo_micro_batch_size",
                 "forward_micro_batch_size_per_gpu": "forward_micro_batch_size",
             },
-            dp_size=dp_size,
-            section="critic",
+            dp_size,
+            "critic",
+            keep_legacy=("ppo_micro_batch_size", "forward_micro_batch_size"),
         )
+        actor_defaults = ActorConfig()
+        for key in _FOLLOWS_ACTOR:
+            if values.get(key) is None:
+                values[key] = getattr(actor_defaults, key)
+        return super().from_config(values, path)
+
+    def check(self, c: Checks) -> None:
+        super().check(c)
+        c.choice("loss_agg_mode", AGG_MODES)
+        mini, train = self.ppo_mini_batch_size, self.train_batch_size
+        if not c.bad & {"ppo_mini_batch_size", "train_batch_size"} and train is not None and train < (mini or 1):
+            c.error(f"{c.key('train_batch_size')} ({train}) must be >= {c.key('ppo_mini_batch_size')} ({mini})")
+        per_gpu = self.ppo_micro_batch_size_per_gpu
+        if not self.use_dynamic_bsz and (per_gpu is None or per_gpu < 1):
+            c.error(
+                f"{c.key('ppo_micro_batch_size_per_gpu')} must be >= 1 when {c.key('use_dynamic_bsz')} is False, "
+                f"got {per_gpu}"
+            )
 
     @property
-    def forward_micro_batch_size(self) -> int:
+    def forward_rows(self) -> int:
+        """Rows per value-forward micro-batch (its own key, else the update's)."""
         return int(self.forward_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu or 1)
 
     @property
     def forward_token_budget(self) -> int:
         return int(self.forward_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu)
-
-    def validate(self) -> None:
-        """Raise ValueError naming the offending ``critic.<key>`` and value."""
-        if self.ppo_mini_batch_size is None or int(self.ppo_mini_batch_size) < 1:
-            raise ValueError(f"critic.ppo_mini_batch_size must be >= 1, got {self.ppo_mini_batch_size}")
-        if self.train_batch_size is not None and int(self.train_batch_size) < int(self.ppo_mini_batch_size):
-            raise ValueError(
-                f"critic.train_batch_size ({self.train_batch_size}) must be >= critic.ppo_mini_batch_size "
-                f"({self.ppo_mini_batch_size})"
-            )
-        if not self.use_dynamic_bsz and (
-            self.ppo_micro_batch_size_per_gpu is None or int(self.ppo_micro_batch_size_per_gpu) < 1
-        ):
-            raise ValueError(
-                "critic.ppo_micro_batch_size_per_gpu must be >= 1 when critic.use_dynamic_bsz is False, "
-                f"got {self.ppo_micro_batch_size_per_gpu}"
-            )
-        if self.use_dynamic_bsz and int(self.ppo_max_token_len_per_gpu) < 1:
-            raise ValueError(f"critic.ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
-        if self.loss_agg_mode not in AGG_MODES:
-            raise ValueError(f"critic.loss_agg_mode '{self.loss_agg_mode}' unknown; valid: {', '.join(AGG_MODES)}")
-        if float(self.cliprange_value) <= 0:
-            raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}")
-        if int(self.ppo_epochs) < 1:
-            raise ValueError(f"critic.ppo_epochs must be >= 1, got {self.ppo_epochs}")
-        if int(self.ulysses_sequence_parallel_size) != 1:
-            raise ValueError(
-                f"critic.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not "
-                "supported (sequence parallelism is not implemented); use 1"
-            )
 
 
 def _head_output(output: Any) -> torch.Tensor:
@@ -206,7 +196,7 @@ class DataParallelPPOCritic(DataParallelComponent):
         s = self.settings
         meta = data.meta_info
         use_dynamic = bool(meta.get("use_dynamic_bsz", s.use_dynamic_bsz))
-        micro_batch_size = int(meta.get("micro_batch_size") or s.forward_micro_batch_size)
+        micro_batch_size = int(meta.get("micro_batch_size") or s.forward_rows)
         max_token_len = int(meta.get("max_token_len") or s.forward_token_budget)
         batch = data.select(batch_keys=list(_FORWARD_KEYS)).batch
         out_device = batch["input_ids"].device
