@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from verl.trainer.config import CustomRewardFunctionConfig, PPOConfig, TrainerConfig, from_config
+
 logger = logging.getLogger(__name__)
 
 
-def pick_device(cfg: DictConfig) -> str:
-    dev = cfg.trainer.get("device", None)
+def pick_device(conf: PPOConfig) -> str:
+    dev = conf.trainer.device
     if dev in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if dev not in ("cpu", "cuda"):
@@ -30,8 +31,8 @@ def pick_device(cfg: DictConfig) -> str:
 
 def build_worker_group(cfg: DictConfig, device: str):
     """One worker per rank: in-process for a single CPU rank, else a Ray worker group."""
-    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
-    if world == 1 and device == "cpu" and not cfg.trainer.get("force_ray_workers", False):
+    trainer = TrainerConfig.from_config(cfg.trainer)
+    if trainer.world_size == 1 and device == "cpu" and not trainer.force_ray_workers:
         from verl.trainer.ppo.local_worker_group import LocalWorkerGroup
 
         return LocalWorkerGroup(cfg.actor_rollout_ref, device)
@@ -58,32 +59,34 @@ def run(cfg: DictConfig) -> list[dict]:
     validate_config(cfg)
     with open_dict(cfg):
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
-    device = pick_device(cfg)
-    name = cfg.recurrent.get("enable")
-    if not name and cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
+    conf = from_config(cfg)  # the typed sections: what this function reads
+    device = pick_device(conf)
+    name = conf.recurrent.name
+    if not name and conf.actor_rollout_ref.rollout.mode == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
-    use_critic = not name and cfg.algorithm.adv_estimator == "gae"
+    use_critic = not name and conf.algorithm.adv_estimator == "gae"
 
-    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)  # with model.trust_remote_code
+    tokenizer = load_tokenizer(conf.actor_rollout_ref.model)  # with model.trust_remote_code
     workflow = None
     if name:  # multi-turn workflow, built by its provider (recurrent.provider: module:function)
-        workflow = load_workflow_provider(cfg.recurrent.provider)(cfg, tokenizer)
+        workflow = load_workflow_provider(conf.recurrent.provider)(cfg, tokenizer)
         train_ds, val_ds = workflow.train_dataset, workflow.val_dataset
     else:  # single-turn PPO/GRPO on chat prompts
-        data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-        train_ds = RLHFDataset(list(_files(cfg.data.train_files)), tokenizer, data_cfg)
-        val_ds = (
-            RLHFDataset(list(_files(cfg.data.val_files)), tokenizer, data_cfg) if cfg.data.get("val_files") else None
-        )
-    seed = int(cfg.data.get("seed", 1) or 1)
-    train_loader = train_dataloader(train_ds, cfg.data, collate_fn)  # with data.dataloader_num_workers
+        data = conf.data
+        train_ds = RLHFDataset(data.train_file_list, tokenizer, data)
+        val_ds = RLHFDataset(data.val_file_list, tokenizer, data) if data.val_file_list else None
+    train_loader = train_dataloader(train_ds, conf.data, collate_fn)  # with data.dataloader_num_workers
     val_loader = None
     if val_ds is not None:
-        vbs = cfg.data.get("val_batch_size") or len(val_ds)
         val_loader = ResumableDataLoader(
-            val_ds, batch_size=int(vbs), shuffle=False, seed=seed, collate_fn=collate_fn, drop_last=False
+            val_ds,
+            batch_size=conf.data.val_batch_size or len(val_ds),
+            shuffle=False,
+            seed=conf.data.seed,
+            collate_fn=collate_fn,
+            drop_last=False,
         )
-    total_steps = cfg.trainer.get("total_training_steps") or len(train_loader) * int(cfg.trainer.total_epochs)
+    total_steps = conf.trainer.total_training_steps or len(train_loader) * conf.trainer.total_epochs
     with open_dict(cfg):
         cfg.actor_rollout_ref.actor.optim.total_training_steps = int(total_steps)
         if use_critic:
@@ -91,8 +94,8 @@ def run(cfg: DictConfig) -> list[dict]:
 
     if not ray.is_initialized():
         ray.init(
-            address=cfg.trainer.get("ray_address"),
-            num_cpus=cfg.trainer.get("ray_num_cpus"),
+            address=conf.trainer.ray_address,
+            num_cpus=conf.trainer.ray_num_cpus,
             include_dashboard=False,
             ignore_reinit_error=True,
             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
@@ -106,17 +109,16 @@ def run(cfg: DictConfig) -> list[dict]:
     else:
         wg = build_worker_group(cfg, device)
     wg.init_model()
-    rm_name = cfg.reward_model.get("reward_manager", "naive")
-    compute_score = load_custom_reward_fn(cfg)
+    rm_name = conf.reward_model.reward_manager
+    compute_score = load_custom_reward_fn(conf.custom_reward_function)
     reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=0)
     val_reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=1)
-    log_dir = Path(cfg.trainer.get("log_dir") or Path(cfg.trainer.default_local_dir) / "logs")
     tracker = Tracking(
-        project_name=cfg.trainer.project_name,
-        experiment_name=cfg.trainer.experiment_name,
-        default_backend=list(cfg.trainer.logger),
+        project_name=conf.trainer.project_name,
+        experiment_name=conf.trainer.experiment_name,
+        default_backend=list(conf.trainer.logger),
         config=OmegaConf.to_container(cfg, resolve=True),
-        log_dir=str(log_dir),
+        log_dir=conf.trainer.logs_dir,
     )
     if workflow is not None:
         trainer = MultiConvTrainer(cfg, tokenizer, wg, workflow, reward_fn, val_reward_fn, tracker)
@@ -124,7 +126,7 @@ def run(cfg: DictConfig) -> list[dict]:
         trainer = SingleTurnPPOTrainer(
             cfg, tokenizer, wg, train_ds, val_ds, reward_fn, val_reward_fn, tracker, critic_group=critic_wg
         )
-    ckpt = CheckpointManager(cfg.trainer.default_local_dir, max_ckpt_to_keep=cfg.trainer.get("max_actor_ckpt_to_keep"))
+    ckpt = CheckpointManager(conf.trainer.local_dir, max_ckpt_to_keep=conf.trainer.max_actor_ckpt_to_keep)
     try:
         history = fit(trainer, train_loader, val_loader, ckpt, int(total_steps))
     finally:
@@ -136,11 +138,13 @@ def run(cfg: DictConfig) -> list[dict]:
     return history
 
 
-def load_custom_reward_fn(cfg: DictConfig):
+def load_custom_reward_fn(spec: CustomRewardFunctionConfig | DictConfig):
     """``custom_reward_function.path`` / ``.name``: a user scorer with the verl signature
-    ``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``; None = built-in."""
-    spec = cfg.get("custom_reward_function") or {}
-    path = spec.get("path")
+    ``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``; None = built-in.
+    ``spec``: the typed section, or the whole composed config."""
+    if not isinstance(spec, CustomRewardFunctionConfig):
+        spec = from_config(spec).custom_reward_function
+    path = spec.path
     if not path:
         return None
     import importlib.util
@@ -150,18 +154,10 @@ def load_custom_reward_fn(cfg: DictConfig):
     module_spec = importlib.util.spec_from_file_location("custom_reward_module", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    name = spec.get("name") or "compute_score"
+    name = spec.name
     if not hasattr(module, name):
         raise AttributeError(f"custom_reward_function.name={name!r} is not defined in {path}")
     return getattr(module, name)
-
-
-def _files(spec) -> list[str]:
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    return [str(s) for s in spec]
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)

@@ -162,12 +162,14 @@ def prepare_for_training(
 
 def load_tokenizer(model_cfg: Any) -> Any:
     """The policy's tokenizer from the ``actor_rollout_ref.model`` section: ``path`` with ``trust_remote_code``
-    (custom tokenizer code shipped with the checkpoint runs only when that key allows it)."""
+    (custom tokenizer code shipped with the checkpoint runs only when that key allows it). ``model_cfg``: the typed
+    ``ModelConfig``, a DictConfig or a dict."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(
-        str(model_cfg.get("path")), trust_remote_code=bool(model_cfg.get("trust_remote_code", False))
-    )
+    from verl.workers.config.model import ModelConfig
+
+    model = ModelConfig.from_config(model_cfg)
+    return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
 
 
 def load_causal_lm(

@@ -180,7 +180,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 max_num_batched_tokens=rc.max_num_batched_tokens,
                 max_num_seqs=rc.max_num_seqs,
                 enable_sleep_mode=rc.free_cache_engine if self.device_name == "cuda" else None,
-                seed=rc.seed,
+                seed=rc.seed or 0,
                 trust_remote_code=model_cfg.trust_remote_code,
                 hf_overrides=overrides,
                 **vllm_extra_options(rc),

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 class Trainer(Protocol):
     """What :func:`fit` needs of a trainer (both trainers get it from ``trainer_core.TrainerCore``)."""
 
-    config: Any
+    conf: Any  # the typed config (verl.trainer.config.PPOConfig); fit reads conf.trainer
     wg: Any
     tracker: Any
     global_step: int
@@ -78,8 +78,8 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
 
 
 def _resume(trainer, train_loader, ckpt_manager) -> None:
-    tc = trainer.config.trainer
-    resume_dir = ckpt_manager.resolve_resume(tc.get("resume_mode", "auto"), tc.get("resume_from_path"))
+    tc = trainer.conf.trainer
+    resume_dir = ckpt_manager.resolve_resume(tc.resume_mode, tc.resume_from_path)
     if resume_dir is not None:
         with open(os.path.join(resume_dir, "trainer_state.pkl"), "rb") as f:
             state = pickle.load(f)
@@ -124,19 +124,17 @@ def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int,
 
 
 def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started) -> None:
-    tc = trainer.config.trainer
-    max_wall = tc.get("max_wall_time_s")
-    test_freq, save_freq = int(tc.get("test_freq", -1) or -1), int(tc.get("save_freq", -1) or -1)
+    tc = trainer.conf.trainer
+    max_wall = tc.max_wall_time_s
+    test_freq, save_freq = tc.test_freq, tc.save_freq
     saved_step = trainer.global_step  # the resumed checkpoint's step (0: fresh, nothing to save yet)
-    if val_loader is not None and tc.get("val_before_train", True) and trainer.global_step == 0 and not stop.requested:
+    if val_loader is not None and tc.val_before_train and trainer.global_step == 0 and not stop.requested:
         stop.doing = "the validation before training"
         val = trainer.validate(val_loader)
         _log(trainer, val, 0)
         history.append({"step": 0, **val})
 
-    bar = tqdm(
-        total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.get("progress_bar", True)
-    )
+    bar = tqdm(total=total_steps, initial=trainer.global_step, desc="training", disable=not tc.progress_bar)
     epoch_iter = iter(train_loader)
 
     def next_batch() -> DataProto:
@@ -198,6 +196,6 @@ def _log(trainer, metrics: dict, step: int) -> None:
     trainer.tracker.log(data=metrics, step=step)
     samples = trainer.last_val_samples
     if samples and any(k.startswith("val-core/") for k in metrics):
-        n = int(trainer.config.trainer.get("log_val_generations", 0) or 0)
+        n = trainer.conf.trainer.log_val_generations
         if n > 0:
             trainer.tracker.log_generations(samples[:n], step=step)

@@ -59,7 +59,7 @@ class MultiConvTrainer(TrainerCore):
         self.workflow = workflow
         self.train_dataset, self.val_dataset = workflow.train_dataset, workflow.val_dataset
         self.manager = workflow.build_rollout(self.rollout)
-        estimator = str(config.algorithm.adv_estimator)
+        estimator = self.conf.algorithm.adv_estimator
         if estimator not in MULTICONV_ESTIMATORS:
             raise ValueError(
                 f"algorithm.adv_estimator={estimator!r} is not a multi-turn estimator "
@@ -70,8 +70,8 @@ class MultiConvTrainer(TrainerCore):
     # ---------------------------------------------------------------- one step
     def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]:
         """One training step. ``next_batch()`` supplies more questions for DAPO dynamic sampling."""
-        cfg, timing, metrics = self.config, {}, {}
-        n = int(cfg.actor_rollout_ref.rollout.n)
+        cfg, timing, metrics = self.conf, {}, {}
+        n = cfg.actor_rollout_ref.rollout.n
         self.rollout.calls = 0  # seeds depend on (step, turn, request) only, not on earlier validation
         with timer("step", timing):
             # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level),
@@ -92,7 +92,7 @@ class MultiConvTrainer(TrainerCore):
             # each conversation carries its trajectory's score at its last response token (metrics)
             conv.batch["token_level_scores"] = scores_at_last_token(scores[sample_index], conv.batch["response_mask"])
             conv.batch["token_level_rewards"] = conv.batch["token_level_scores"]
-            if cfg.actor_rollout_ref.actor.get("turn_weighting", "token") == "trajectory":
+            if cfg.actor_rollout_ref.actor.turn_weighting == "trajectory":
                 weights = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
                 conv.batch["loss_weights"] = weights
             conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
@@ -100,7 +100,7 @@ class MultiConvTrainer(TrainerCore):
             with timer("old_log_prob", timing):
                 conv = conv.union(self.wg.compute_log_prob(conv))
             metrics.update(rollout_actor_mismatch(conv))
-            if cfg.actor_rollout_ref.actor.get("use_kl_loss", False):
+            if cfg.actor_rollout_ref.actor.use_kl_loss:
                 with timer("ref", timing):
                     conv = conv.union(self.wg.compute_ref_log_prob(conv))
             with timer("update_actor", timing):
@@ -132,10 +132,10 @@ class MultiConvTrainer(TrainerCore):
 
     # ---------------------------------------------------------------- rollouts, shaping, DAPO filter
     def collect_rollouts(self, batch, n, next_batch, timing, metrics):
-        algo = self.config.algorithm
-        dapo_filter = bool(algo.get("filter_groups", {}).get("enable", False))
+        dapo = self.conf.algorithm.filter_groups
+        dapo_filter = dapo.enable
         want_groups = len(batch)
-        max_gen = int(algo.get("filter_groups", {}).get("max_num_gen_batches", 0) or 0)
+        max_gen = dapo.max_num_gen_batches
         parts, num_gen = [], 0
         while True:
             num_gen += 1
@@ -167,12 +167,12 @@ class MultiConvTrainer(TrainerCore):
 
     def _shape_rewards(self, scores, finals, metrics):
         """DAPO overlong shaping on the final answer's length (limit: the workflow's final response length)."""
-        ob = self.config.algorithm.get("overlong_buffer", {})
-        if not ob.get("enable", False):
+        ob = self.conf.algorithm.overlong_buffer
+        if not ob.enable:
             return scores
-        limit = int(self.workflow.final_response_length or self.config.actor_rollout_ref.rollout.response_length)
+        limit = int(self.workflow.final_response_length or self.conf.actor_rollout_ref.rollout.response_length)
         lengths = finals.batch["response_mask"].sum(-1)
-        penalty = overlong_reward_penalty(lengths, limit, int(ob.get("len", 1)), float(ob.get("penalty_factor", 1.0)))
+        penalty = overlong_reward_penalty(lengths, limit, ob.len, ob.penalty_factor)
         metrics["train/overlong_penalty_mean"] = float(penalty.mean())
         return scores + penalty.to(scores.dtype)
 
@@ -183,7 +183,7 @@ class MultiConvTrainer(TrainerCore):
     # ---------------------------------------------------------------- validation
     def validate(self, val_loader) -> dict[str, float]:
         """``val_kwargs.n`` trajectories per question, scored; metrics per data source (``val-core/...``)."""
-        n = int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1))
+        n = self.conf.actor_rollout_ref.rollout.val_kwargs.n
         sources: list[str] = []
         questions: list[str] = []
         rewards: list[float] = []

@@ -23,6 +23,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.config import PPOConfig
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.trainer_core import (
@@ -32,6 +33,7 @@ from verl.trainer.ppo.trainer_core import (
     rollout_sampling,
     scores_at_last_token,
     timer,
+    typed_config,
 )
 from verl.utils.conversation_batch import build_conversation_batch, engine_log_probs
 from verl.utils.torch_functional import masked_mean
@@ -46,8 +48,9 @@ _SINGLE_TURN_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
 _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
 
 
-def single_turn_sampling(config: DictConfig, global_step: int, validate: bool) -> dict[str, Any]:
+def single_turn_sampling(config: DictConfig | PPOConfig, global_step: int, validate: bool) -> dict[str, Any]:
     """The trainers' sampling parameters (:func:`rollout_sampling`) with ``max_tokens=rollout.response_length``."""
+    config = typed_config(config)
     params = rollout_sampling(config, global_step, validate)
     params["max_tokens"] = int(config.actor_rollout_ref.rollout.response_length)
     return params
@@ -83,8 +86,8 @@ class SingleTurnPPOTrainer(TrainerCore):
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-        algo = config.algorithm
-        self.adv_estimator = str(algo.adv_estimator)
+        algo = self.conf.algorithm
+        self.adv_estimator = algo.adv_estimator
         if self.adv_estimator == "remax":
             raise NotImplementedError(
                 "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
@@ -100,9 +103,8 @@ class SingleTurnPPOTrainer(TrainerCore):
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
-        actor = config.actor_rollout_ref.actor
-        self.use_kl_loss = bool(actor.get("use_kl_loss", False))
-        self.use_kl_in_reward = bool(algo.get("use_kl_in_reward", False))
+        self.use_kl_loss = self.conf.actor_rollout_ref.actor.use_kl_loss
+        self.use_kl_in_reward = algo.use_kl_in_reward
         if self.use_kl_in_reward and not self.use_kl_loss:
             raise ValueError(
                 "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
@@ -134,9 +136,9 @@ class SingleTurnPPOTrainer(TrainerCore):
         except (TypeError, ValueError) as err:
             first = batch.non_tensor_batch["raw_prompt_ids"][0]
             raise TypeError(f"raw_prompt_ids must hold lists of token ids; row 0 holds {first!r}") from err
-        params = SamplingParams.from_dict(single_turn_sampling(self.config, self.global_step, validate))
+        params = SamplingParams.from_dict(single_turn_sampling(self.conf, self.global_step, validate))
         outputs = [result[0] for result in self.rollout.generate_batch(prompts, params)]
-        response_width = int(self.config.actor_rollout_ref.rollout.response_length)
+        response_width = int(self.conf.actor_rollout_ref.rollout.response_length)
         tensors = build_conversation_batch(
             prompts, [o.token_ids for o in outputs], self.pad_id, response_width=response_width
         )
@@ -152,8 +154,8 @@ class SingleTurnPPOTrainer(TrainerCore):
     def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]:
         """One PPO step on ``batch`` (prompts). ``next_batch`` is accepted for ``fit`` and unused."""
         del next_batch
-        cfg, timing, metrics = self.config, {}, {}
-        n = int(cfg.actor_rollout_ref.rollout.n)
+        cfg, timing, metrics = self.conf, {}, {}
+        n = cfg.actor_rollout_ref.rollout.n
         self.rollout.calls = 0  # seeds depend on (step, request) only
         with timer("step", timing):
             # 1. rollout: one response per row, then free the engine's KV cache for training
@@ -182,7 +184,7 @@ class SingleTurnPPOTrainer(TrainerCore):
             if self.use_critic:
                 with timer("update_critic", timing):
                     metrics.update(self.critic_wg.update_critic(self._critic_batch(batch)))
-            if self.global_step > int(cfg.trainer.get("critic_warmup", 0) or 0):
+            if self.global_step > cfg.trainer.critic_warmup:
                 batch.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(batch))
                 with timer("update_actor", timing):
                     metrics.update(self.wg.update_actor(batch))  # globally reduced metrics
@@ -201,10 +203,10 @@ class SingleTurnPPOTrainer(TrainerCore):
         if not self.use_kl_in_reward:
             batch.batch["token_level_rewards"] = scores.clone()
             return {}
-        algo = self.config.algorithm
         mask = batch.batch["response_mask"].float()
-        estimator = str(algo.get("kl_penalty", "kl"))
-        kld = kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], estimator) * mask
+        kld = (
+            kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], self.conf.algorithm.kl_penalty) * mask
+        )
         beta = self.kl_ctrl.value
         batch.batch["token_level_rewards"] = scores - beta * kld
         current_kl = float(masked_mean(kld, mask, axis=-1).mean())
@@ -213,34 +215,33 @@ class SingleTurnPPOTrainer(TrainerCore):
 
     def _compute_advantages(self, batch: DataProto) -> None:
         """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (core_algos registry)."""
-        algo = self.config.algorithm
+        algo = self.conf.algorithm
         fn = get_adv_estimator_fn(self.adv_estimator)
         rewards = batch.batch["token_level_rewards"]
         mask = batch.batch["response_mask"].float()
         uid = batch.non_tensor_batch["uid"]
         if self.adv_estimator == "gae":
-            adv, ret = fn(rewards, batch.batch["values"], mask, float(algo.gamma), float(algo.lam))
+            adv, ret = fn(rewards, batch.batch["values"], mask, algo.gamma, algo.lam)
         elif self.adv_estimator == "grpo":
             adv, ret = fn(rewards, mask, uid, norm_adv_by_std_in_grpo=self.norm_by_std)
         elif self.adv_estimator == "rloo":
             adv, ret = fn(rewards, mask, uid)
         else:  # reinforce_plus_plus
-            adv, ret = fn(rewards, mask, float(algo.gamma))
+            adv, ret = fn(rewards, mask, algo.gamma)
         batch.batch["advantages"], batch.batch["returns"] = adv, ret
 
     def _critic_batch(self, batch: DataProto) -> DataProto:
         """The tensors of the critic update plus the critic's own global mini-batch ids."""
         data = batch.select(batch_keys=list(_CRITIC_KEYS), non_tensor_batch_keys=[])
-        critic_cfg = self.config.critic
         data.batch["mini_batch_id"] = mini_batch_ids(
-            len(data), self.config.data.train_batch_size, critic_cfg.ppo_mini_batch_size
+            len(data), self.conf.data.train_batch_size, self.conf.critic.ppo_mini_batch_size
         )
         return data
 
     # ---------------------------------------------------------------- validation
     def validate(self, val_loader) -> dict[str, float]:
         """Generate ``val_kwargs.n`` responses per prompt, score them; ``val-core/<source>/reward/mean@n`` etc."""
-        n = int(self.config.actor_rollout_ref.rollout.val_kwargs.get("n", 1))
+        n = self.conf.actor_rollout_ref.rollout.val_kwargs.n
         self.rollout.calls = 0
         self.last_val_samples = []
         sources: list[str] = []

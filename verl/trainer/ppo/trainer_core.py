@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
-from verl.trainer.config_schema import resolve_grpo_use_adv
+from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 
 __all__ = [
@@ -74,32 +74,26 @@ class RolloutClient:
         return [r for part in results for r in part]
 
 
-def rollout_sampling(config: DictConfig, global_step: int, validate: bool) -> dict[str, Any]:
+def typed_config(config: DictConfig | PPOConfig) -> PPOConfig:
+    """The typed trainer config of a composed config (unchanged when already typed)."""
+    return config if isinstance(config, PPOConfig) else from_config(config)
+
+
+def rollout_sampling(config: DictConfig | PPOConfig, global_step: int, validate: bool) -> dict[str, Any]:
     """Sampling parameters of a rollout: ``actor_rollout_ref.rollout`` (training) or its ``val_kwargs``.
 
     Training requests the engine's own log-probs of its samples (compared with the actor's to check the
     weight sync). With ``rollout.seed`` set, the seed depends on the step and on train vs validation only.
     Per-turn limits (``max_tokens``) are the caller's: a workflow sets them per turn.
     """
-    rc = config.actor_rollout_ref.rollout
+    rc = typed_config(config).actor_rollout_ref.rollout
     if validate:
         vk = rc.val_kwargs
-        params = {
-            "temperature": float(vk.get("temperature", 0)),
-            "top_p": float(vk.get("top_p", 1.0)),
-            "top_k": int(vk.get("top_k", -1)),
-            "greedy": not bool(vk.get("do_sample", False)),
-        }
+        params = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k, "greedy": not vk.do_sample}
     else:
-        params = {
-            "temperature": float(rc.get("temperature", 1.0)),
-            "top_p": float(rc.get("top_p", 1.0)),
-            "top_k": int(rc.get("top_k", -1)),
-            "logprobs": True,
-        }
-    seed = rc.get("seed", None)
-    if seed is not None:
-        params["seed"] = int(seed) + 7919 * global_step + (1 << 20) * int(validate)
+        params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "logprobs": True}
+    if rc.seed is not None:
+        params["seed"] = rc.seed + 7919 * global_step + (1 << 20) * int(validate)
     return params
 
 
@@ -148,11 +142,14 @@ def rollout_actor_mismatch(conv: DataProto) -> dict[str, float]:
 class TrainerCore:
     """State and helpers shared by the trainers; subclasses implement ``train_step`` and ``validate``.
 
-    Attributes read by ``fit``: ``config``, ``wg``, ``tracker``, ``global_step``, ``last_val_samples``.
+    Attributes read by ``fit``: ``config`` (the composed DictConfig), ``conf`` (the same as typed sections,
+    :class:`~verl.trainer.config.PPOConfig`: what the trainers read), ``wg``, ``tracker``, ``global_step``,
+    ``last_val_samples``.
     """
 
     def __init__(self, config: DictConfig, tokenizer, worker_group, reward_fn, val_reward_fn, tracker=None):
         self.config = config
+        self.conf = typed_config(config)
         self.tokenizer = tokenizer
         self.wg = worker_group
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
@@ -160,21 +157,21 @@ class TrainerCore:
         self.rollout = RolloutClient(worker_group)
         self.global_step = 0
         self.last_val_samples: list[dict] = []
-        # ``algorithm.grpo_use_adv`` (MemAgent's alias) is resolved onto norm_adv_by_std_in_grpo here, once
-        self.norm_by_std = resolve_grpo_use_adv(config)
+        # ``algorithm.grpo_use_adv`` (MemAgent's alias), when set, overrides norm_adv_by_std_in_grpo
+        self.norm_by_std = self.conf.algorithm.norm_adv_by_std
 
     # ---------------------------------------------------------------- rollout parameters
     def sampling(self, validate: bool) -> dict[str, Any]:
         """Sampling parameters of this step's rollout (see :func:`rollout_sampling`)."""
-        return rollout_sampling(self.config, self.global_step, validate)
+        return rollout_sampling(self.conf, self.global_step, validate)
 
     def log_prob_temperature(self) -> float:
         """Log-probs are of the distribution sampled from: logits / rollout temperature (1 for greedy)."""
         return float(self.sampling(validate=False)["temperature"]) or 1.0
 
     def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
-        actor = self.config.actor_rollout_ref.actor
-        return mini_batch_ids(num_rows, self.config.data.train_batch_size, actor.ppo_mini_batch_size)
+        actor = self.conf.actor_rollout_ref.actor
+        return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_groups(self) -> dict[str, Any]:

@@ -106,20 +106,21 @@ class RLHFDataset(torch.utils.data.Dataset):
     """Chat prompts for single-turn RL: ``raw_prompt_ids`` per row, plus pass-through columns."""
 
     def __init__(self, data_files, tokenizer, config, processor=None):
+        from verl.trainer.config.data import DataConfig
+
         self.tokenizer = tokenizer
-        self.config = config
-        self.prompt_key = config.get("prompt_key", "prompt")
-        self.max_prompt_length = int(config.get("max_prompt_length", 1024))
-        self.truncation = config.get("truncation", "error")
-        if self.truncation not in TRUNCATIONS:
-            raise ValueError(f"data.truncation={self.truncation!r}; expected one of {TRUNCATIONS}")
+        # the ``data`` section (typed DataConfig, DictConfig or dict; absent keys take the YAML's defaults)
+        self.config = config = DataConfig.from_config(config)
+        self.prompt_key = config.prompt_key
+        self.max_prompt_length = config.max_prompt_length
+        self.truncation = config.truncation  # one of TRUNCATIONS (checked by DataConfig)
         self.files = [data_files] if isinstance(data_files, str) else list(data_files)
         self.dataframe = read_rows(self.files)
         self.rows = [{k: _to_python(v) for k, v in row.items()} for row in self.dataframe.to_dict(orient="records")]
         self._validate_rows()
         # position of each kept row among all rows read (index / sample_uuid stay those of the unfiltered files)
         self.row_positions = list(range(len(self.rows)))
-        if config.get("filter_overlong_prompts", False):
+        if config.filter_overlong_prompts:
             self._drop_overlong_prompts()
 
     # ------------------------------------------------------------------ data.filter_overlong_prompts

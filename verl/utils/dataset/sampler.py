@@ -226,15 +226,16 @@ class ResumableDataLoader:
 def train_dataloader(dataset: Any, data_cfg: Any, collate_fn: Optional[Callable[[list[Any]], Any]] = None):
     """The trainer's training loader from the ``data`` section: ``train_batch_size`` prompts per batch,
     ``shuffle``, ``seed`` and ``dataloader_num_workers`` worker processes (0 = load in the trainer's process;
-    resuming stays exact either way, see ``ResumableDataLoader``)."""
-    workers = data_cfg.get("dataloader_num_workers", 0)
-    if workers is None or isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"data.dataloader_num_workers must be an integer >= 0, got {workers!r}")
+    resuming stays exact either way, see ``ResumableDataLoader``). ``data_cfg``: the typed ``DataConfig``, a
+    DictConfig or a dict (absent keys take the YAML's defaults)."""
+    from verl.trainer.config.data import DataConfig
+
+    data = DataConfig.from_config(data_cfg)  # ConfigError (a ValueError) naming data.<key> for a bad value
     return ResumableDataLoader(
         dataset,
-        batch_size=int(data_cfg.get("train_batch_size")),
-        shuffle=bool(data_cfg.get("shuffle", True)),
-        seed=int(data_cfg.get("seed", 1) or 1),
+        batch_size=data.train_batch_size,
+        shuffle=data.shuffle,
+        seed=data.seed,
         collate_fn=collate_fn,
-        num_workers=workers,
+        num_workers=data.dataloader_num_workers,
     )

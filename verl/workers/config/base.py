@@ -73,24 +73,29 @@ class Checks:
 
     def __init__(self, obj: BaseConfig, prefix: str, errors: list[str]):
         self.obj, self.prefix, self.errors = obj, prefix, errors
-        self.bad: set[str] = set()  # fields whose type is already wrong: no second message about them
+        # fields whose value does not fit the annotation, with that message; a range/choice check of the same
+        # field replaces it with its own (more precise) message
+        self.type_errors: dict[str, str] = {}
+        self.bad: set[str] = set()  # fields whose type is wrong (checks doing arithmetic on a field skip these)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
 
-    def error(self, message: str) -> None:
+    def error(self, message: str, name: Optional[str] = None) -> None:
         self.errors.append(message)
+        if name is not None:
+            self.type_errors.pop(name, None)
 
     def _value(self, name: str) -> tuple[bool, Any]:
-        return name not in self.bad, getattr(self.obj, name)
+        return True, getattr(self.obj, name)
 
     def choice(self, name: str, choices: Sequence[Any], allow_none: bool = False) -> None:
         ok, value = self._value(name)
         if not ok or (value is None and allow_none):
             return
-        if value not in choices:
+        if isinstance(value, (list, dict)) or value not in choices:
             valid = ", ".join(map(str, choices)) + (", null" if allow_none else "")
-            self.error(f"{self.key(name)} must be one of [{valid}] (got {value!r})")
+            self.error(f"{self.key(name)} must be one of [{valid}] (got {value!r})", name)
 
     def integer(
         self, name: str, minimum: Optional[int] = None, allow_none: bool = False, also: Sequence[int] = ()
@@ -103,14 +108,14 @@ class Checks:
             parts = ([f">= {minimum}"] if minimum is not None else []) + [str(v) for v in also]
             parts += ["null"] if allow_none else []
             expected = "an integer" + (" " + " or ".join(parts) if parts else "")
-            self.error(f"{self.key(name)} must be {expected} (got {value!r})")
+            self.error(f"{self.key(name)} must be {expected} (got {value!r})", name)
 
     def number(self, name: str, check: Callable[[float], bool], expected: str, allow_none: bool = False) -> None:
         ok, value = self._value(name)
         if not ok or (value is None and allow_none):
             return
         if not _is_number(value) or not check(float(value)):
-            self.error(f"{self.key(name)} must be {expected} (got {value!r})")
+            self.error(f"{self.key(name)} must be {expected} (got {value!r})", name)
 
 
 def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
@@ -165,9 +170,10 @@ class BaseConfig:
         for f in dataclasses.fields(self):
             message = _type_error(checks.key(f.name), hints[f.name], getattr(self, f.name))
             if message:
-                errors.append(message)
+                checks.type_errors[f.name] = message
                 checks.bad.add(f.name)
         self.check(checks)
+        errors[:0] = checks.type_errors.values()
         for f in dataclasses.fields(self):  # YAML's `0` for a float field (after the checks: messages show `0`)
             if _unwrap_optional(hints[f.name])[0] is float and _is_int(getattr(self, f.name)):
                 object.__setattr__(self, f.name, float(getattr(self, f.name)))
