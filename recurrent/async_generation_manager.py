@@ -276,16 +276,6 @@ class AsyncLLMGenerationManager:
         return conversations, final_mask_t, sample_index_t
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    if hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def build_async_manager(
     config: Any, tokenizer: Any, rollout_client: Any, register: Any, recurrent_config: Any = None
 ) -> AsyncLLMGenerationManager:
@@ -302,7 +292,9 @@ def build_async_manager(
     """
     from omegaconf import OmegaConf
 
-    rc = config.actor_rollout_ref.rollout
+    from verl.workers.config import ModelConfig, RolloutConfig
+
+    rc = RolloutConfig.from_config(config.actor_rollout_ref.rollout)  # absent keys: the YAML's defaults
     if not (isinstance(register.agent_cls, type) and issubclass(register.agent_cls, AsyncRAgent)):
         raise TypeError(
             f"actor_rollout_ref.rollout.mode=async needs an AsyncRAgent workflow, but the register's agent_cls is "
@@ -310,7 +302,7 @@ def build_async_manager(
             "async register (e.g. recurrent/impls/async_memory.py)"
         )
     proxy_cls = ChatCompletionProxy
-    scheduler = _cfg_get(rc, "chat_scheduler")
+    scheduler = rc.chat_scheduler
     if scheduler:
         import importlib
 
@@ -318,14 +310,14 @@ def build_async_manager(
         proxy_cls = getattr(importlib.import_module(module), name)
         if not (isinstance(proxy_cls, type) and issubclass(proxy_cls, ChatCompletionProxy)):
             raise TypeError(f"actor_rollout_ref.rollout.chat_scheduler={scheduler!r} is not a ChatCompletionProxy")
-    model_path = str(_cfg_get(config.actor_rollout_ref.model, "path", "model"))
+    model_path = ModelConfig.from_config(config.actor_rollout_ref.model).path
     model_name = "/".join(model_path.rstrip("/").split("/")[-2:])
     proxy = proxy_cls(
         rollout_client,
         tokenizer,
-        chat_template=_cfg_get(rc, "chat_template"),
+        chat_template=rc.chat_template,
         model_name=model_name,
-        default_max_tokens=int(_cfg_get(rc, "response_length", 1024)),
+        default_max_tokens=rc.response_length,
     )
     if recurrent_config is None:
         name = config.recurrent.enable
@@ -333,18 +325,16 @@ def build_async_manager(
         conf = wf.get("config") if hasattr(wf, "get") else None
         conf = OmegaConf.to_container(conf, resolve=True) if conf is not None and not isinstance(conf, dict) else conf
         recurrent_config = register.config_cls(**(conf or {}))
-    rollout_dict = OmegaConf.to_container(rc, resolve=True) if not isinstance(rc, dict) else dict(rc)
-    agent = register.agent_cls(proxy, tokenizer, recurrent_config, rollout_dict)
-    if _cfg_get(rc, "async_http_server", False):
+    agent = register.agent_cls(proxy, tokenizer, recurrent_config, rc.to_dict())
+    if rc.async_http_server:
         from recurrent.chat_server import ChatServer
 
         ChatServer(proxy).start()
-    max_conc = _cfg_get(rc, "async_max_concurrency")
     return AsyncLLMGenerationManager(
         tokenizer,
         proxy,
         agent,
-        drop_failed_samples=bool(_cfg_get(rc, "async_drop_failed_samples", False)),
-        max_concurrency=int(max_conc) if max_conc else None,
-        sleep_after_rollout=bool(_cfg_get(rc, "free_cache_engine", True)),
+        drop_failed_samples=rc.async_drop_failed_samples,
+        max_concurrency=rc.async_max_concurrency,
+        sleep_after_rollout=rc.free_cache_engine,
     )

@@ -31,8 +31,11 @@ def data_files(spec) -> list[str]:
 
 
 def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
-    name = cfg.recurrent.get("enable")
-    wf_cfg = cfg.recurrent.get(name)
+    from verl.trainer.config import DataConfig, RecurrentConfig
+    from verl.workers.config import RolloutConfig
+
+    name = RecurrentConfig.from_config(cfg.recurrent).name
+    wf_cfg = cfg.recurrent.get(name)  # the workflow's free-form sub-config
     if wf_cfg is None:
         raise ValueError(f"recurrent.enable={name!r} but there is no recurrent.{name} section")
     data_key = cfg.data.get("context_key")
@@ -44,7 +47,7 @@ def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
             name,
             wf_key,
         )
-    is_async = cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async"
+    is_async = RolloutConfig.from_config(cfg.actor_rollout_ref.rollout).mode == "async"
     if is_async:
         if not wf_cfg.get("async_path"):
             raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
@@ -55,11 +58,12 @@ def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
         register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
     workflow_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
 
-    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    train_ds = register.dataset_cls(workflow_config, data_files(cfg.data.train_files), tokenizer, data_cfg)
+    data = DataConfig.from_config(cfg.data)
+    data_cfg = data.to_dict()  # the workflow datasets take the data section as a dict
+    train_ds = register.dataset_cls(workflow_config, data.train_file_list, tokenizer, data_cfg)
     val_ds = None
-    if cfg.data.get("val_files"):
-        val_ds = register.dataset_cls(workflow_config, data_files(cfg.data.val_files), tokenizer, data_cfg)
+    if data.val_file_list:
+        val_ds = register.dataset_cls(workflow_config, data.val_file_list, tokenizer, data_cfg)
 
     def build_rollout(rollout_client):
         if is_async:
