@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from recurrent.chat_template import ChatTemplate, EngineTurn, load_chat_template, tokenize_conversation
+from verl.workers.config.rollout import RolloutConfig
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
 
 logger = logging.getLogger(__name__)
@@ -657,7 +658,8 @@ class AsyncRAgent(ABC):
         self.proxy = proxy
         self.tokenizer = tokenizer
         self.config = config
-        self.rollout_config = rollout_config if rollout_config is not None else {}
+        # ``actor_rollout_ref.rollout`` as the typed RolloutConfig (a mapping is converted; absent keys: YAML defaults)
+        self.rollout_config = RolloutConfig.from_config(rollout_config if rollout_config is not None else {})
 
     def start(self, gen_batch: Any, timing_raw: dict) -> None:
         """Called once per batch before any rollout (optional)."""
@@ -673,10 +675,6 @@ class AsyncRAgent(ABC):
     def sample_index(gen_item: Any) -> int:
         """The trajectory row of ``gen_item``."""
         return int(gen_item.non_tensor_batch["sample_index"])
-
-    def _rollout_get(self, key: str, default: Any) -> Any:
-        cfg = self.rollout_config
-        return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
     def sampling_params(self, meta_info: dict[str, Any]) -> dict[str, Any]:
         """OpenAI-style sampling kwargs for this batch (``max_completion_tokens`` is the agent's job).
@@ -698,16 +696,12 @@ class AsyncRAgent(ABC):
             if sampling.get("seed") is not None:
                 out["seed"] = int(sampling["seed"])
             return out
-        out = {
-            "n": 1,
-            "temperature": float(self._rollout_get("temperature", 1.0)),
-            "top_p": float(self._rollout_get("top_p", 1.0)),
-        }
+        rc = self.rollout_config
+        out = {"n": 1, "temperature": rc.temperature, "top_p": rc.top_p}
         if meta_info.get("do_sample", True) is False:
             out.update(top_p=1.0, temperature=0.0, n=1)
         elif meta_info.get("validate", False):
-            val = self._rollout_get("val_kwargs", {}) or {}
-            out.update(top_p=float(val.get("top_p", 1.0)), temperature=float(val.get("temperature", 0.0)), n=1)
+            out.update(top_p=rc.val_kwargs.top_p, temperature=rc.val_kwargs.temperature, n=1)
         return out
 
     @staticmethod

@@ -38,7 +38,7 @@ class AsyncTrivialAgent(AsyncRAgent):
     async def rollout(self, gen_item) -> AsyncOutput:
         idx = self.sample_index(gen_item)
         messages = [dict(m) for m in gen_item.non_tensor_batch["raw_prompt"]]
-        max_tokens = int(self._rollout_get("response_length", 1024))
+        max_tokens = self.rollout_config.response_length  # None: the proxy's default (rollout.response_length)
         t0 = time.perf_counter()
         completion = await self.proxy.chat(
             messages,

@@ -75,7 +75,9 @@ class MemoryDataset(RLHFDataset):
     """Rows with a question (``prompt``) and a long ``context``; the context is tokenised once."""
 
     def __init__(self, recurrent_config: MemoryConfig, data_files, tokenizer, data_config, processor=None):
-        truncation = data_config.get("truncation", "center")
+        from verl.trainer.config import DataConfig
+
+        truncation = DataConfig.from_config(data_config).truncation
         if truncation != "center":
             raise ValueError(f"MemoryDataset only supports data.truncation=center, got {truncation!r}")
         self.recurrent_config = recurrent_config
