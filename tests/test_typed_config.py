@@ -124,3 +124,37 @@ def test_a_section_built_alone_validates_in_post_init() -> None:
         RolloutConfig.from_config({"sleep_level": 3})
     rollout = RolloutConfig.from_config({"top_p": 1, "prompt_length": 10, "response_length": 6})
     assert rollout.top_p == 1.0 and isinstance(rollout.top_p, float) and rollout.engine_max_len == 16
+
+
+def test_component_settings_take_the_yaml_defaults() -> None:
+    """ActorSettings / CriticSettings are the typed sections plus the worker's overlay: one set of defaults."""
+    from verl.workers.actor.settings import ActorSettings
+    from verl.workers.critic.dp_critic import CriticSettings
+
+    actor = ActorSettings.from_config({"ppo_micro_batch_size_per_gpu": 2})
+    for f in dataclasses.fields(ActorConfig):
+        if f.name != "ppo_micro_batch_size_per_gpu":
+            assert getattr(actor, f.name) == getattr(ActorConfig(), f.name), f.name
+    assert actor.ppo_mini_batch_size == 256 and actor.clip_ratio_low == 0.2 and actor.log_prob_micro_batch_size == 2
+    critic = CriticSettings.from_config({"ppo_micro_batch_size_per_gpu": 2})
+    # null critic keys follow the actor's (the YAML interpolates them): on their own, the actor's defaults
+    assert (critic.ppo_mini_batch_size, critic.ppo_epochs, critic.use_dynamic_bsz) == (256, 1, False)
+    assert critic.optim.lr == 1e-5 and critic.model.enable_gradient_checkpointing is True
+
+
+def test_rollout_worker_uses_the_yaml_engine_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine gets the YAML's values (the worker once fell back to max_num_seqs=256, tp=1 when a key was
+    absent); a partial rollout section takes the same defaults."""
+    import verl.workers.rollout.base as rollout_base
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    seen: dict = {}
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
+    partial = OmegaConf.create({"rollout": {"prompt_length": 8, "response_length": 8}})
+    for config in (compose_config([]).actor_rollout_ref, partial):
+        seen.clear()
+        worker = object.__new__(ActorRolloutRefWorker)
+        worker.config, worker.model_path, worker.device_name = config, "/m", "cuda"
+        worker._init_rollout()
+        assert seen["name"] == "vllm" and seen["max_num_seqs"] == 1024 and seen["tensor_parallel_size"] == 2
+        assert seen["max_num_batched_tokens"] == 8192 and seen["gpu_memory_utilization"] == 0.5
