@@ -406,10 +406,39 @@ def _world_size(c: _Checker) -> Optional[int]:
     return nnodes * per_node if _is_int(nnodes) and _is_int(per_node) else None
 
 
-def _check_algorithm(c: _Checker) -> None:
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
+def _check_adv_estimator(c: _Checker) -> None:
+    """Import ``algorithm.adv_estimator_module`` first: the estimators it registers are valid names."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATORS
+    from verl.trainer.ppo.single_turn import UNSUPPORTED_ESTIMATORS
+    from verl.utils.import_utils import import_external_libs
 
-    c.choice("algorithm.adv_estimator", sorted(ADV_ESTIMATORS))
+    key = "algorithm.adv_estimator_module"
+    modules = c.get(key)
+    names = _as_list(modules) if modules is not None else []
+    if not all(isinstance(m, str) and m.strip() for m in names):
+        c.error(f"{key} must be a module name, a .py file path, a list of them, or null (got {modules!r})")
+        names = []
+    for name in names:
+        try:
+            import_external_libs(name)
+        except Exception as err:  # the user's module: report whatever it raised, naming the key
+            c.error(f"{key}={name!r} could not be imported: {type(err).__name__}: {err}")
+    if not c.present("algorithm.adv_estimator"):
+        return
+    estimator = c.get("algorithm.adv_estimator")
+    if estimator not in ADV_ESTIMATORS:
+        c.error(
+            f"algorithm.adv_estimator must be one of [{', '.join(sorted(ADV_ESTIMATORS))}] (got {estimator!r}); "
+            f"an estimator of your own: @register_adv_est('name') in a module named by {key}"
+        )
+    elif c.get("recurrent.enable") in _RECURRENT_OFF and estimator in UNSUPPORTED_ESTIMATORS:
+        c.error(f"algorithm.adv_estimator={estimator} {UNSUPPORTED_ESTIMATORS[estimator]}")
+
+
+def _check_algorithm(c: _Checker) -> None:
+    from verl.trainer.ppo.core_algos import KL_PENALTY_TYPES
+
+    _check_adv_estimator(c)
     c.boolean("algorithm.norm_adv_by_std_in_grpo")
     use_adv = c.get("algorithm.grpo_use_adv")
     if use_adv is not None and not isinstance(use_adv, bool):

@@ -139,17 +139,15 @@ def run(cfg: DictConfig) -> list[dict]:
 def load_custom_reward_fn(cfg: DictConfig):
     """``custom_reward_function.path`` / ``.name``: a user scorer with the verl signature
     ``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``; None = built-in."""
+    from verl.utils.import_utils import FILE_PATH_PREFIX, load_module
+
     spec = cfg.get("custom_reward_function") or {}
     path = spec.get("path")
     if not path:
         return None
-    import importlib.util
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
-    module_spec = importlib.util.spec_from_file_location("custom_reward_module", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_module(FILE_PATH_PREFIX + path)  # loaded once: it may be algorithm.adv_estimator_module too
     name = spec.get("name") or "compute_score"
     if not hasattr(module, name):
         raise AttributeError(f"custom_reward_function.name={name!r} is not defined in {path}")

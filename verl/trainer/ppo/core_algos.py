@@ -15,11 +15,12 @@ Contents:
 Shapes: ``[B, L]`` = (rows, response tokens); ``response_mask`` is 1 on response tokens that count.
 Advantages and returns are computed without gradient.
 
-Calling convention for registered estimators (upstream verl's ``compute_advantage``; used by the single-turn
-trainer for every estimator it has no dedicated call for, see ``call_adv_estimator``): keyword arguments
-``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` config), ``index`` (the ``uid`` array)
-and, when the batch has them, ``reward_baselines``/``values``; an estimator without ``**kwargs`` receives only
-the names in its signature. It returns ``(advantages, returns)``, both ``[B, L]``.
+Calling convention for registered estimators (upstream verl's ``compute_advantage``, here
+``verl.trainer.ppo.advantage.compute_advantage``, which the single-turn trainer calls for every estimator):
+keyword arguments ``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` config),
+``norm_adv_by_std_in_grpo``, ``index`` (the ``uid`` array) and, when the batch has them,
+``reward_baselines``/``values`` (plus ``gamma``/``lam`` for ``gae``); an estimator without ``**kwargs`` receives
+only the names in its signature (``call_adv_estimator``). It returns ``(advantages, returns)``, both ``[B, L]``.
 """
 
 from __future__ import annotations
@@ -155,9 +156,16 @@ def call_adv_estimator(fn: Callable[..., Any], **inputs: Any) -> tuple[torch.Ten
             f"{sorted(inputs)} (see the calling convention in verl/trainer/ppo/core_algos.py)"
         )
     result = fn(**chosen)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"advantage estimator {getattr(fn, '__name__', fn)} must return (advantages, returns)")
-    return result
+    name = getattr(fn, "__name__", fn)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(f"advantage estimator {name} must return (advantages, returns), got {type(result).__name__}")
+    rewards = inputs.get("token_level_rewards")
+    for label, value in zip(("advantages", "returns"), result):
+        if not isinstance(value, torch.Tensor) or (rewards is not None and value.shape != rewards.shape):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            want = tuple(rewards.shape) if rewards is not None else "a tensor"
+            raise TypeError(f"advantage estimator {name} returned {label} of shape {got}; expected {want}")
+    return tuple(result)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.advantage import compute_advantage, compute_response_mask  # upstream's import path
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.dapo import (
     filter_zero_variance_groups,
@@ -33,7 +34,15 @@ from verl.trainer.ppo.trainer_core import (
 from verl.trainer.ppo.workflow import MultiTurnWorkflow
 from verl.utils.conversation_batch import concat_conversations, final_batch
 
-__all__ = ["MultiConvTrainer", "RolloutClient", "timer", "rollout_actor_mismatch", "MULTICONV_ESTIMATORS"]
+__all__ = [
+    "MultiConvTrainer",
+    "RolloutClient",
+    "timer",
+    "rollout_actor_mismatch",
+    "MULTICONV_ESTIMATORS",
+    "compute_advantage",
+    "compute_response_mask",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ One training step reads top to bottom in :meth:`SingleTurnPPOTrainer.train_step`
 ids, validation metrics and checkpoint groups come from :class:`verl.trainer.ppo.trainer_core.TrainerCore`, shared
 with the multi-turn trainer; ``fit`` drives both through the ``verl.trainer.ppo.fit.Trainer`` protocol.
 
-Advantage estimators (``algorithm.adv_estimator``, through the ``core_algos`` registry): ``gae`` (needs the
-critic group: values from the critic, critic update every step), ``grpo``, ``rloo``, ``reinforce_plus_plus``.
-``remax`` needs a greedy baseline rollout per prompt and is not implemented; ``grpo_multiconv`` belongs to
-recurrent mode.
+Advantage estimators (``algorithm.adv_estimator``): any name in the ``core_algos`` registry, called through
+:func:`verl.trainer.ppo.advantage.compute_advantage` with upstream's keyword inputs, including estimators a recipe
+registers with ``@register_adv_est`` in the module ``algorithm.adv_estimator_module`` names. ``gae`` also needs the
+critic group (values from the critic, critic update every step). Refused (:data:`UNSUPPORTED_ESTIMATORS`):
+``remax`` (needs a greedy baseline rollout per prompt, not run here) and ``grpo_multiconv`` (recurrent mode).
 
 Critic warm-up: the first ``trainer.critic_warmup`` steps (``global_step`` is 1-based inside ``train_step``)
 update only the critic; the actor (and hence the rollout weights) stays as it is.
@@ -23,6 +24,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.advantage import compute_advantage
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.trainer_core import (
@@ -34,14 +36,25 @@ from verl.trainer.ppo.trainer_core import (
     timer,
 )
 from verl.utils.conversation_batch import build_conversation_batch, engine_log_probs
+from verl.utils.import_utils import import_external_libs
 from verl.utils.torch_functional import masked_mean
 from verl.workers.rollout.base import SamplingParams
 
-__all__ = ["SingleTurnPPOTrainer", "scores_at_last_token", "single_turn_sampling", "mini_batch_ids"]
+__all__ = [
+    "SingleTurnPPOTrainer",
+    "UNSUPPORTED_ESTIMATORS",
+    "scores_at_last_token",
+    "single_turn_sampling",
+    "mini_batch_ids",
+]
 
 logger = logging.getLogger(__name__)
 
-_SINGLE_TURN_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
+# Registered estimators this trainer cannot feed, with the reason (config_schema refuses them before workers start).
+UNSUPPORTED_ESTIMATORS = {
+    "remax": "needs a greedy baseline rollout per prompt (reward_baselines), which the single-turn trainer does not run",
+    "grpo_multiconv": "takes trajectory-level scores of multi-conversation rollouts and needs recurrent.enable",
+}
 # Tensors the critic update needs (sent without the non-tensor columns).
 _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
 
@@ -54,7 +67,7 @@ def single_turn_sampling(config: DictConfig, global_step: int, validate: bool) -
 
 
 class SingleTurnPPOTrainer(TrainerCore):
-    """Sync single-turn PPO (GAE with a critic) / GRPO / RLOO / REINFORCE++ trainer.
+    """Sync single-turn PPO (GAE with a critic) / GRPO / RLOO / REINFORCE++ / registered-estimator trainer.
 
     Args:
         config: the full trainer config.
@@ -85,18 +98,14 @@ class SingleTurnPPOTrainer(TrainerCore):
 
         algo = config.algorithm
         self.adv_estimator = str(algo.adv_estimator)
-        if self.adv_estimator == "remax":
-            raise NotImplementedError(
-                "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
-                "which the single-turn trainer does not run; use gae, grpo, rloo or "
-                "reinforce_plus_plus"
+        import_external_libs(algo.get("adv_estimator_module"))  # a recipe's @register_adv_est estimators
+        if self.adv_estimator in UNSUPPORTED_ESTIMATORS:
+            error = NotImplementedError if self.adv_estimator == "remax" else ValueError
+            raise error(
+                f"algorithm.adv_estimator={self.adv_estimator} {UNSUPPORTED_ESTIMATORS[self.adv_estimator]}; "
+                "use gae, grpo, rloo, reinforce_plus_plus or an estimator of your own"
             )
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
-        if self.adv_estimator not in _SINGLE_TURN_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
-                f"(valid: {', '.join(_SINGLE_TURN_ESTIMATORS)}; grpo_multiconv needs recurrent.enable)"
-            )
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
@@ -212,21 +221,18 @@ class SingleTurnPPOTrainer(TrainerCore):
         return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
 
     def _compute_advantages(self, batch: DataProto) -> None:
-        """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (core_algos registry)."""
+        """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (any registered estimator,
+        called with upstream's inputs: :mod:`verl.trainer.ppo.advantage`)."""
         algo = self.config.algorithm
-        fn = get_adv_estimator_fn(self.adv_estimator)
-        rewards = batch.batch["token_level_rewards"]
-        mask = batch.batch["response_mask"].float()
-        uid = batch.non_tensor_batch["uid"]
-        if self.adv_estimator == "gae":
-            adv, ret = fn(rewards, batch.batch["values"], mask, float(algo.gamma), float(algo.lam))
-        elif self.adv_estimator == "grpo":
-            adv, ret = fn(rewards, mask, uid, norm_adv_by_std_in_grpo=self.norm_by_std)
-        elif self.adv_estimator == "rloo":
-            adv, ret = fn(rewards, mask, uid)
-        else:  # reinforce_plus_plus
-            adv, ret = fn(rewards, mask, float(algo.gamma))
-        batch.batch["advantages"], batch.batch["returns"] = adv, ret
+        compute_advantage(
+            batch,
+            self.adv_estimator,
+            gamma=float(algo.gamma),
+            lam=float(algo.lam),
+            num_repeat=int(self.config.actor_rollout_ref.rollout.n),
+            norm_adv_by_std_in_grpo=self.norm_by_std,
+            config=algo,
+        )
 
     def _critic_batch(self, batch: DataProto) -> DataProto:
         """The tensors of the critic update plus the critic's own global mini-batch ids."""

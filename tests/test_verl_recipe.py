@@ -1,0 +1,308 @@
+"""A recipe written for upstream verl 0.9 runs here unmodified (issue: drop-in verl).
+
+* ``compute_advantage`` (upstream's ``ray_trainer.compute_advantage``) calls every registered estimator with
+  upstream's keyword inputs; the built-ins give what their direct calls give;
+* a recipe's module is imported from ``algorithm.adv_estimator_module`` (or ``VERL_USE_EXTERNAL_MODULES``) once,
+  even when it is also the ``custom_reward_function`` file; its estimator names then validate;
+* the recipe of ``tests/fixtures/verl_style_recipe.py`` (estimator + reward function + DataProto manipulations)
+  trains the single-turn trainer on a tiny model: its estimator runs every step, its advantages are what the actor
+  optimises, its rewards are the logged scores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.fixtures import verl_style_recipe as recipe
+from tests.test_config import compose_config
+from verl import DataProto
+from verl.trainer.config_schema import ConfigError, validate_config
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.ray_trainer import compute_advantage  # upstream's import path
+from verl.utils.import_utils import import_external_libs, load_module
+
+RECIPE = Path(recipe.__file__).resolve()
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _batch(rewards, mask, uid, **tensors) -> DataProto:
+    tensors = {"token_level_rewards": torch.tensor(rewards), "response_mask": torch.tensor(mask), **tensors}
+    return DataProto.from_dict(tensors=tensors, non_tensors={"uid": np.array(uid, dtype=object)})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the estimator call
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_recipe_estimator_gives_the_hand_computed_advantages():
+    # group a: scores [1, 0.25] -> baseline 0.5 * 0.625; group b: [0.5, 0] -> baseline 0.5 * 0.25
+    data = _batch(
+        [[0.0, 1.0, 0.0], [0.0, 0.0, 0.5], [0.25, 0.0, 0.0], [0.0, 0.0, 0.0]],
+        [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]],
+        ["a", "b", "a", "b"],
+    )
+    config = OmegaConf.create({"adv_estimator": "recipe_partial_baseline", "recipe_baseline_weight": 0.5})
+    out = compute_advantage(data, "recipe_partial_baseline", config=config)
+    want = torch.tensor([[0.6875, 0.6875, 0], [0.375, 0.375, 0.375], [-0.0625, 0, 0], [-0.125, -0.125, -0.125]])
+    torch.testing.assert_close(out.batch["advantages"], want)
+    torch.testing.assert_close(out.batch["returns"], want)
+    # upstream's inputs: rewards, mask, index (uid) and config, plus norm_adv_by_std_in_grpo
+    assert recipe.CALLS[-1]["extra_inputs"] == ["norm_adv_by_std_in_grpo"]
+    assert recipe.CALLS[-1]["weight"] == 0.5 and recipe.CALLS[-1]["index"] == ["a", "b", "a", "b"]
+
+
+def test_builtin_estimators_through_compute_advantage_equal_their_direct_calls():
+    rewards = [[0.0, 0.0, 1.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0], [0.0, 2.0, 0.0]]
+    mask = [[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    uid = ["a", "a", "b", "b"]
+    r, m = torch.tensor(rewards), torch.tensor(mask)
+    algo = OmegaConf.create({"gamma": 0.5, "lam": 0.9, "norm_adv_by_std_in_grpo": False})
+
+    def advantages(name, **kwargs):
+        data = compute_advantage(_batch(rewards, mask, uid), name, config=algo, **kwargs)
+        return data.batch["advantages"]
+
+    grpo = core_algos.compute_grpo_outcome_advantage
+    torch.testing.assert_close(advantages("grpo", norm_adv_by_std_in_grpo=False), grpo(r, m, uid, 1e-6, False)[0])
+    torch.testing.assert_close(advantages("grpo"), grpo(r, m, uid)[0])
+    torch.testing.assert_close(advantages("rloo"), core_algos.compute_rloo_outcome_advantage(r, m, uid)[0])
+    # REINFORCE++ reads gamma from the algorithm config (0.5), not from compute_advantage's gamma default (1.0)
+    rpp = core_algos.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)[0]
+    torch.testing.assert_close(advantages("reinforce_plus_plus"), rpp)
+    # GAE gets values from the batch and gamma/lam from the call
+    values = torch.tensor([[0.1, 0.2, 0.3], [0.0, -0.1, 0.0], [0.5, 0.0, 0.0], [0.2, 0.2, 0.2]])
+    data = compute_advantage(_batch(rewards, mask, uid, values=values), "gae", gamma=0.5, lam=0.9, config=algo)
+    gae = core_algos.compute_gae_advantage_return(r, values, m, 0.5, 0.9)
+    torch.testing.assert_close(data.batch["advantages"], gae[0])
+    torch.testing.assert_close(data.batch["returns"], gae[1])
+    # ReMax takes reward_baselines when the batch has them
+    baselines = torch.tensor([0.5, 0.0, 1.0, 0.0])
+    data = compute_advantage(_batch(rewards, mask, uid, reward_baselines=baselines), "remax", config=algo)
+    torch.testing.assert_close(data.batch["advantages"], core_algos.compute_remax_outcome_advantage(r, baselines, m)[0])
+
+
+def test_response_mask_comes_from_the_attention_mask_when_absent():
+    attention = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_rewards": torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]),
+            "responses": torch.zeros(2, 3, dtype=torch.long),
+            "attention_mask": attention,
+        },
+        non_tensors={"uid": np.array(["a", "a"], dtype=object)},
+    )
+    compute_advantage(data, "grpo", config=OmegaConf.create({}))
+    assert data.batch["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    # group scores [1, 0]: mean 0.5, std 0.7071 -> +-0.7071 on the response tokens
+    assert data.batch["advantages"][0].tolist() == pytest.approx([0.70710, 0.70710, 0.0], abs=1e-4)
+
+
+def test_estimator_errors_name_what_is_wrong():
+    data = _batch([[1.0, 0.0]], [[1, 1]], ["a"])
+    with pytest.raises(TypeError, match=r"needs \['values'\]"):
+        compute_advantage(data, "gae", config=OmegaConf.create({}))
+    with pytest.raises(TypeError, match=r"needs \['reward_baselines'\]"):
+        compute_advantage(data, "remax", config=OmegaConf.create({}))
+    with pytest.raises(ValueError, match="unknown adv_estimator 'nope'"):
+        compute_advantage(data, "nope")
+
+    def wrong_shape(token_level_rewards, response_mask, **kwargs):
+        return token_level_rewards.sum(-1), token_level_rewards
+
+    with pytest.raises(TypeError, match=r"wrong_shape returned advantages of shape \(1,\); expected \(1, 2\)"):
+        core_algos.call_adv_estimator(wrong_shape, token_level_rewards=torch.ones(1, 2), response_mask=torch.ones(1, 2))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# importing a recipe's module
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_a_recipe_file_loads_once_by_path_file_url_or_dotted_name(tmp_path):
+    assert load_module(str(RECIPE)) is recipe  # already imported as tests.fixtures.verl_style_recipe
+    assert load_module(f"file://{RECIPE}") is recipe
+    assert import_external_libs(["tests.fixtures.verl_style_recipe", f"pkg://{recipe.__name__}"]) == [recipe, recipe]
+    assert core_algos.get_adv_estimator_fn("recipe_partial_baseline") is recipe.compute_partial_baseline_advantage
+    # a fresh file: executed on the first load only, so its registration does not collide with itself
+    path = tmp_path / "fresh_estimator.py"
+    path.write_text(
+        "from verl.trainer.ppo.core_algos import register_adv_est\nLOADS = []\nLOADS.append(1)\n"
+        "@register_adv_est('fresh_tmp_estimator')\ndef fresh(token_level_rewards, response_mask, **kwargs):\n"
+        "    return token_level_rewards, token_level_rewards\n"
+    )
+    first = load_module(str(path))
+    assert load_module(str(path)) is first and first.LOADS == [1]
+    with pytest.raises(FileNotFoundError, match="missing.py"):
+        load_module(str(tmp_path / "missing.py"))
+
+
+def _small_config(*extra: str):
+    return compose_config(
+        [
+            "actor_rollout_ref.rollout.name=hf",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "recurrent.enable=null",
+            "trainer.n_gpus_per_node=1",
+            "trainer.device=cpu",
+            *extra,
+        ]
+    )
+
+
+def test_adv_estimator_module_registers_names_before_validation(tmp_path):
+    path = tmp_path / "late_estimator.py"
+    path.write_text(
+        "from verl.trainer.ppo.core_algos import register_adv_est\n"
+        "@register_adv_est('late_tmp_estimator')\ndef late(token_level_rewards, response_mask, **kwargs):\n"
+        "    return token_level_rewards, token_level_rewards\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        validate_config(_small_config("algorithm.adv_estimator=late_tmp_estimator"))
+    assert "algorithm.adv_estimator must be one of [" in str(err.value)
+    assert "(got 'late_tmp_estimator'); an estimator of your own" in str(err.value)
+    assert "algorithm.adv_estimator_module" in str(err.value)
+    validate_config(
+        _small_config("algorithm.adv_estimator=late_tmp_estimator", f"algorithm.adv_estimator_module={path}")
+    )
+    assert "late_tmp_estimator" in core_algos.ADV_ESTIMATORS
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.adv_estimator=grpo", "algorithm.adv_estimator_module=no_such_recipe_module"],
+            "algorithm.adv_estimator_module='no_such_recipe_module' could not be imported: ModuleNotFoundError",
+        ),
+        (
+            ["algorithm.adv_estimator=grpo", "algorithm.adv_estimator_module=/nonexistent/recipe.py"],
+            "algorithm.adv_estimator_module='/nonexistent/recipe.py' could not be imported: FileNotFoundError",
+        ),
+        (
+            ["algorithm.adv_estimator=grpo", "algorithm.adv_estimator_module=5"],
+            "algorithm.adv_estimator_module must be a module name, a .py file path, a list of them, or null (got 5)",
+        ),
+        (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax needs a greedy baseline rollout"),
+        (["algorithm.adv_estimator=grpo_multiconv"], "algorithm.adv_estimator=grpo_multiconv takes trajectory"),
+    ],
+)
+def test_bad_estimator_settings_are_refused_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validate_config(_small_config(*overrides))
+    assert message in str(err.value)
+
+
+def test_verl_use_external_modules_imports_a_recipe_with_import_verl():
+    code = (
+        "import verl\nfrom verl.trainer.ppo.core_algos import ADV_ESTIMATORS\n"
+        "print('recipe_partial_baseline' in ADV_ESTIMATORS)"
+    )
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": f" {RECIPE} ", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the recipe trains the single-turn trainer
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def recipe_run(tiny_model_path, tmp_path_factory):
+    """2 steps of 2 prompts x 2 responses, one mini-batch per step, with the recipe's estimator and reward."""
+    import ray
+
+    from tests.test_critic import _cfg
+    from verl.trainer import main_ppo
+
+    tmp = tmp_path_factory.mktemp("recipe")
+    recipe.CALLS.clear()
+    recipe.SCORES.clear()
+    cfg = _cfg(
+        tmp,
+        tiny_model_path,
+        str(tmp / "out"),
+        2,
+        "recipe_partial_baseline",
+        extra=[
+            f"algorithm.adv_estimator_module={RECIPE}",
+            f"custom_reward_function.path={RECIPE}",  # the same file: loaded once
+            "custom_reward_function.name=compute_score",
+            "+algorithm.recipe_baseline_weight=0.75",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "trainer.save_freq=-1",
+        ],
+    )
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        history = main_ppo.run(cfg)
+    finally:
+        ray.shutdown()
+    return {"steps": {h["step"]: h for h in history if h["step"] > 0}, "calls": list(recipe.CALLS)}
+
+
+def _expected_advantages(call: dict) -> torch.Tensor:
+    """The recipe's rule, recomputed by hand: A_i = s_i - 0.75 * mean of the scores of row i's group."""
+    scores = call["rewards"].sum(-1).tolist()
+    groups: dict[str, list[float]] = {}
+    for uid, score in zip(call["index"], scores):
+        groups.setdefault(uid, []).append(score)
+    rows = [s - 0.75 * sum(groups[u]) / len(groups[u]) for u, s in zip(call["index"], scores)]
+    return torch.tensor(rows).unsqueeze(-1) * call["response_mask"].float()
+
+
+@pytest.mark.slow
+def test_recipe_estimator_runs_every_step_with_upstream_inputs(recipe_run):
+    calls = recipe_run["calls"]
+    assert sorted(recipe_run["steps"]) == [1, 2]
+    assert len(calls) == 2  # one call per training step, none elsewhere
+    for call in calls:
+        assert call["rewards"].shape[0] == 4 and call["weight"] == 0.75
+        assert call["config_estimator"] == "recipe_partial_baseline"  # config is the algorithm section
+        assert call["extra_inputs"] == ["norm_adv_by_std_in_grpo"]
+        # 2 prompts x rollout.n=2: two uids, each on two rows
+        assert sorted(call["index"].count(u) for u in set(call["index"])) == [2, 2]
+        torch.testing.assert_close(call["advantages"], _expected_advantages(call))
+
+
+@pytest.mark.slow
+def test_recipe_rewards_are_the_logged_scores(recipe_run):
+    steps, calls = recipe_run["steps"], recipe_run["calls"]
+    scores = recipe.SCORES
+    assert len(scores) == 8  # 4 responses per step, no validation (test_freq=-1)
+    assert all(0.0 <= s <= 1.0 for s in scores) and len(set(scores)) > 1
+    for step, call in zip((1, 2), calls):
+        mine = scores[4 * (step - 1) : 4 * step]
+        # the reward function's values are the estimator's input (on the last response token) and the metrics
+        assert call["rewards"].sum(-1).tolist() == pytest.approx(mine, abs=1e-6)
+        assert steps[step]["critic/score/mean"] == pytest.approx(sum(mine) / 4, abs=1e-6)
+        assert steps[step]["critic/score/max"] == pytest.approx(max(mine), abs=1e-6)
+        assert steps[step]["critic/score/min"] == pytest.approx(min(mine), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_recipe_advantages_are_what_the_actor_optimises(recipe_run):
+    steps, calls = recipe_run["steps"], recipe_run["calls"]
+    for step, call in zip((1, 2), calls):
+        adv, mask = call["advantages"], call["response_mask"].bool()
+        token_mean = float(adv[mask].mean())
+        assert steps[step]["critic/advantages/mean"] == pytest.approx(token_mean, abs=1e-6)
+        assert steps[step]["critic/advantages/max"] == pytest.approx(float(adv[mask].max()), abs=1e-6)
+        # one mini-batch per step, updated once from the rollout's weights: ratio = 1, so the token-mean PPO loss
+        # is -mean(A) over the response tokens (GRPO's advantages would give another value: their mean is ~0 here)
+        assert steps[step]["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert abs(token_mean) > 1e-3
+        assert steps[step]["actor/pg_loss"] == pytest.approx(-token_mean, rel=1e-4, abs=1e-6)
