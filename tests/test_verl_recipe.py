@@ -75,6 +75,11 @@ def test_builtin_estimators_through_compute_advantage_equal_their_direct_calls()
     torch.testing.assert_close(advantages("grpo", norm_adv_by_std_in_grpo=False), grpo(r, m, uid, 1e-6, False)[0])
     torch.testing.assert_close(advantages("grpo"), grpo(r, m, uid)[0])
     torch.testing.assert_close(advantages("rloo"), core_algos.compute_rloo_outcome_advantage(r, m, uid)[0])
+    # upstream's other outcome estimators; grpo_passk reads norm_adv_by_std_in_grpo from the config (False)
+    passk = core_algos.compute_grpo_passk_outcome_advantage(r, m, uid, norm_adv_by_std_in_grpo=False)[0]
+    torch.testing.assert_close(advantages("grpo_passk", norm_adv_by_std_in_grpo=True), passk)
+    for name in ("reinforce_plus_plus_baseline", "opo", "gpg"):
+        torch.testing.assert_close(advantages(name), core_algos.get_adv_estimator_fn(name)(r, m, uid)[0])
     # REINFORCE++ reads gamma from the algorithm config (0.5), not from compute_advantage's gamma default (1.0)
     rpp = core_algos.compute_reinforce_plus_plus_outcome_advantage(r, m, gamma=0.5)[0]
     torch.testing.assert_close(advantages("reinforce_plus_plus"), rpp)

@@ -244,6 +244,7 @@ def validate_config(cfg: Any) -> None:
     """Raise :class:`ConfigError` (a ``ValueError``) listing every invalid key; return None when valid."""
     cfg = _as_omegaconf(cfg)
     c = _Checker(cfg)
+    _import_estimator_modules(c)  # first: a recipe's registered estimators are valid names
     _check_data(c)
     _check_actor(c)
     _check_log_prob_passes(c)
@@ -406,10 +407,9 @@ def _world_size(c: _Checker) -> Optional[int]:
     return nnodes * per_node if _is_int(nnodes) and _is_int(per_node) else None
 
 
-def _check_adv_estimator(c: _Checker) -> None:
-    """Import ``algorithm.adv_estimator_module`` first: the estimators it registers are valid names."""
-    from verl.trainer.ppo.core_algos import ADV_ESTIMATORS
-    from verl.trainer.ppo.single_turn import UNSUPPORTED_ESTIMATORS
+def _import_estimator_modules(c: _Checker) -> None:
+    """Import ``algorithm.adv_estimator_module`` before any check reads ``ADV_ESTIMATORS``: the estimators it
+    registers are valid ``algorithm.adv_estimator`` names."""
     from verl.utils.import_utils import import_external_libs
 
     key = "algorithm.adv_estimator_module"
@@ -423,6 +423,13 @@ def _check_adv_estimator(c: _Checker) -> None:
             import_external_libs(name)
         except Exception as err:  # the user's module: report whatever it raised, naming the key
             c.error(f"{key}={name!r} could not be imported: {type(err).__name__}: {err}")
+
+
+def _check_adv_estimator(c: _Checker) -> None:
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATORS
+    from verl.trainer.ppo.single_turn import UNSUPPORTED_ESTIMATORS
+
+    key = "algorithm.adv_estimator_module"
     if not c.present("algorithm.adv_estimator"):
         return
     estimator = c.get("algorithm.adv_estimator")

@@ -1,7 +1,8 @@
 """Core RL algorithms (verl-compatible names and positional signatures), plain torch, no DataProto.
 
 Contents:
-* advantage estimators (GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++, ReMax) and, re-exported from
+* advantage estimators (GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++, ReMax; upstream's pass@k, REINFORCE++-baseline,
+  OPO and GPG from ``group_estimators``) and, re-exported from
   ``verl.trainer.ppo.dapo``, the Multi-Conv credit assignment of MemAgent (``compute_multiconv_advantage``: one
   scalar advantage per trajectory, broadcast to every response token of every conversation of that trajectory)
   plus the turn-weighting choice (``trajectory_token_weights``);
@@ -55,6 +56,10 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_gpg_outcome_advantage",
     "compute_multiconv_advantage",
     "trajectory_token_weights",
     "TURN_WEIGHTING_MODES",
@@ -99,6 +104,11 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REMAX = "remax"
     GRPO_MULTICONV = "grpo_multiconv"
+    # upstream's other outcome estimators (verl/trainer/ppo/group_estimators.py)
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    GPG = "gpg"
 
 
 ADV_ESTIMATORS: dict[str, Callable[..., Any]] = {}
@@ -707,3 +717,13 @@ def get_kl_controller(kl_ctrl_cfg: Any) -> Union[FixedKLController, AdaptiveKLCo
             )
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
     raise ValueError(f"unknown kl_ctrl.type '{ctrl_type}'; valid: adaptive, fixed")
+
+
+# Upstream's other outcome estimators live in their own module; importing it registers them (it needs the registry
+# above, hence the import at the end).
+from verl.trainer.ppo.group_estimators import (  # noqa: E402
+    compute_gpg_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+)
