@@ -95,6 +95,31 @@ def test_builtin_estimators_through_compute_advantage_equal_their_direct_calls()
     torch.testing.assert_close(data.batch["advantages"], core_algos.compute_remax_outcome_advantage(r, baselines, m)[0])
 
 
+def test_apply_kl_penalty_and_compute_rewards_as_upstream():
+    from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+
+    data = DataProto.from_dict(
+        tensors={
+            "token_level_scores": torch.tensor([[0.0, 1.0], [0.0, 0.5]]),
+            "old_log_probs": torch.tensor([[-1.0, -2.0], [-1.0, -1.0]]),
+            "ref_log_prob": torch.tensor([[-1.5, -2.0], [-1.0, -3.0]]),
+            "response_mask": torch.tensor([[1, 1], [1, 0]]),
+        }
+    )
+    ctrl = core_algos.AdaptiveKLController(init_kl_coef=0.1, target_kl=0.1, horizon=10)
+    data, metrics = apply_kl_penalty(data, ctrl, kl_penalty="kl")
+    # KL = old - ref = [[0.5, 0], [0, 2 (masked)]]; rewards = scores - 0.1 * KL
+    torch.testing.assert_close(data.batch["token_level_rewards"], torch.tensor([[-0.05, 1.0], [0.0, 0.5]]))
+    # mean over rows of the per-row token mean: (0.25 + 0) / 2
+    assert metrics == {"actor/reward_kl_penalty": pytest.approx(0.125), "actor/reward_kl_penalty_coeff": 0.1}
+    # the controller moved: error clip(0.125 / 0.1 - 1, +-0.2) = 0.2, times 2 rows / horizon 10
+    assert ctrl.value == pytest.approx(0.1 * 1.04)
+    rewards = core_algos.compute_rewards(
+        data.batch["token_level_scores"], data.batch["old_log_probs"], data.batch["ref_log_prob"], 0.5
+    )
+    torch.testing.assert_close(rewards, torch.tensor([[-0.25, 1.0], [0.0, -0.5]]))
+
+
 def test_response_mask_comes_from_the_attention_mask_when_absent():
     attention = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     data = DataProto.from_dict(

@@ -1,4 +1,4 @@
-"""Advantages of a batch by ``algorithm.adv_estimator`` (upstream verl's ``ray_trainer.compute_advantage``).
+"""Rewards and advantages of a batch: upstream verl's ``ray_trainer.apply_kl_penalty`` and ``compute_advantage``.
 
 Every estimator in the ``core_algos`` registry is called the same way, so one a recipe registers with
 ``@register_adv_est("name")`` (in a module named by ``algorithm.adv_estimator_module`` or
@@ -18,9 +18,27 @@ from enum import Enum
 from typing import Any, Optional, Union
 
 from verl.protocol import DataProto
+from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import AdvantageEstimator, call_adv_estimator, get_adv_estimator_fn
+from verl.utils.torch_functional import masked_mean
 
-__all__ = ["compute_advantage", "compute_response_mask", "adv_estimator_inputs"]
+__all__ = ["apply_kl_penalty", "compute_advantage", "compute_response_mask", "adv_estimator_inputs"]
+
+
+def apply_kl_penalty(data: DataProto, kl_ctrl: Any, kl_penalty: str = "kl") -> tuple[DataProto, dict[str, float]]:
+    """``token_level_rewards = token_level_scores - beta * KL(old || ref)`` per response token (``beta =
+    kl_ctrl.value``), then ``kl_ctrl.update(mean KL, batch size)``; returns ``(data, metrics)`` as upstream.
+
+    The KL is the ``kl_penalty`` estimator of ``old_log_probs`` vs ``ref_log_prob``, zero outside ``response_mask``;
+    the metric ``actor/reward_kl_penalty`` is its per-row token mean averaged over rows.
+    """
+    mask = data.batch["response_mask"]
+    kld = core_algos.kl_penalty(data.batch["old_log_probs"], data.batch["ref_log_prob"], kl_penalty) * mask
+    beta = kl_ctrl.value
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"] - beta * kld
+    current_kl = float(masked_mean(kld, mask, axis=-1).mean())
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(data))
+    return data, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
 
 
 def compute_response_mask(data: DataProto):

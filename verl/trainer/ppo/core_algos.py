@@ -74,6 +74,7 @@ __all__ = [
     "compute_policy_loss_vanilla",
     "KL_PENALTY_TYPES",
     "kl_penalty",
+    "compute_rewards",
     "compute_entropy_loss",
     "compute_value_loss",
     "FixedKLController",
@@ -621,6 +622,13 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
             "use 'low_var_kl', 'kl', 'abs' or 'mse'"
         )
     raise ValueError(f"unknown kl_penalty '{kl_penalty}'; valid: {', '.join(KL_PENALTY_TYPES)}")
+
+
+def compute_rewards(
+    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
+) -> torch.Tensor:
+    """Upstream's ``scores - (old_log_prob - ref_log_prob) * kl_ratio`` (the plain ``kl`` estimator, unmasked)."""
+    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
 
 
 def compute_entropy_loss(

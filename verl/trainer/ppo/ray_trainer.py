@@ -16,7 +16,11 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.advantage import compute_advantage, compute_response_mask  # upstream's import path
+from verl.trainer.ppo.advantage import (  # upstream's import path
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.dapo import (
     filter_zero_variance_groups,
@@ -40,6 +44,7 @@ __all__ = [
     "timer",
     "rollout_actor_mismatch",
     "MULTICONV_ESTIMATORS",
+    "apply_kl_penalty",
     "compute_advantage",
     "compute_response_mask",
 ]

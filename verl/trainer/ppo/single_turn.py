@@ -24,8 +24,8 @@ import numpy as np
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.advantage import compute_advantage
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.trainer_core import (
     TrainerCore,
@@ -37,7 +37,6 @@ from verl.trainer.ppo.trainer_core import (
 )
 from verl.utils.conversation_batch import build_conversation_batch, engine_log_probs
 from verl.utils.import_utils import import_external_libs
-from verl.utils.torch_functional import masked_mean
 from verl.workers.rollout.base import SamplingParams
 
 __all__ = [
@@ -206,19 +205,11 @@ class SingleTurnPPOTrainer(TrainerCore):
 
     def _apply_rewards(self, batch: DataProto) -> dict[str, float]:
         """``token_level_rewards`` = scores, or scores - beta * KL(old || ref) per token with ``use_kl_in_reward``."""
-        scores = batch.batch["token_level_scores"]
         if not self.use_kl_in_reward:
-            batch.batch["token_level_rewards"] = scores.clone()
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"].clone()
             return {}
-        algo = self.config.algorithm
-        mask = batch.batch["response_mask"].float()
-        estimator = str(algo.get("kl_penalty", "kl"))
-        kld = kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], estimator) * mask
-        beta = self.kl_ctrl.value
-        batch.batch["token_level_rewards"] = scores - beta * kld
-        current_kl = float(masked_mean(kld, mask, axis=-1).mean())
-        self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
+        estimator = str(self.config.algorithm.get("kl_penalty", "kl"))
+        return apply_kl_penalty(batch, self.kl_ctrl, kl_penalty=estimator)[1]
 
     def _compute_advantages(self, batch: DataProto) -> None:
         """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (any registered estimator,
