@@ -336,3 +336,40 @@ def test_recipe_advantages_are_what_the_actor_optimises(recipe_run):
         assert steps[step]["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
         assert abs(token_mean) > 1e-3
         assert steps[step]["actor/pg_loss"] == pytest.approx(-token_mean, rel=1e-4, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# upstream's DataProto helpers (verl/protocol_ops.py, verl/utils/py_functional.py)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_fold_unfold_and_dict_unions_as_upstream():
+    from verl.protocol import fold_batch_dim, unfold_batch_dim, union_numpy_dict
+    from verl.utils.py_functional import append_to_dict, union_two_dict
+
+    data = DataProto.from_dict(
+        tensors={"x": torch.arange(12).reshape(6, 2)},
+        non_tensors={"uid": np.array(list("aabbcc"), dtype=object)},
+        meta_info={"t": 1},
+    )
+    folded = fold_batch_dim(data, 2)
+    assert len(folded) == 2 and folded.batch["x"].shape == (2, 3, 2)
+    assert folded.batch["x"][1, 0].tolist() == [6, 7] and folded.non_tensor_batch["uid"][1].tolist() == list("bcc")
+    back = unfold_batch_dim(folded, batch_dims=2)
+    assert torch.equal(back.batch["x"], data.batch["x"]) and back.non_tensor_batch["uid"].tolist() == list("aabbcc")
+    assert back.meta_info == {"t": 1}
+    with pytest.raises(ValueError, match="6 rows cannot be folded into 4"):
+        fold_batch_dim(data, 4)
+
+    nan = np.array([1.0, np.nan])
+    merged = union_numpy_dict({"a": nan, "o": np.array([{"k": 1}], dtype=object)}, {"a": nan.copy(), "b": nan})
+    assert sorted(merged) == ["a", "b", "o"]
+    with pytest.raises(ValueError, match="'a' differs"):
+        union_numpy_dict({"a": nan}, {"a": np.array([1.0, 2.0])})
+    assert union_two_dict({"a": 1}, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
+    with pytest.raises(ValueError, match="'a' differs"):
+        union_two_dict({"a": 1}, {"a": 2})
+    log: dict = {}
+    append_to_dict(log, {"loss": 1.0})
+    append_to_dict(log, {"loss": 0.5, "kl": 0.1})
+    assert log == {"loss": [1.0, 0.5], "kl": [0.1]}
