@@ -373,3 +373,32 @@ def test_fold_unfold_and_dict_unions_as_upstream():
     append_to_dict(log, {"loss": 1.0})
     append_to_dict(log, {"loss": 0.5, "kl": 0.1})
     assert log == {"loss": [1.0, 0.5], "kl": [0.1]}
+
+
+def test_torch_functional_data_helpers_as_upstream(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    from verl.utils import torch_functional as F
+    from verl.utils.model import compute_position_id_with_mask
+
+    ids, mask = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 1]])
+    padded = F.postprocess_data(ids, mask, 5, pad_token_id=0, left_pad=True)
+    assert padded[0].tolist() == [[0, 0, 5, 6, 7]] and padded[1].tolist() == [[0, 0, 1, 1, 1]]
+    assert F.postprocess_data(ids, mask, 2, 0, truncation="left")[0].tolist() == [[6, 7]]
+    assert F.postprocess_data(ids, mask, 2, 0, truncation="right")[0].tolist() == [[5, 6]]
+    with pytest.raises(ValueError, match="sequence length 3 is larger than max_length 2"):
+        F.postprocess_data(ids, mask, 2, 0)
+    assert F.remove_pad_token(padded[0], padded[1]) == [[5, 6, 7]]
+    assert compute_position_id_with_mask(padded[1]).tolist() == [[0, 0, 0, 1, 2]]
+    indices, cu_seqlens, longest = F.get_unpad_data(torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert indices.tolist() == [1, 2, 3, 4, 5] and cu_seqlens.tolist() == [0, 2, 5] and longest == 3
+    # the logits at position t score token t + 1
+    logits = torch.log_softmax(torch.randn(1, 3, 8), dim=-1)
+    tokens = torch.tensor([[1, 4, 2]])
+    want = torch.stack([logits[0, 0, 4], logits[0, 1, 2]]).unsqueeze(0)
+    torch.testing.assert_close(F.log_probs_from_logits_response(tokens, logits, 2), want)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    text_ids, text_mask = F.tokenize_and_postprocess_data("hello world", tokenizer, 16, tokenizer.pad_token_id)
+    plain = tokenizer("hello world", add_special_tokens=False)["input_ids"]
+    assert text_ids.shape == (1, 16) and text_ids[0, -len(plain) :].tolist() == plain
+    assert int(text_mask.sum()) == len(plain)
