@@ -259,11 +259,15 @@ def _writable_folder_error(key: str, folder: Any) -> Optional[str]:
     return None
 
 
+def _absolute(path: Any) -> Path:
+    return Path(str(path)).expanduser().absolute()
+
+
 def folder_errors(cfg: DictConfig) -> list[str]:
     """``trainer.default_local_dir`` (checkpoints, and the logs by default) and a ``trainer.log_dir`` outside it."""
     problems = [_writable_folder_error("trainer.default_local_dir", _get(cfg, "trainer.default_local_dir"))]
     log_dir, ckpt = _get(cfg, "trainer.log_dir"), _get(cfg, "trainer.default_local_dir")
-    if log_dir and ckpt and not str(Path(str(log_dir)).absolute()).startswith(str(Path(str(ckpt)).absolute())):
+    if log_dir and not (ckpt and _absolute(log_dir).is_relative_to(_absolute(ckpt))):
         problems.append(_writable_folder_error("trainer.log_dir", log_dir))
     return [p for p in problems if p]
 
@@ -372,7 +376,7 @@ def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], 
         if no_truth:
             errors.append(
                 f"{file} {_rows_text(no_truth)} ({key}): field reward_model.ground_truth is null or missing; "
-                "such a row would train with reward 0"
+                "such a row would be scored 0"
             )
     # no data_source column: the reward managers route every row as hotpotqa (a known source)
     if not any_source and "data_source" in columns:
