@@ -43,6 +43,7 @@ def build_worker_group(cfg: DictConfig, device: str):
 def run(cfg: DictConfig) -> list[dict]:
     import ray
 
+    from verl.trainer.config_preflight import check_config
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
@@ -58,6 +59,7 @@ def run(cfg: DictConfig) -> list[dict]:
     validate_config(cfg)
     with open_dict(cfg):
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
+    check_config(cfg)  # paths, data rows, resume, unsupported combinations: before any model, tokenizer or Ray
     device = pick_device(cfg)
     name = cfg.recurrent.get("enable")
     if not name and cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":

@@ -23,6 +23,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.config_preflight import NOT_IMPLEMENTED_ESTIMATORS, estimator_error, kl_in_reward_error
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.trainer_core import (
@@ -41,7 +42,6 @@ __all__ = ["SingleTurnPPOTrainer", "scores_at_last_token", "single_turn_sampling
 
 logger = logging.getLogger(__name__)
 
-_SINGLE_TURN_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
 # Tensors the critic update needs (sent without the non-tensor columns).
 _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
 
@@ -85,30 +85,22 @@ class SingleTurnPPOTrainer(TrainerCore):
 
         algo = config.algorithm
         self.adv_estimator = str(algo.adv_estimator)
-        if self.adv_estimator == "remax":
-            raise NotImplementedError(
-                "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
-                "which the single-turn trainer does not run; use gae, grpo, rloo or "
-                "reinforce_plus_plus"
-            )
+        # the same rules check_config applies at launch (verl/trainer/config_preflight.py)
+        if self.adv_estimator in NOT_IMPLEMENTED_ESTIMATORS:
+            raise NotImplementedError(estimator_error(self.adv_estimator, multi_turn=False))
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
-        if self.adv_estimator not in _SINGLE_TURN_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
-                f"(valid: {', '.join(_SINGLE_TURN_ESTIMATORS)}; grpo_multiconv needs recurrent.enable)"
-            )
+        problem = estimator_error(self.adv_estimator, multi_turn=False)
+        if problem:
+            raise ValueError(problem)
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
         actor = config.actor_rollout_ref.actor
         self.use_kl_loss = bool(actor.get("use_kl_loss", False))
         self.use_kl_in_reward = bool(algo.get("use_kl_in_reward", False))
-        if self.use_kl_in_reward and not self.use_kl_loss:
-            raise ValueError(
-                "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
-                "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
-                "for the in-reward penalty only)"
-            )
+        problem = kl_in_reward_error(self.use_kl_in_reward, self.use_kl_loss)
+        if problem:
+            raise ValueError(problem)
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None
 
     def checkpoint_groups(self) -> dict[str, Any]:
