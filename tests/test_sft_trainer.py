@@ -341,3 +341,48 @@ def test_config_is_validated_early_with_the_key_named(tiny_model_path, data_file
     cfg = _cfg(tiny_model_path, data_file, tmp_path, override)
     with pytest.raises(ValueError, match=message):
         validate_sft_config(cfg, world)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2 ranks (FSDP2 over gloo on CPU) vs 1 process
+# --------------------------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, port: int, cfg_yaml: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    from verl.trainer.main_sft import run
+
+    history = run(OmegaConf.create(cfg_yaml))
+    Path(out, f"history_rank{rank}.json").write_text(json.dumps(history))
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_match_one_process(tiny_model_path, data_file, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    val = _write(tmp_path / "val.parquet", _conversations(5))  # 5 rows: rank 1 runs a zero-weight pass
+    overrides = ("trainer.total_training_steps=2", "trainer.test_freq=2", f"data.val_files={val}")
+    single = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path / "one", *overrides)).fit()
+    cfg = _cfg(tiny_model_path, data_file, tmp_path / "two", *overrides)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(port, OmegaConf.to_yaml(cfg), str(tmp_path)), nprocs=2, join=True)
+    double = json.loads((tmp_path / "history_rank0.json").read_text())
+    assert [h["step"] for h in double] == [1, 2]
+    for a, b in zip(single, double):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+        assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+        assert b["train/assistant_tokens"] == a["train/assistant_tokens"]
+    assert double[-1]["val/loss"] == pytest.approx(single[-1]["val/loss"], rel=1e-5)
+    assert double[-1]["val/assistant_tokens"] == single[-1]["val/assistant_tokens"]
+    meta = json.loads((tmp_path / "two" / "global_step_2" / "COMPLETE").read_text())
+    assert meta["world_size"] == 2
+    weights = [load_file(tmp_path / d / "global_step_2" / "actor" / "huggingface" / "model.safetensors") for d in
+               ("one", "two")]  # fmt: skip
+    assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-5) for k in weights[0])
