@@ -111,6 +111,7 @@ def test_held_out_file_names_are_refused(name, tmp_path):
 def test_records_must_show_they_come_from_training_data(tmp_path):
     assert record_split({"split": "train"}, None) == "train"
     assert record_split({}, {"data_file": "d/train.parquet"}) == "train"
+    assert record_split({}, {"data_file": "d/training-set.jsonl"}) == "train"
     with pytest.raises(NotTrainingData, match="split='test'"):
         record_split({"_id": 3, "split": "test"}, {"data_file": "d/train.parquet"})
     with pytest.raises(NotTrainingData, match="split='validation'"):

@@ -74,7 +74,7 @@ def record_split(record: dict[str, Any], meta: dict[str, Any] | None) -> str:
         raise NotTrainingData(f"record {record.get('_id')} has split={split!r}; the warm-up uses training data only")
     if data_file:
         check_training_file(data_file)
-    if split is None and not (data_file and "train" in _words(Path(data_file).name)):
+    if split is None and not (data_file and set(_words(Path(data_file).name)) & set(TRAIN_SPLITS)):
         raise NotTrainingData(
             f"record {record.get('_id')}: neither a split field nor a training data file name "
             f"(data_file={data_file!r}) shows that it comes from training data"
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--chunk-tokens", type=int, default=512, help="the training chunk size")
     r.add_argument("--max-memory-tokens", type=int, default=128)
     r.add_argument("--max-final-tokens", type=int, default=96)
-    r.add_argument("--temperature", type=float, default=1.0, help="the training rollout temperature")
+    r.add_argument("--temperature", type=float, default=0.7, help="run_memory_smollm2.sh's rollout temperature")
     r.add_argument("--top-p", type=float, default=1.0)
     b = sub.add_parser("build", help="the SFT conversations from rollout records")
     b.add_argument("--records", nargs="+", required=True, help="record files or folders (*.jsonl)")

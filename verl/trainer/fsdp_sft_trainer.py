@@ -332,7 +332,7 @@ class FSDPSFTTrainer:
             tracker = Tracking(
                 project_name=tc.project_name,
                 experiment_name=tc.experiment_name,
-                default_backend=list(tc.logger),
+                default_backend=tc.logger if isinstance(tc.logger, str) else list(tc.logger),
                 config=OmegaConf.to_container(self.config, resolve=True),
                 log_dir=str(tc.get("log_dir") or Path(tc.default_local_dir) / "logs"),
             )
