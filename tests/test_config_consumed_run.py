@@ -162,6 +162,7 @@ def test_run_picks_device_and_worker_group_from_the_cluster_keys(recorded_run):
     assert recorded_run()["wg"] == ("local", "cpu")
     assert recorded_run("trainer.n_gpus_per_node=2")["wg"] == ("ray", "cpu")
     assert recorded_run("trainer.nnodes=2")["wg"] == ("ray", "cpu")
+    assert recorded_run("+trainer.force_ray_workers=True")["wg"] == ("ray", "cpu")
 
 
 def test_run_loads_the_reward_manager_and_custom_reward_function(recorded_run):
@@ -174,6 +175,27 @@ def test_run_loads_the_reward_manager_and_custom_reward_function(recorded_run):
     assert name == "thread" and fn("x", "ab", None) == 1.0 and fn("x", "abc", None) == 0.0
     with pytest.raises(AttributeError, match="custom_reward_function.name='nope'"):
         recorded_run(f"custom_reward_function.path={FIXTURES / 'parity_reward.py'}", "custom_reward_function.name=nope")
+
+
+def test_single_turn_dataset_follows_prompt_key_length_and_truncation(tiny_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    path = tmp_path / "q.parquet"
+    pd.DataFrame([{"question": [{"role": "user", "content": "a b c d e f g h"}], "data_source": "x"}]).to_parquet(path)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+
+    def prompt_ids(*overrides):
+        cfg = compose_config(["data.prompt_key=question", *overrides])
+        return RLHFDataset([str(path)], tok, OmegaConf.to_container(cfg.data, resolve=True))[0]["raw_prompt_ids"]
+
+    full = prompt_ids("data.max_prompt_length=1000")
+    assert len(full) > 6
+    assert prompt_ids("data.max_prompt_length=6", "data.truncation=left") == full[-6:]
+    assert prompt_ids("data.max_prompt_length=6", "data.truncation=right") == full[:6]
+    with pytest.raises(ValueError, match="data.truncation=error"):
+        prompt_ids("data.max_prompt_length=6", "data.truncation=error")
 
 
 # ------------------------------------------------------------------------------------------------ fit
@@ -397,6 +419,9 @@ def test_memory_workflow_gets_its_config_and_register(tiny_model_path, tmp_path)
     bad = compose_config(asynchronous + ["recurrent.trival.async_path=no_such_path", "recurrent.enable=trival"])
     with pytest.raises(Exception, match="no_such_path"):
         build_workflow(bad, tok)
+    bad = compose_config(asynchronous + ["recurrent.trival.config={no_such_field: 1}", "recurrent.enable=trival"])
+    with pytest.raises(TypeError, match="no_such_field"):  # keyword arguments of the workflow's config class
+        build_workflow(bad, tok)
 
 
 class RecordingProxy(ChatCompletionProxy):
@@ -419,6 +444,7 @@ def test_async_manager_options(tiny_model_path, monkeypatch):
             "recurrent.enable=tool_gsm8k",
             f"actor_rollout_ref.rollout.chat_scheduler={__name__}.RecordingProxy",
             "actor_rollout_ref.rollout.response_length=17",
+            "actor_rollout_ref.rollout.chat_template=qwen2.5",
             "actor_rollout_ref.rollout.async_max_concurrency=3",
             "actor_rollout_ref.rollout.async_http_server=True",
             "recurrent.tool_gsm8k.config.max_generation_per_turn=9",
@@ -429,6 +455,7 @@ def test_async_manager_options(tiny_model_path, monkeypatch):
     try:
         assert type(manager.proxy) is RecordingProxy and manager.proxy.default_max_tokens == 17
         assert manager.max_concurrency == 3 and len(started) == 1
+        assert manager.proxy.template.name == "qwen2.5"
         assert manager.agent.config.max_generation_per_turn == 9
     finally:
         manager.shutdown()

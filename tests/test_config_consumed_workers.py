@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import open_dict
 
 from tests.test_config import compose_config
 
@@ -186,6 +187,25 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
     worker._init_rollout()
     assert engines[-1]["max_model_len"] == 999
     assert engines[-1]["dtype"] == "float16" and engines[-1]["enable_sleep_mode"] is False
+
+
+def test_hf_engine_batch_rows(actor_build, monkeypatch):
+    """``actor_rollout_ref.rollout.hf_max_batch_size`` (not in the YAML): rows of the HF engine's KV cache."""
+    import verl.workers.rollout.base as rollout_base
+
+    worker, _, _ = actor_build
+    engines = []
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engines.append(kw))
+    rc = worker.config.rollout
+    monkeypatch.setitem(rc, "name", "hf")
+    with open_dict(rc):
+        rc.hf_max_batch_size = 5
+    try:
+        worker._init_rollout()
+    finally:
+        with open_dict(rc):
+            del rc["hf_max_batch_size"]
+    assert engines[-1]["max_batch_size"] == 5
 
 
 def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
