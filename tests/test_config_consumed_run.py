@@ -460,3 +460,39 @@ def test_async_manager_options(tiny_model_path, monkeypatch):
     finally:
         manager.shutdown()
     assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.mode") == "async"
+
+
+def test_multi_turn_trainer_turn_weighting(monkeypatch):
+    """``actor.turn_weighting=trajectory`` gives the actor per-token ``loss_weights``; ``token`` (default) none."""
+    import numpy as np
+
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import trajectory_token_weights
+    from verl.trainer.ppo.ray_trainer import MultiConvTrainer
+
+    def loss_weights(*overrides):
+        cfg = compose_config(["algorithm.adv_estimator=grpo", "recurrent.enable=memory", *overrides])
+        workflow = types.SimpleNamespace(
+            train_dataset=None, val_dataset=None, build_rollout=lambda client: None, final_response_length=None
+        )
+
+        def compute_log_prob(conv):
+            raise _Generated(conv.batch.get("loss_weights"))
+
+        wg = types.SimpleNamespace(world_size=1, sleep_rollout=lambda: None, compute_log_prob=compute_log_prob)
+        trainer = MultiConvTrainer(cfg, None, wg, workflow, None, None)
+        traj = DataProto.from_dict(tensors={"x": torch.zeros(2, 1)}, non_tensors={"uid": ["u", "u"]})
+        conv = DataProto.from_dict(tensors={"response_mask": torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])})
+        sample_index = np.array([0, 0, 1])
+        rollout = (traj, conv, np.array([False, True, True]), sample_index, torch.tensor([1.0, 0.0]))
+        monkeypatch.setattr(trainer, "collect_rollouts", lambda *a: rollout)
+        with pytest.raises(_Generated) as seen:
+            trainer.train_step(None)
+        return seen.value.args[0]
+
+    assert loss_weights() is None
+    weights = loss_weights("actor_rollout_ref.actor.turn_weighting=trajectory")
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    # the weights of core_algos.trajectory_token_weights (values checked in tests/test_core_algos.py)
+    assert torch.equal(weights, trajectory_token_weights(np.array([0, 0, 1]), mask, "trajectory"))
+    assert weights[0, 0] != weights[2, 0]
