@@ -103,7 +103,7 @@ INERT: dict[str, str] = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _SP_REASON,
     "actor_rollout_ref.rollout.use_fire_sampling": "FIRE sampling is not implemented (True is rejected)",
     "actor_rollout_ref.rollout.ignore_eos": "not passed to the engines: generation stops at EOS",
-    "actor_rollout_ref.rollout.load_format": "not passed to vLLM: the engine's weights come from the weight sync",
+    "actor_rollout_ref.rollout.load_format": "not passed to vLLM: the engine loads model.path's weights, then the weight sync overwrites them",
     "actor_rollout_ref.rollout.disable_log_stats": "not passed to vLLM (use engine_kwargs.disable_log_stats)",
     "actor_rollout_ref.rollout.enable_chunked_prefill": "not passed to vLLM (use engine_kwargs.enable_chunked_prefill)",
     "actor_rollout_ref.rollout.do_sample": "training rollouts always sample; temperature=0 gives greedy decoding",
@@ -141,7 +141,7 @@ INERT: dict[str, str] = {
     "trainer.del_local_ckpt_after_load": "checkpoints are kept after loading",
     "trainer.max_critic_ckpt_to_keep": "a checkpoint folder holds actor and critic: trainer.max_actor_ckpt_to_keep "
     "decides for both",
-    "trainer.ray_wait_register_center_timeout": "Ray workers are awaited by Ray itself",
+    "trainer.ray_wait_register_center_timeout": "not read: worker start-up has no register-center wait",
     "recurrent.memory.config.style": "accepted and ignored, as in the original (docs/spec.md#bug-style-field)",
 }
 
