@@ -155,7 +155,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": (LOG_PROB,),
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": (LOG_PROB,),
     # rollout
-    f"{RO}.name": (_engine(f"{RO}.name"),),
+    f"{RO}.name": (_engine(f"{RO}.name"), f"{W}::test_hf_engine_batch_rows"),
     f"{RO}.mode": (WORKFLOW,),
     f"{RO}.chat_scheduler": (ASYNC,),
     f"{RO}.temperature": (SAMPLING, "tests/test_trainer_e2e.py::test_actor_log_probs_use_the_rollout_temperature"),
