@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from verl.trainer.config_schema import ConfigError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -146,15 +148,13 @@ INERT: dict[str, str] = {
 }
 
 
-class UnknownConfigKeyError(KeyError):
-    """Keys that are not in the default config (nor in EXTRA_KEYS, nor under a FREE_FORM section)."""
+class UnknownConfigKeyError(ConfigError):
+    """Keys that are not in the default config (nor in EXTRA_KEYS, nor under a FREE_FORM section); a
+    :class:`~verl.trainer.config_schema.ConfigError` (``ValueError``) whose ``messages`` name each key."""
 
     def __init__(self, messages: list[str]):
         self.messages = list(messages)
-        super().__init__("\n".join(self.messages))
-
-    def __str__(self) -> str:
-        return "\n".join(self.messages)
+        super().__init__(self.messages)
 
 
 class InertKey(NamedTuple):
