@@ -481,3 +481,27 @@ def test_docs_list_every_inert_and_free_form_key():
     assert missing == []
     yaml = Path(config_keys.CONFIG_PATH).read_text()
     assert re.search(r"config_keys\.py", yaml)
+
+
+def yaml_inert_marks() -> dict[str, bool]:
+    """Dotted key -> whether the comment block right above it has an ``# INERT`` line."""
+    key_line = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][A-Za-z0-9_]*)\s*:")
+    marks, stack, comments = {}, [], []
+    for line in Path(config_keys.CONFIG_PATH).read_text().splitlines():
+        if line.lstrip().startswith("#"):
+            comments.append(line.strip())
+            continue
+        match = key_line.match(line)
+        if match:
+            indent = len(match["indent"])
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, match["key"]))
+            marks[".".join(k for _, k in stack)] = any(c.startswith("# INERT") for c in comments)
+        comments = []
+    return marks
+
+
+def test_yaml_comments_mark_exactly_the_inert_keys():
+    marks = yaml_inert_marks()
+    assert sorted(k for k, marked in marks.items() if marked) == sorted(k for k in INERT if k in marks)
