@@ -43,6 +43,7 @@ def build_worker_group(cfg: DictConfig, device: str):
 def run(cfg: DictConfig) -> list[dict]:
     import ray
 
+    from verl.trainer.config_keys import check_config_keys
     from verl.trainer.config_preflight import check_config
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
@@ -56,6 +57,7 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
+    check_config_keys(cfg)  # unknown keys (did you mean ...?) raise; INERT keys set by the user are listed
     validate_config(cfg)
     with open_dict(cfg):
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
