@@ -173,7 +173,9 @@ def test_run_loads_the_reward_manager_and_custom_reward_function(recorded_run):
     )
     (name, fn), _ = seen["reward"]
     assert name == "thread" and fn("x", "ab", None) == 1.0 and fn("x", "abc", None) == 0.0
-    with pytest.raises(AttributeError, match="custom_reward_function.name='nope'"):
+    from verl.trainer.config_schema import ConfigError
+
+    with pytest.raises(ConfigError, match="custom_reward_function.name='nope'"):  # refused at launch (preflight)
         recorded_run(f"custom_reward_function.path={FIXTURES / 'parity_reward.py'}", "custom_reward_function.name=nope")
 
 
