@@ -20,7 +20,8 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``).
 * **FSDP2 working set**: the bf16 all-gathered parameters of the root unit (embeddings, final norm, lm_head; kept
   for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one), plus one
-  unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter).
+  unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter; for the
+  root unit at the end of backward, when activations and logits are already freed, so only the excess counts).
 * **activations** (bf16): following Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
   Transformer Models", arXiv 2205.05198, section 4.1) re-derived for a pre-norm SwiGLU decoder with grouped-query
   attention and fused (flash/flex) attention: per token and layer ``24 h + 6 kv + 8 i`` bytes (two RMSNorms saving
@@ -550,6 +551,8 @@ def estimate_memory(
     resident_adam = 0.0 if p.optimizer_offload else adam
     resident_ref = 0.0 if p.ref_param_offload else ref
     update_adam = adam if (p.optimizer_on_gpu_for_update or not p.optimizer_offload) else 0.0
+    update_act = float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing)
+    update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
     no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
     lp_common = {
         "fsdp buffers": gathered,
@@ -567,9 +570,11 @@ def estimate_memory(
             "actor params": params,
             "grads": grads,
             "optimizer": update_adam,
-            "fsdp buffers": gathered + grad_buffers,
-            "activations": float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing),
-            "logits": logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES),
+            # the root's reduce-scatter buffers exist at the end of backward, when activations and logits are
+            # freed: only their excess over those counts
+            "fsdp buffers": gathered + max(0.0, grad_buffers - update_act - update_logits),
+            "activations": update_act,
+            "logits": update_logits,
             "ref params": resident_ref,
         },
         "step": {
@@ -617,12 +622,33 @@ def _hf_config(model_cfg: Any) -> Any:
 
 
 def device_capacities(device: str) -> tuple[Optional[int], Optional[int]]:
-    """``(GPU bytes of device 0 or None, host RAM bytes)``. ``total_memory`` is what vLLM's
-    ``gpu_memory_utilization`` is a fraction of; reading it creates no CUDA context (unlike ``mem_get_info``)."""
-    import psutil
-    import torch
+    """``(GPU bytes or None, host RAM bytes)``. The GPU's total memory (what vLLM's ``gpu_memory_utilization`` is a
+    fraction of; the smallest GPU when they differ) comes from ``nvidia-smi`` so that the driver process creates no
+    CUDA context on a GPU its workers need; without it, from ``torch.cuda.get_device_properties(0)``."""
+    import shutil
+    import subprocess
 
-    gpu = int(torch.cuda.get_device_properties(0).total_memory) if device == "cuda" else None
+    import psutil
+
+    gpu = None
+    if device == "cuda":
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            try:
+                out = subprocess.run(
+                    [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=True,
+                ).stdout
+                gpu = min(int(float(line)) for line in out.split() if line.strip()) * 2**20  # MiB
+            except (subprocess.SubprocessError, OSError, ValueError):
+                gpu = None
+        if gpu is None:
+            import torch
+
+            gpu = int(torch.cuda.get_device_properties(0).total_memory)
     return gpu, int(psutil.virtual_memory().total)
 
 

@@ -215,7 +215,9 @@ class ActorRolloutRefWorker(TrainingWorker):
 
         fc = self.config.get(role, {}).get("fsdp_config", {}) or {}
         module = self.actor_module if role == "actor" else self.ref.actor_module
-        device = torch.device("cuda", torch.cuda.current_device()) if self.device_name == "cuda" else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.device_name == "cuda" else torch.device("cpu")
+        )
         params = bool(fc.get("param_offload", False))
         optim = with_optimizer and bool(fc.get("optimizer_offload", False))
         if params:
