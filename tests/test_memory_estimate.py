@@ -77,6 +77,15 @@ def test_parameter_count_equals_a_real_tiny_model(config) -> None:
     assert ModelShape.from_hf_config(config).num_params == real
 
 
+def test_other_architectures_are_counted_exactly_on_the_meta_device() -> None:
+    from transformers import GPT2Config
+
+    config = GPT2Config(vocab_size=300, n_embd=48, n_layer=2, n_head=4)
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    shape = ModelShape.from_hf_config(config)
+    assert shape.num_params == real and shape.extra_params != 0
+
+
 @pytest.mark.parametrize("dims, known", [(QWEN25_15B, 1_543_714_304), (QWEN25_7B, 7_615_616_512)], ids=["1.5B", "7B"])
 def test_parameter_count_of_qwen25_shapes_equals_meta_count(dims, known) -> None:
     config = Qwen2Config(**dims)

@@ -126,7 +126,9 @@ class ModelShape:
         shape = cls(
             vocab_size=int(config.vocab_size),
             hidden_size=hidden,
-            intermediate_size=int(config.intermediate_size),
+            intermediate_size=int(
+                getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+            ),
             num_layers=int(config.num_hidden_layers),
             num_heads=heads,
             num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
@@ -468,8 +470,8 @@ class MemoryEstimate:
         """A compact per-rank table: GPU GiB per component and phase, then host GiB."""
         s, p = self.shape, self.plan
         head = (
-            f"memory estimate per rank{(' (' + title + ')') if title else ''}: {s.num_params / 1e9:.2f}B params "
-            f"({self.trainable_params / 1e9:.2f}B trainable), {p.world_size} rank(s), FSDP shard {p.shard_size}, "
+            f"memory estimate per rank{(' (' + title + ')') if title else ''}: {_count(s.num_params)} params "
+            f"({_count(self.trainable_params)} trainable), {p.world_size} rank(s), FSDP shard {p.shard_size}, "
             f"rollout {p.rollout_name}"
         )
         lines = [head, f"  {'GPU GiB':<20}" + "".join(f"{ph:>9}" for ph in self.gpu)]
@@ -491,6 +493,10 @@ class MemoryEstimate:
             f"vs RAM {host_cap}"
         )
         return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
 
 
 def _gib(nbytes: Optional[float]) -> str:
