@@ -445,7 +445,7 @@ class MemoryEstimate:
         advice = "; ".join(text for _, text in fixes[:3]) or more_gpus
         return (
             f"GPU memory per rank in phase '{phase}': {_gib(total)} needed, {_gib(self.gpu_capacity)} on the device "
-            f"(over by {_gib(total - self.gpu_capacity)}). To fit: {advice}. (trainer.memory_check=warn runs anyway)"
+            f"(over by {_gib(total - self.gpu_capacity)}). To fit: {advice}. (trainer.memory_check=warn runs it anyway)"
         )
 
     def _host_problem(self) -> str:
@@ -463,7 +463,7 @@ class MemoryEstimate:
         return (
             f"host memory: {p.ranks_per_node} rank(s) per node x {_gib(self.host_per_rank)} ({parts}) = "
             f"{_gib(self.host_per_node)} needed, the node has {_gib(self.host_capacity)}. To fit: {'; '.join(fixes)}. "
-            "(trainer.memory_check=warn runs anyway)"
+            "(trainer.memory_check=warn runs it anyway)"
         )
 
     def format_table(self, title: str = "") -> str:
