@@ -464,6 +464,9 @@ def _check_trainer(c: _Checker) -> None:
     c.integer(f"{t}.max_critic_ckpt_to_keep", 1, allow_none=True)
     c.integer(f"{t}.ray_num_cpus", 1, allow_none=True)
     c.boolean(f"{t}.val_before_train")
+    memory_check = c.get(f"{t}.memory_check", "error")  # YAML reads a bare `off` as False
+    if memory_check is not False and memory_check not in ("error", "warn", "off"):
+        c.error(f"{t}.memory_check must be one of [error, warn, off] (got {memory_check!r})")
     if not c.get(f"{t}.default_local_dir"):
         c.error(f"{t}.default_local_dir must be a folder path (got {c.get(f'{t}.default_local_dir')!r})")
 

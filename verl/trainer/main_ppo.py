@@ -63,6 +63,9 @@ def run(cfg: DictConfig) -> list[dict]:
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
     check_config(cfg)  # paths, data rows, resume, unsupported combinations: before any model, tokenizer or Ray
     device = pick_device(cfg)
+    from verl.utils.memory_estimate import startup_memory_check
+
+    startup_memory_check(cfg, device)  # trainer.memory_check: per-rank GPU/host estimate, refuses what cannot fit
     name = cfg.recurrent.get("enable")
     if not name and cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
