@@ -44,20 +44,41 @@ def _batch(rewards, mask, uid, **tensors) -> DataProto:
 
 
 def test_recipe_estimator_gives_the_hand_computed_advantages():
-    # group a: scores [1, 0.25] -> baseline 0.5 * 0.625; group b: [0.5, 0] -> baseline 0.5 * 0.25
+    # weight 0.25 from the config; group a: scores [1, 0.25] -> baseline 0.25 * 0.625 = 0.15625;
+    # group b: scores [0.5, 0] -> baseline 0.25 * 0.25 = 0.0625
     data = _batch(
         [[0.0, 1.0, 0.0], [0.0, 0.0, 0.5], [0.25, 0.0, 0.0], [0.0, 0.0, 0.0]],
         [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]],
         ["a", "b", "a", "b"],
     )
-    config = OmegaConf.create({"adv_estimator": "recipe_partial_baseline", "recipe_baseline_weight": 0.5})
+    config = OmegaConf.create({"adv_estimator": "recipe_partial_baseline", "recipe_baseline_weight": 0.25})
     out = compute_advantage(data, "recipe_partial_baseline", config=config)
-    want = torch.tensor([[0.6875, 0.6875, 0], [0.375, 0.375, 0.375], [-0.0625, 0, 0], [-0.125, -0.125, -0.125]])
+    want = torch.tensor([[0.84375, 0.84375, 0], [0.4375, 0.4375, 0.4375], [0.09375, 0, 0], [-0.0625, -0.0625, -0.0625]])
     torch.testing.assert_close(out.batch["advantages"], want)
     torch.testing.assert_close(out.batch["returns"], want)
     # upstream's inputs: rewards, mask, index (uid) and config, plus norm_adv_by_std_in_grpo
     assert recipe.CALLS[-1]["extra_inputs"] == ["norm_adv_by_std_in_grpo"]
-    assert recipe.CALLS[-1]["weight"] == 0.5 and recipe.CALLS[-1]["index"] == ["a", "b", "a", "b"]
+    assert recipe.CALLS[-1]["weight"] == 0.25 and recipe.CALLS[-1]["index"] == ["a", "b", "a", "b"]
+
+
+def test_adv_estimator_module_reaches_the_single_turn_trainer(tiny_model_path, tmp_path):
+    """The trainer imports the module itself (also when built without validate_config) and calls its estimator."""
+    from tests.test_config_consumed_run import single_turn_trainer
+
+    path = tmp_path / "trainer_estimator.py"
+    path.write_text(
+        "from verl.trainer.ppo.core_algos import register_adv_est\n"
+        "@register_adv_est('trainer_tmp_estimator')\n"
+        "def doubled(token_level_rewards, response_mask, index, config=None):\n"
+        "    return 2 * token_level_rewards * response_mask, token_level_rewards\n"
+    )
+    trainer = single_turn_trainer(
+        tiny_model_path, "algorithm.adv_estimator=trainer_tmp_estimator", f"algorithm.adv_estimator_module={path}"
+    )
+    batch = _batch([[0.0, 1.0], [0.0, 0.5]], [[1, 1], [1, 0]], ["a", "a"])
+    trainer._compute_advantages(batch)
+    assert batch.batch["advantages"].tolist() == [[0.0, 2.0], [0.0, 0.0]]
+    assert batch.batch["returns"].tolist() == [[0.0, 1.0], [0.0, 0.5]]
 
 
 def test_builtin_estimators_through_compute_advantage_equal_their_direct_calls():
@@ -224,14 +245,23 @@ def test_adv_estimator_module_registers_names_before_validation(tmp_path):
             ["algorithm.adv_estimator=grpo", "algorithm.adv_estimator_module=5"],
             "algorithm.adv_estimator_module must be a module name, a .py file path, a list of them, or null (got 5)",
         ),
-        (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax needs a greedy baseline rollout"),
-        (["algorithm.adv_estimator=grpo_multiconv"], "algorithm.adv_estimator=grpo_multiconv takes trajectory"),
     ],
 )
 def test_bad_estimator_settings_are_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         validate_config(_small_config(*overrides))
     assert message in str(err.value)
+
+
+def test_registered_estimators_run_in_single_turn_mode_except_remax_and_grpo_multiconv():
+    from verl.trainer.config_preflight import estimator_error
+
+    for name in ("recipe_partial_baseline", "grpo_passk", "opo", "gpg", "reinforce_plus_plus_baseline", "gae"):
+        assert estimator_error(name, multi_turn=False) is None, name
+    assert "greedy baseline rollout" in estimator_error("remax", multi_turn=False)
+    assert "'grpo_multiconv' is not a single-turn estimator" in estimator_error("grpo_multiconv", multi_turn=False)
+    # recurrent mode keeps its trajectory-level estimators only
+    assert "is not a multi-turn estimator" in estimator_error("recipe_partial_baseline", multi_turn=True)
 
 
 def test_verl_use_external_modules_imports_a_recipe_with_import_verl():
@@ -271,7 +301,6 @@ def recipe_run(tiny_model_path, tmp_path_factory):
             f"algorithm.adv_estimator_module={RECIPE}",
             f"custom_reward_function.path={RECIPE}",  # the same file: loaded once
             "custom_reward_function.name=compute_score",
-            "+algorithm.recipe_baseline_weight=0.75",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "trainer.save_freq=-1",
         ],
@@ -285,12 +314,12 @@ def recipe_run(tiny_model_path, tmp_path_factory):
 
 
 def _expected_advantages(call: dict) -> torch.Tensor:
-    """The recipe's rule, recomputed by hand: A_i = s_i - 0.75 * mean of the scores of row i's group."""
+    """The recipe's rule, recomputed by hand: A_i = s_i - 0.5 * mean of the scores of row i's group."""
     scores = call["rewards"].sum(-1).tolist()
     groups: dict[str, list[float]] = {}
     for uid, score in zip(call["index"], scores):
         groups.setdefault(uid, []).append(score)
-    rows = [s - 0.75 * sum(groups[u]) / len(groups[u]) for u, s in zip(call["index"], scores)]
+    rows = [s - 0.5 * sum(groups[u]) / len(groups[u]) for u, s in zip(call["index"], scores)]
     return torch.tensor(rows).unsqueeze(-1) * call["response_mask"].float()
 
 
@@ -300,7 +329,7 @@ def test_recipe_estimator_runs_every_step_with_upstream_inputs(recipe_run):
     assert sorted(recipe_run["steps"]) == [1, 2]
     assert len(calls) == 2  # one call per training step, none elsewhere
     for call in calls:
-        assert call["rewards"].shape[0] == 4 and call["weight"] == 0.75
+        assert call["rewards"].shape[0] == 4 and call["weight"] == 0.5  # the recipe's default
         assert call["config_estimator"] == "recipe_partial_baseline"  # config is the algorithm section
         assert call["extra_inputs"] == ["norm_adv_by_std_in_grpo"]
         # 2 prompts x rollout.n=2: two uids, each on two rows

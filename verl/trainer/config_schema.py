@@ -426,20 +426,18 @@ def _import_estimator_modules(c: _Checker) -> None:
 
 
 def _check_adv_estimator(c: _Checker) -> None:
+    """A registered name (built-in or from ``algorithm.adv_estimator_module``); whether the chosen trainer can run
+    it is ``config_preflight.estimator_error``'s question."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATORS
-    from verl.trainer.ppo.single_turn import UNSUPPORTED_ESTIMATORS
 
-    key = "algorithm.adv_estimator_module"
     if not c.present("algorithm.adv_estimator"):
         return
     estimator = c.get("algorithm.adv_estimator")
     if estimator not in ADV_ESTIMATORS:
         c.error(
             f"algorithm.adv_estimator must be one of [{', '.join(sorted(ADV_ESTIMATORS))}] (got {estimator!r}); "
-            f"an estimator of your own: @register_adv_est('name') in a module named by {key}"
+            "an estimator of your own: @register_adv_est('name') in a module named by algorithm.adv_estimator_module"
         )
-    elif c.get("recurrent.enable") in _RECURRENT_OFF and estimator in UNSUPPORTED_ESTIMATORS:
-        c.error(f"algorithm.adv_estimator={estimator} {UNSUPPORTED_ESTIMATORS[estimator]}")
 
 
 def _check_algorithm(c: _Checker) -> None:
@@ -500,6 +498,9 @@ def _check_trainer(c: _Checker) -> None:
     c.integer(f"{t}.max_critic_ckpt_to_keep", 1, allow_none=True)
     c.integer(f"{t}.ray_num_cpus", 1, allow_none=True)
     c.boolean(f"{t}.val_before_train")
+    memory_check = c.get(f"{t}.memory_check", "error")  # YAML reads a bare `off` as False
+    if memory_check is not False and memory_check not in ("error", "warn", "off"):
+        c.error(f"{t}.memory_check must be one of [error, warn, off] (got {memory_check!r})")
     if not c.get(f"{t}.default_local_dir"):
         c.error(f"{t}.default_local_dir must be a folder path (got {c.get(f'{t}.default_local_dir')!r})")
 

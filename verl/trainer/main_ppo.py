@@ -43,6 +43,8 @@ def build_worker_group(cfg: DictConfig, device: str):
 def run(cfg: DictConfig) -> list[dict]:
     import ray
 
+    from verl.trainer.config_keys import check_config_keys
+    from verl.trainer.config_preflight import check_config
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
@@ -55,10 +57,15 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
+    check_config_keys(cfg)  # unknown keys (did you mean ...?) raise; INERT keys set by the user are listed
     validate_config(cfg)
     with open_dict(cfg):
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
+    check_config(cfg)  # paths, data rows, resume, unsupported combinations: before any model, tokenizer or Ray
     device = pick_device(cfg)
+    from verl.utils.memory_estimate import startup_memory_check
+
+    startup_memory_check(cfg, device)  # trainer.memory_check: per-rank GPU/host estimate, refuses what cannot fit
     name = cfg.recurrent.get("enable")
     if not name and cfg.actor_rollout_ref.rollout.get("mode", "sync") == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")

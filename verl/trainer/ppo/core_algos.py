@@ -73,6 +73,7 @@ __all__ = [
     "compute_policy_loss",
     "compute_policy_loss_vanilla",
     "KL_PENALTY_TYPES",
+    "UNSUPPORTED_KL_PENALTY_TYPES",
     "kl_penalty",
     "compute_rewards",
     "compute_entropy_loss",
@@ -594,6 +595,8 @@ def compute_policy_loss_vanilla(
 # ----------------------------------------------------------------------------------------------------------
 
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+# Accepted names without an implementation here, with the reason (refused at launch by config_preflight).
+UNSUPPORTED_KL_PENALTY_TYPES = {"full": "it needs the full vocabulary distributions, which are not available here"}
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
@@ -616,9 +619,9 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         kld = torch.exp(log_ratio) - log_ratio - 1
         return torch.clamp(kld, min=-10.0, max=10.0)
-    if kl_penalty == "full":
+    if kl_penalty in UNSUPPORTED_KL_PENALTY_TYPES:
         raise NotImplementedError(
-            "kl_penalty 'full' needs the full vocabulary distributions, which are not available here; "
+            f"kl_penalty {kl_penalty!r} is not implemented: {UNSUPPORTED_KL_PENALTY_TYPES[kl_penalty]}; "
             "use 'low_var_kl', 'kl', 'abs' or 'mse'"
         )
     raise ValueError(f"unknown kl_penalty '{kl_penalty}'; valid: {', '.join(KL_PENALTY_TYPES)}")

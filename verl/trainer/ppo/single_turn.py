@@ -7,7 +7,7 @@ with the multi-turn trainer; ``fit`` drives both through the ``verl.trainer.ppo.
 Advantage estimators (``algorithm.adv_estimator``): any name in the ``core_algos`` registry, called through
 :func:`verl.trainer.ppo.advantage.compute_advantage` with upstream's keyword inputs, including estimators a recipe
 registers with ``@register_adv_est`` in the module ``algorithm.adv_estimator_module`` names. ``gae`` also needs the
-critic group (values from the critic, critic update every step). Refused (:data:`UNSUPPORTED_ESTIMATORS`):
+critic group (values from the critic, critic update every step). Refused (``config_preflight.estimator_error``):
 ``remax`` (needs a greedy baseline rollout per prompt, not run here) and ``grpo_multiconv`` (recurrent mode).
 
 Critic warm-up: the first ``trainer.critic_warmup`` steps (``global_step`` is 1-based inside ``train_step``)
@@ -24,6 +24,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.config_preflight import NOT_IMPLEMENTED_ESTIMATORS, estimator_error, kl_in_reward_error
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
@@ -41,7 +42,6 @@ from verl.workers.rollout.base import SamplingParams
 
 __all__ = [
     "SingleTurnPPOTrainer",
-    "UNSUPPORTED_ESTIMATORS",
     "scores_at_last_token",
     "single_turn_sampling",
     "mini_batch_ids",
@@ -49,11 +49,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Registered estimators this trainer cannot feed, with the reason (config_schema refuses them before workers start).
-UNSUPPORTED_ESTIMATORS = {
-    "remax": "needs a greedy baseline rollout per prompt (reward_baselines), which the single-turn trainer does not run",
-    "grpo_multiconv": "takes trajectory-level scores of multi-conversation rollouts and needs recurrent.enable",
-}
 # Tensors the critic update needs (sent without the non-tensor columns).
 _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
 
@@ -98,25 +93,22 @@ class SingleTurnPPOTrainer(TrainerCore):
         algo = config.algorithm
         self.adv_estimator = str(algo.adv_estimator)
         import_external_libs(algo.get("adv_estimator_module"))  # a recipe's @register_adv_est estimators
-        if self.adv_estimator in UNSUPPORTED_ESTIMATORS:
-            error = NotImplementedError if self.adv_estimator == "remax" else ValueError
-            raise error(
-                f"algorithm.adv_estimator={self.adv_estimator} {UNSUPPORTED_ESTIMATORS[self.adv_estimator]}; "
-                "use gae, grpo, rloo, reinforce_plus_plus or an estimator of your own"
-            )
+        # the same rules check_config applies at launch (verl/trainer/config_preflight.py)
+        if self.adv_estimator in NOT_IMPLEMENTED_ESTIMATORS:
+            raise NotImplementedError(estimator_error(self.adv_estimator, multi_turn=False))
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
+        problem = estimator_error(self.adv_estimator, multi_turn=False)
+        if problem:
+            raise ValueError(problem)
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
         actor = config.actor_rollout_ref.actor
         self.use_kl_loss = bool(actor.get("use_kl_loss", False))
         self.use_kl_in_reward = bool(algo.get("use_kl_in_reward", False))
-        if self.use_kl_in_reward and not self.use_kl_loss:
-            raise ValueError(
-                "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
-                "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
-                "for the in-reward penalty only)"
-            )
+        problem = kl_in_reward_error(self.use_kl_in_reward, self.use_kl_loss)
+        if problem:
+            raise ValueError(problem)
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None
 
     def checkpoint_groups(self) -> dict[str, Any]:
