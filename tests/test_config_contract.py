@@ -272,6 +272,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "trainer.ray_address": (RUN_LOG,),
     "trainer.ray_num_cpus": (RUN_LOG,),
     "trainer.progress_bar": (f"{R}::test_fit_progress_bar_key",),
+    "trainer.memory_check": (
+        "tests/test_memory_estimate.py::test_memory_check_warn_logs_and_off_skips",
+        "tests/test_memory_estimate.py::test_main_ppo_refuses_before_any_model_loads",
+    ),
     "ray_init.num_cpus": (RUN_LOG,),
     # recurrent
     "recurrent.enable": (WORKFLOW,),

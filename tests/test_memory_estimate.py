@@ -339,6 +339,10 @@ def test_main_ppo_refuses_before_any_model_loads(tmp_path: Path, monkeypatch) ->
         raise RuntimeError("tokenizer reached")
 
     monkeypatch.setattr(model_loading, "load_tokenizer", no_tokenizer)
+    import verl.trainer.config_preflight as config_preflight
+
+    # the composed config points at no data files: the launch checks are tested in test_config_preflight.py
+    monkeypatch.setattr(config_preflight, "check_config", lambda cfg: None)
     with pytest.raises(MemoryCheckError, match="GPU memory per rank"):
         main_ppo.run(cfg)
     cfg.trainer.memory_check = "warn"
