@@ -591,10 +591,12 @@ def test_registries_and_error_messages():
     assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn(AdvantageEstimator.GAE) is compute_gae_advantage_return
     assert AdvantageEstimator.RLOO == "rloo"
-    assert {e.value for e in AdvantageEstimator} == set(ADV_ESTIMATORS)
-    valid = "gae, grpo, grpo_multiconv, reinforce_plus_plus, remax, rloo"
-    with pytest.raises(ValueError, match=f"unknown adv_estimator 'grpoo'; valid: {valid}"):
+    # every built-in name is registered (recipes loaded by other test modules may have added their own)
+    assert {e.value for e in AdvantageEstimator} <= set(ADV_ESTIMATORS)
+    with pytest.raises(ValueError, match="unknown adv_estimator 'grpoo'; valid: gae, gpg, grpo, grpo_multiconv") as err:
         get_adv_estimator_fn("grpoo")
+    for name in ("grpo_passk", "opo", "reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"):
+        assert name in str(err.value)
     assert get_policy_loss_fn("vanilla") is compute_policy_loss
     with pytest.raises(ValueError, match="unknown policy_loss 'gspo'; valid: vanilla"):
         get_policy_loss_fn("gspo")
@@ -607,3 +609,54 @@ def test_registries_and_error_messages():
     )
     with pytest.raises(ValueError, match="already registered"):
         ca.register_adv_est("grpo")(lambda *a: None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# upstream's other outcome estimators (group_estimators.py), by hand
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _last_token_rewards(scores, width=2):
+    rewards = torch.zeros(len(scores), width)
+    rewards[:, 0] = torch.tensor(scores)
+    return rewards
+
+
+def test_grpo_passk_gives_the_best_row_the_gap_to_the_second():
+    rewards, mask = _last_token_rewards([0.2, 1.0, 0.5, 1.0, 1.0]), torch.ones(5, 2)
+    index = ["a", "a", "a", "b", "b"]
+    plain, _ = ca.compute_grpo_passk_outcome_advantage(rewards, mask, index, config={"norm_adv_by_std_in_grpo": False})
+    assert plain[:, 0].tolist() == pytest.approx([0.0, 0.5, 0.0, 0.0, 0.0])  # b ties: gap 0
+    # normalised: gap / (unbiased std of [0.2, 1.0, 0.5] = 0.404145 + 1e-6); config=None keeps the keyword
+    normed, _ = ca.compute_grpo_passk_outcome_advantage(rewards, mask, index)
+    assert normed[:, 1].tolist() == pytest.approx([0.0, 1.237175, 0.0, 0.0, 0.0], abs=1e-5)
+    assert get_adv_estimator_fn("grpo_passk") is ca.compute_grpo_passk_outcome_advantage
+    with pytest.raises(ValueError, match="at least 2 responses per group; group 1 has 1"):
+        ca.compute_grpo_passk_outcome_advantage(rewards[:4], mask[:4], ["a", "a", "a", "b"])
+
+
+def test_reinforce_plus_plus_baseline_centres_per_group_then_whitens_the_batch():
+    rewards = _last_token_rewards([1.0, 0.0, 1.0, 1.0])
+    mask = torch.tensor([[1.0, 0.0]] * 4)
+    adv, ret = ca.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards, mask, ["a", "a", "b", "b"])
+    # centred [0.5, -0.5, 0, 0]; unbiased std over the 4 valid tokens sqrt(0.5 / 3) = 0.408248
+    assert adv[:, 0].tolist() == pytest.approx([1.224745, -1.224745, 0.0, 0.0], abs=1e-5)
+    assert adv[:, 1].tolist() == [0.0] * 4 and torch.equal(adv, ret)
+
+
+def test_opo_subtracts_the_length_weighted_group_mean():
+    rewards = _last_token_rewards([1.0, 0.0, 0.4], width=3)
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, _ = ca.compute_opo_outcome_advantage(rewards, mask, ["a", "a", "c"])
+    # group a: b = (1 * 1 + 3 * 0) / 4 = 0.25; the lone row of c keeps its score
+    want = [[0.75, 0.0, 0.0], [-0.25, -0.25, -0.25], [0.4, 0.4, 0.0]]
+    torch.testing.assert_close(adv, torch.tensor(want))
+
+
+def test_gpg_scales_the_centred_score_by_rows_over_non_zero_rows():
+    rewards, mask = _last_token_rewards([1.0, 0.0, 0.0, 0.0]), torch.ones(4, 2)
+    index = ["a", "a", "b", "b"]
+    adv, _ = ca.compute_gpg_outcome_advantage(rewards, mask, index)  # alpha = 4 rows / 1 non-zero
+    assert adv[:, 0].tolist() == pytest.approx([2.0, -2.0, 0.0, 0.0])
+    adv, _ = ca.compute_gpg_outcome_advantage(rewards, mask, index, f_norm=2.0, alpha=99.0)  # alpha is computed
+    assert adv[:, 1].tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])

@@ -12,6 +12,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
+from recurrent.prompts import render_final_prompt
 from taskutils.memory_eval.agents import AgentConfig
 from taskutils.memory_eval.batched import BatchCell, run_batched
 from taskutils.memory_eval.chunking import HFTokenizer, iter_chunks
@@ -116,7 +117,10 @@ def test_every_turn_batched_and_records_scored(tmp_path, tok):
         )
         assert r["memory"] == f"mem {n_chunks - 1}"  # each update saw the previous memory, no end token
         assert "<|im_end|>" not in r["response"]
+        # the final turn's user message as sent (the format warm-up, recipe/miniature/warmup_data.py, trains on it)
+        assert r["final_prompt"] == render_final_prompt(r["question"], r["memory"], style="boxed")
     assert all(r["requests"] == 1 and r["num_chunks"] == 0 for r in direct.values())
+    assert all(r["final_prompt"] is None for r in direct.values())
     # the second memory turn's prompt carries the first turn's memory
     assert sum("mem 0" in p for p in engine.prompts) >= 2
     assert not (tmp_path / "niah_3" / "m-memory.state.json").exists()

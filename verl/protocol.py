@@ -44,6 +44,9 @@ __all__ = [
     "collate_fn",
     "list_of_dict_to_dict_of_list",
     "union_tensor_dict",
+    "union_numpy_dict",
+    "fold_batch_dim",
+    "unfold_batch_dim",
     "pad_dataproto_to_divisor",
     "unpad_dataproto",
     "PADDING_FLAG_KEY",
@@ -712,72 +715,13 @@ class DataProto:
         return data
 
 
-# --------------------------------------------------------------------------------------------------
-# padding to a divisor (e.g. the data-parallel world size)
-# --------------------------------------------------------------------------------------------------
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` so its row count is a multiple of ``size_divisor``; return ``(padded, pad_size)``.
-
-    Padding rows are copies of existing rows, cycled from the start (rows 0, 1, ... as in verl), with
-    **zero weight**:
-
-    * every tensor named in ``PAD_ZEROED_MASK_KEYS`` (``response_mask``, ``loss_mask``) is zeroed on
-      padding rows, so they add nothing to token-weighted losses or token counts;
-    * ``attention_mask`` is deliberately kept: a fully zero attention mask can give NaN in attention
-      for some models, and padding rows still run through the forward pass;
-    * a bool tensor ``batch["is_padding"]`` (``PADDING_FLAG_KEY``) is True on padding rows and False on
-      real rows (an existing ``is_padding`` column is kept for the real rows).
-
-    ``pad_size == 0`` returns ``data`` itself unchanged (no ``is_padding`` key is added).
-    """
-    if size_divisor < 1:
-        raise ValueError(f"size_divisor must be a positive int, got {size_divisor}")
-    num_rows = len(data)
-    pad_size = -num_rows % size_divisor
-    if pad_size == 0:
-        return data, 0
-    pad_rows = data._take(np.arange(pad_size) % num_rows)
-    pad_batch = pad_rows.batch if pad_rows.batch is not None else TensorDict({}, batch_size=[pad_size])
-    for key in PAD_ZEROED_MASK_KEYS:
-        if key in pad_batch.keys():
-            pad_batch[key] = torch.zeros_like(pad_batch[key])
-    real_batch = data.batch if data.batch is not None else TensorDict({}, batch_size=[num_rows])
-    if PADDING_FLAG_KEY not in real_batch.keys():
-        real_batch = real_batch.copy()
-        real_batch[PADDING_FLAG_KEY] = torch.zeros(num_rows, dtype=torch.bool, device=real_batch.device)
-    pad_batch[PADDING_FLAG_KEY] = torch.ones(pad_size, dtype=torch.bool, device=pad_batch.device)
-    real = DataProto(batch=real_batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
-    pad_rows.batch = pad_batch
-    padded = DataProto.concat([real, pad_rows])
-    padded.meta_info = dict(data.meta_info)
-    return padded, pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows added by ``pad_dataproto_to_divisor``.
-
-    The ``is_padding`` key is dropped too when no remaining row is padding, so pad-then-unpad gives
-    back the original keys. ``pad_size == 0`` returns ``data`` unchanged.
-    """
-    if pad_size < 0 or pad_size > len(data):
-        raise ValueError(f"pad_size must be in [0, {len(data)}] for a DataProto with {len(data)} rows, got {pad_size}")
-    if pad_size == 0:
-        return data
-    unpadded = data[: len(data) - pad_size]
-    if unpadded.batch is not None and PADDING_FLAG_KEY in unpadded.batch.keys():
-        if not bool(unpadded.batch[PADDING_FLAG_KEY].any()):
-            unpadded.batch = unpadded.batch.exclude(PADDING_FLAG_KEY)
-            if not list(unpadded.batch.keys()) and unpadded.non_tensor_batch:
-                unpadded.batch = None
-    return unpadded
-
-
-def collate_fn(items: Sequence[DataProtoItem]) -> DataProto:
-    """Stack ``DataProtoItem`` rows back into a DataProto (verl's DataLoader collate function)."""
-    if not items:
-        raise ValueError("collate_fn needs at least one DataProtoItem")
-    batch = torch.stack([item.batch for item in items]).contiguous() if items[0].batch is not None else None
-    columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in items])
-    return DataProto(batch=batch, non_tensor_batch={k: _to_object_array(v) for k, v in columns.items()})
+# Functions over whole DataProtos (padding, collate, folding, numpy-dict union) live in verl/protocol_ops.py and are
+# re-exported here under upstream's import path; the import sits at the end because they need the classes above.
+from verl.protocol_ops import (  # noqa: E402
+    collate_fn,
+    fold_batch_dim,
+    pad_dataproto_to_divisor,
+    unfold_batch_dim,
+    union_numpy_dict,
+    unpad_dataproto,
+)

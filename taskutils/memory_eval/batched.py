@@ -88,6 +88,7 @@ class _Job:
     requests: int = 0
     truncated_from: int | None = None
     prompt: str | None = None  # the direct baseline's single prompt
+    final_prompt: str | None = None  # the memory agent's final-turn user message, as sent (recorded)
     requests_before: int = 0  # requests made by earlier runs (resumed state)
     done: bool = False  # finished or failed (its record is written)
 
@@ -230,7 +231,7 @@ def run_batched(
             "pred": scores.pop("pred"), **{f"judge_{k}": v for k, v in scores.items()},
             "num_chunks": read, "requests": job.requests, "retries": 0,
             "elapsed_s": round(time.perf_counter() - job.started, 3), "truncated_from_tokens": job.truncated_from,
-            "memory": job.loop.memory if read else None})  # fmt: skip
+            "memory": job.loop.memory if read else None, "final_prompt": job.final_prompt})  # fmt: skip
         job.done = True
         counts["finished"] += 1
 
@@ -253,6 +254,8 @@ def run_batched(
         if job.loop is None:
             return job.prompt, direct_params
         request = job.loop.next_request()
+        if request.is_final:
+            job.final_prompt = request.prompt  # recorded: the format warm-up trains on this turn
         return request.prompt, _params(config, request.max_tokens)
 
     async def step(job: _Job) -> bool:

@@ -44,6 +44,8 @@ def build_worker_group(cfg: DictConfig, device: str):
 def run(cfg: DictConfig) -> list[dict]:
     import ray
 
+    from verl.trainer.config_keys import check_config_keys
+    from verl.trainer.config_preflight import check_config
     from verl.trainer.config_schema import apply_config_aliases, validate_config
     from verl.trainer.ppo.fit import fit
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
@@ -56,11 +58,16 @@ def run(cfg: DictConfig) -> list[dict]:
     from verl.utils.tracking import Tracking
     from verl.workers.reward_manager import load_reward_manager
 
+    check_config_keys(cfg)  # unknown keys (did you mean ...?) raise; INERT keys set by the user are listed
     validate_config(cfg)
     with open_dict(cfg):
         apply_config_aliases(cfg)  # grpo_use_adv, ray_init.num_cpus, trainer.device
+    check_config(cfg)  # paths, data rows, resume, unsupported combinations: before any model, tokenizer or Ray
     conf = from_config(cfg)  # the typed sections: what this function reads
     device = pick_device(conf)
+    from verl.utils.memory_estimate import startup_memory_check
+
+    startup_memory_check(cfg, device)  # trainer.memory_check: per-rank GPU/host estimate, refuses what cannot fit
     name = conf.recurrent.name
     if not name and conf.actor_rollout_ref.rollout.mode == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
@@ -142,18 +149,16 @@ def load_custom_reward_fn(spec: CustomRewardFunctionConfig | DictConfig):
     """``custom_reward_function.path`` / ``.name``: a user scorer with the verl signature
     ``(data_source, solution_str, ground_truth, extra_info=None) -> float | dict``; None = built-in.
     ``spec``: the typed section, or the whole composed config."""
+    from verl.utils.import_utils import FILE_PATH_PREFIX, load_module
+
     if not isinstance(spec, CustomRewardFunctionConfig):
         spec = from_config(spec).custom_reward_function
     path = spec.path
     if not path:
         return None
-    import importlib.util
-
     if not os.path.exists(path):
         raise FileNotFoundError(f"custom_reward_function.path not found: {path}")
-    module_spec = importlib.util.spec_from_file_location("custom_reward_module", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = load_module(FILE_PATH_PREFIX + path)  # loaded once: it may be algorithm.adv_estimator_module too
     name = spec.name
     if not hasattr(module, name):
         raise AttributeError(f"custom_reward_function.name={name!r} is not defined in {path}")

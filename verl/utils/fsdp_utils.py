@@ -168,7 +168,7 @@ def _default_device() -> torch.device:
 def offload_fsdp_model_to_cpu(model: nn.Module, empty_cache: bool = True) -> None:
     """Move the (sharded) parameters and gradients of ``model`` to CPU, e.g. while the rollout engine runs."""
     model.cpu()
-    if empty_cache and torch.cuda.is_available():
+    if empty_cache and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 
@@ -189,7 +189,7 @@ def offload_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer]) -> None:
     if optimizer is None or not optimizer.state:
         return
     _move_optimizer_state(optimizer, "cpu")
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # the non-blocking copies must land before the GPU memory is reused
         torch.cuda.synchronize()
 
 

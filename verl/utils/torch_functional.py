@@ -42,6 +42,12 @@ __all__ = [
     "masked_whiten",
     "entropy_from_logits",
     "logprobs_from_logits",
+    "postprocess_data",
+    "tokenize_and_postprocess_data",
+    "remove_pad_token",
+    "log_probs_from_logits_response",
+    "get_unpad_data",
+    "compute_position_id_with_mask",
 ]
 
 # Denominators are clamped to this value; with a 0/1 mask a non-empty count is >= 1, so the clamp only ever
@@ -190,6 +196,70 @@ def pad_sequence_to_length(
     if missing <= 0:
         return tensors
     return F.pad(tensors, (missing, 0) if left_pad else (0, missing), "constant", pad_token_id)
+
+
+TRUNCATIONS = ("left", "right", "error")
+
+
+def postprocess_data(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_length: int,
+    pad_token_id: int,
+    left_pad: bool = True,
+    truncation: str = "error",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, L]`` ids and mask padded (``pad_token_id`` / 0, left or right) or truncated to ``max_length``:
+    ``left`` keeps the last tokens, ``right`` the first, ``error`` raises ``ValueError`` naming both lengths."""
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+    length = input_ids.shape[-1]
+    if length < max_length:
+        input_ids = pad_sequence_to_length(input_ids, max_length, pad_token_id, left_pad=left_pad)
+        attention_mask = pad_sequence_to_length(attention_mask, max_length, 0, left_pad=left_pad)
+    elif length > max_length:
+        if truncation == "error":
+            raise ValueError(f"sequence length {length} is larger than max_length {max_length} (truncation='error')")
+        kept = slice(-max_length, None) if truncation == "left" else slice(None, max_length)
+        input_ids, attention_mask = input_ids[:, kept], attention_mask[:, kept]
+    return input_ids, attention_mask
+
+
+def tokenize_and_postprocess_data(
+    prompt: str, tokenizer, max_length: int, pad_token_id: int, left_pad: bool = True, truncation: str = "error"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokenize ``prompt`` (no special tokens added) to ``[1, max_length]`` ids and mask (:func:`postprocess_data`)."""
+    encoded = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    return postprocess_data(
+        encoded["input_ids"], encoded["attention_mask"], max_length, pad_token_id, left_pad, truncation
+    )
+
+
+def remove_pad_token(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+    """The ids of each left-padded row without its padding: the last ``mask.sum()`` tokens, as lists."""
+    return [ids[len(ids) - int(mask.sum()) :].tolist() for ids, mask in zip(input_ids, attention_mask)]
+
+
+def log_probs_from_logits_response(input_ids: torch.Tensor, logits: torch.Tensor, response_length: int):
+    """Log-probs ``[B, R]`` of the last ``R`` tokens of ``input_ids`` under ``logits = model(input_ids)``
+    (the logits one position earlier predict each token)."""
+    response_logits = logits[:, -response_length - 1 : -1]
+    return logprobs_from_logits(response_logits, input_ids[:, -response_length:])
+
+
+def get_unpad_data(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(indices of the kept tokens in the flattened batch, cu_seqlens int32 [B + 1], longest row)``."""
+    seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    return indices, cu_seqlens, int(seqlens.max().item()) if seqlens.numel() else 0
+
+
+def compute_position_id_with_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counting only attended tokens: ``clip(cumsum(mask) - 1, min=0)`` (left padding gets 0)."""
+    return torch.clip(torch.cumsum(mask, dim=-1) - 1, min=0)
 
 
 def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int, last_epoch: int = -1) -> LambdaLR:

@@ -186,13 +186,13 @@ class ActorRolloutRefWorker(TrainingWorker):
                 **vllm_extra_options(rc),
             )
 
-    # ------------------------------------------------------------------ CPU offload (GPU only)
+    # ------------------------------------------------------------------ CPU offload
     @contextmanager
     def _resident(self, role: str = "actor", with_optimizer: bool = False):
-        """Bring offloaded parameters (and optimizer state) onto the GPU for the block, then back.
+        """Bring offloaded parameters (and optimizer state) onto the worker's device for the block, then back.
 
-        ``actor_rollout_ref.{actor,ref}.fsdp_config.param_offload`` / ``.optimizer_offload``; a no-op
-        on CPU runs and when offload is off.
+        ``actor_rollout_ref.{actor,ref}.fsdp_config.param_offload`` / ``.optimizer_offload``; a no-op when offload
+        is off. On CPU runs the moves are CPU to CPU (nothing moves; the code path is the one GPU runs take).
         """
         from verl.utils.fsdp_utils import (
             load_fsdp_model_to_gpu,
@@ -203,13 +203,15 @@ class ActorRolloutRefWorker(TrainingWorker):
 
         fsdp = self.conf.actor.fsdp_config if role == "actor" else self.conf.ref.fsdp_config
         module = self.actor_module if role == "actor" else self.ref.actor_module
-        on_gpu = self.device_name == "cuda"
-        params = on_gpu and fsdp.param_offload
-        optim = on_gpu and with_optimizer and role == "actor" and self.conf.actor.fsdp_config.optimizer_offload
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.device_name == "cuda" else torch.device("cpu")
+        )
+        params = fsdp.param_offload
+        optim = with_optimizer and role == "actor" and self.conf.actor.fsdp_config.optimizer_offload
         if params:
-            load_fsdp_model_to_gpu(module)
+            load_fsdp_model_to_gpu(module, device)
         if optim:
-            load_fsdp_optimizer(self.optimizer)
+            load_fsdp_optimizer(self.optimizer, device)
         try:
             yield
         finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
@@ -84,8 +84,10 @@ class AlgoConfig(BaseConfig):
     gamma: float = 1.0
     # GAE lambda (gae only).
     lam: float = 1.0
-    # Advantage estimator: gae | grpo | grpo_multiconv | rloo | reinforce_plus_plus | remax.
+    # Advantage estimator: a name registered with @register_adv_est (built-in or from adv_estimator_module).
     adv_estimator: str = "gae"
+    # Module(s) imported before validation that register estimators of your own (dotted name, .py path, list).
+    adv_estimator_module: Optional[Any] = None
     # GRPO: divide by the group std (False = Dr.GRPO).
     norm_adv_by_std_in_grpo: bool = True
     # Alias of norm_adv_by_std_in_grpo; null = not set. When set it overrides it.
@@ -104,7 +106,12 @@ class AlgoConfig(BaseConfig):
     def check(self, c: Checks) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
 
-        c.choice("adv_estimator", sorted(ADV_ESTIMATORS))
+        if self.adv_estimator not in ADV_ESTIMATORS:  # adv_estimator_module was imported first (validate_config)
+            c.error(
+                f"{c.key('adv_estimator')} must be one of [{', '.join(sorted(ADV_ESTIMATORS))}] "
+                f"(got {self.adv_estimator!r}); an estimator of your own: @register_adv_est('name') in a module "
+                f"named by {c.key('adv_estimator_module')}"
+            )
         c.number("gamma", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.number("lam", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.choice("kl_penalty", KL_PENALTY_TYPES)

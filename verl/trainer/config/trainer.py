@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
@@ -81,6 +81,8 @@ class TrainerConfig(BaseConfig):
     progress_bar: bool = True
     # Run even a single CPU rank in a Ray worker process (tests of the Ray path); False = in-process.
     force_ray_workers: bool = False
+    # Start-up memory estimate per rank: error (refuse what cannot fit on a GPU) | warn | off (YAML's bare off = False).
+    memory_check: Any = "error"
 
     def check(self, c: Checks) -> None:
         if "logger" not in c.bad:
@@ -105,6 +107,8 @@ class TrainerConfig(BaseConfig):
         c.integer("max_actor_ckpt_to_keep", 1, allow_none=True)
         c.integer("max_critic_ckpt_to_keep", 1, allow_none=True)
         c.integer("ray_num_cpus", 1, allow_none=True)
+        if self.memory_check is not False and self.memory_check not in ("error", "warn", "off"):
+            c.error(f"{c.key('memory_check')} must be one of [error, warn, off] (got {self.memory_check!r})")
         if self.default_local_dir == "":
             c.error(f"{c.key('default_local_dir')} must be a folder path (got '')")
 

@@ -1,7 +1,8 @@
 """Core RL algorithms (verl-compatible names and positional signatures), plain torch, no DataProto.
 
 Contents:
-* advantage estimators (GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++, ReMax) and, re-exported from
+* advantage estimators (GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++, ReMax; upstream's pass@k, REINFORCE++-baseline,
+  OPO and GPG from ``group_estimators``) and, re-exported from
   ``verl.trainer.ppo.dapo``, the Multi-Conv credit assignment of MemAgent (``compute_multiconv_advantage``: one
   scalar advantage per trajectory, broadcast to every response token of every conversation of that trajectory)
   plus the turn-weighting choice (``trajectory_token_weights``);
@@ -15,11 +16,12 @@ Contents:
 Shapes: ``[B, L]`` = (rows, response tokens); ``response_mask`` is 1 on response tokens that count.
 Advantages and returns are computed without gradient.
 
-Calling convention for registered estimators (upstream verl's ``compute_advantage``; used by the single-turn
-trainer for every estimator it has no dedicated call for, see ``call_adv_estimator``): keyword arguments
-``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` config), ``index`` (the ``uid`` array)
-and, when the batch has them, ``reward_baselines``/``values``; an estimator without ``**kwargs`` receives only
-the names in its signature. It returns ``(advantages, returns)``, both ``[B, L]``.
+Calling convention for registered estimators (upstream verl's ``compute_advantage``, here
+``verl.trainer.ppo.advantage.compute_advantage``, which the single-turn trainer calls for every estimator):
+keyword arguments ``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` config),
+``norm_adv_by_std_in_grpo``, ``index`` (the ``uid`` array) and, when the batch has them,
+``reward_baselines``/``values`` (plus ``gamma``/``lam`` for ``gae``); an estimator without ``**kwargs`` receives
+only the names in its signature (``call_adv_estimator``). It returns ``(advantages, returns)``, both ``[B, L]``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ __all__ = [
     "compute_rloo_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_opo_outcome_advantage",
+    "compute_gpg_outcome_advantage",
     "compute_multiconv_advantage",
     "trajectory_token_weights",
     "TURN_WEIGHTING_MODES",
@@ -67,7 +73,9 @@ __all__ = [
     "compute_policy_loss",
     "compute_policy_loss_vanilla",
     "KL_PENALTY_TYPES",
+    "UNSUPPORTED_KL_PENALTY_TYPES",
     "kl_penalty",
+    "compute_rewards",
     "compute_entropy_loss",
     "compute_value_loss",
     "FixedKLController",
@@ -98,6 +106,11 @@ class AdvantageEstimator(str, Enum):
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REMAX = "remax"
     GRPO_MULTICONV = "grpo_multiconv"
+    # upstream's other outcome estimators (verl/trainer/ppo/group_estimators.py)
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+    OPO = "opo"
+    GRPO_PASSK = "grpo_passk"
+    GPG = "gpg"
 
 
 ADV_ESTIMATORS: dict[str, Callable[..., Any]] = {}
@@ -155,9 +168,16 @@ def call_adv_estimator(fn: Callable[..., Any], **inputs: Any) -> tuple[torch.Ten
             f"{sorted(inputs)} (see the calling convention in verl/trainer/ppo/core_algos.py)"
         )
     result = fn(**chosen)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"advantage estimator {getattr(fn, '__name__', fn)} must return (advantages, returns)")
-    return result
+    name = getattr(fn, "__name__", fn)
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(f"advantage estimator {name} must return (advantages, returns), got {type(result).__name__}")
+    rewards = inputs.get("token_level_rewards")
+    for label, value in zip(("advantages", "returns"), result):
+        if not isinstance(value, torch.Tensor) or (rewards is not None and value.shape != rewards.shape):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            want = tuple(rewards.shape) if rewards is not None else "a tensor"
+            raise TypeError(f"advantage estimator {name} returned {label} of shape {got}; expected {want}")
+    return tuple(result)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -575,6 +595,8 @@ def compute_policy_loss_vanilla(
 # ----------------------------------------------------------------------------------------------------------
 
 KL_PENALTY_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
+# Accepted names without an implementation here, with the reason (refused at launch by config_preflight).
+UNSUPPORTED_KL_PENALTY_TYPES = {"full": "it needs the full vocabulary distributions, which are not available here"}
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
@@ -597,12 +619,19 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         log_ratio = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         kld = torch.exp(log_ratio) - log_ratio - 1
         return torch.clamp(kld, min=-10.0, max=10.0)
-    if kl_penalty == "full":
+    if kl_penalty in UNSUPPORTED_KL_PENALTY_TYPES:
         raise NotImplementedError(
-            "kl_penalty 'full' needs the full vocabulary distributions, which are not available here; "
+            f"kl_penalty {kl_penalty!r} is not implemented: {UNSUPPORTED_KL_PENALTY_TYPES[kl_penalty]}; "
             "use 'low_var_kl', 'kl', 'abs' or 'mse'"
         )
     raise ValueError(f"unknown kl_penalty '{kl_penalty}'; valid: {', '.join(KL_PENALTY_TYPES)}")
+
+
+def compute_rewards(
+    token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
+) -> torch.Tensor:
+    """Upstream's ``scores - (old_log_prob - ref_log_prob) * kl_ratio`` (the plain ``kl`` estimator, unmasked)."""
+    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
 
 
 def compute_entropy_loss(
@@ -699,3 +728,13 @@ def get_kl_controller(kl_ctrl_cfg: Any) -> Union[FixedKLController, AdaptiveKLCo
             )
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
     raise ValueError(f"unknown kl_ctrl.type '{ctrl_type}'; valid: adaptive, fixed")
+
+
+# Upstream's other outcome estimators live in their own module; importing it registers them (it needs the registry
+# above, hence the import at the end).
+from verl.trainer.ppo.group_estimators import (  # noqa: E402
+    compute_gpg_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+)

@@ -16,6 +16,12 @@ import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.trainer.config_preflight import estimator_error
+from verl.trainer.ppo.advantage import (  # upstream's import path
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+)
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.trainer.ppo.dapo import (
     filter_zero_variance_groups,
@@ -33,7 +39,16 @@ from verl.trainer.ppo.trainer_core import (
 from verl.trainer.ppo.workflow import MultiTurnWorkflow
 from verl.utils.conversation_batch import concat_conversations, final_batch
 
-__all__ = ["MultiConvTrainer", "RolloutClient", "timer", "rollout_actor_mismatch", "MULTICONV_ESTIMATORS"]
+__all__ = [
+    "MultiConvTrainer",
+    "RolloutClient",
+    "timer",
+    "rollout_actor_mismatch",
+    "MULTICONV_ESTIMATORS",
+    "apply_kl_penalty",
+    "compute_advantage",
+    "compute_response_mask",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +75,9 @@ class MultiConvTrainer(TrainerCore):
         self.train_dataset, self.val_dataset = workflow.train_dataset, workflow.val_dataset
         self.manager = workflow.build_rollout(self.rollout)
         estimator = self.conf.algorithm.adv_estimator
-        if estimator not in MULTICONV_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.adv_estimator={estimator!r} is not a multi-turn estimator "
-                f"(valid with recurrent.enable: {', '.join(MULTICONV_ESTIMATORS)})"
-            )
+        problem = estimator_error(estimator, multi_turn=True)  # as check_config at launch (config_preflight.py)
+        if problem:
+            raise ValueError(problem)
         self.advantage_fn = get_adv_estimator_fn(MULTICONV_ESTIMATORS[estimator])
 
     # ---------------------------------------------------------------- one step

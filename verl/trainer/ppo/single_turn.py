@@ -4,10 +4,11 @@ One training step reads top to bottom in :meth:`SingleTurnPPOTrainer.train_step`
 ids, validation metrics and checkpoint groups come from :class:`verl.trainer.ppo.trainer_core.TrainerCore`, shared
 with the multi-turn trainer; ``fit`` drives both through the ``verl.trainer.ppo.fit.Trainer`` protocol.
 
-Advantage estimators (``algorithm.adv_estimator``, through the ``core_algos`` registry): ``gae`` (needs the
-critic group: values from the critic, critic update every step), ``grpo``, ``rloo``, ``reinforce_plus_plus``.
-``remax`` needs a greedy baseline rollout per prompt and is not implemented; ``grpo_multiconv`` belongs to
-recurrent mode.
+Advantage estimators (``algorithm.adv_estimator``): any name in the ``core_algos`` registry, called through
+:func:`verl.trainer.ppo.advantage.compute_advantage` with upstream's keyword inputs, including estimators a recipe
+registers with ``@register_adv_est`` in the module ``algorithm.adv_estimator_module`` names. ``gae`` also needs the
+critic group (values from the critic, critic update every step). Refused (``config_preflight.estimator_error``):
+``remax`` (needs a greedy baseline rollout per prompt, not run here) and ``grpo_multiconv`` (recurrent mode).
 
 Critic warm-up: the first ``trainer.critic_warmup`` steps (``global_step`` is 1-based inside ``train_step``)
 update only the critic; the actor (and hence the rollout weights) stays as it is.
@@ -24,7 +25,9 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
+from verl.trainer.config_preflight import NOT_IMPLEMENTED_ESTIMATORS, estimator_error, kl_in_reward_error
+from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
 from verl.trainer.ppo.trainer_core import (
     TrainerCore,
@@ -36,14 +39,18 @@ from verl.trainer.ppo.trainer_core import (
     typed_config,
 )
 from verl.utils.conversation_batch import build_conversation_batch, engine_log_probs
-from verl.utils.torch_functional import masked_mean
+from verl.utils.import_utils import import_external_libs
 from verl.workers.rollout.base import SamplingParams
 
-__all__ = ["SingleTurnPPOTrainer", "scores_at_last_token", "single_turn_sampling", "mini_batch_ids"]
+__all__ = [
+    "SingleTurnPPOTrainer",
+    "scores_at_last_token",
+    "single_turn_sampling",
+    "mini_batch_ids",
+]
 
 logger = logging.getLogger(__name__)
 
-_SINGLE_TURN_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
 # Tensors the critic update needs (sent without the non-tensor columns).
 _CRITIC_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values", "returns")
 
@@ -57,7 +64,7 @@ def single_turn_sampling(config: DictConfig | PPOConfig, global_step: int, valid
 
 
 class SingleTurnPPOTrainer(TrainerCore):
-    """Sync single-turn PPO (GAE with a critic) / GRPO / RLOO / REINFORCE++ trainer.
+    """Sync single-turn PPO (GAE with a critic) / GRPO / RLOO / REINFORCE++ / registered-estimator trainer.
 
     Args:
         config: the full trainer config.
@@ -88,29 +95,22 @@ class SingleTurnPPOTrainer(TrainerCore):
 
         algo = self.conf.algorithm
         self.adv_estimator = algo.adv_estimator
-        if self.adv_estimator == "remax":
-            raise NotImplementedError(
-                "algorithm.adv_estimator=remax needs a greedy baseline rollout per prompt, "
-                "which the single-turn trainer does not run; use gae, grpo, rloo or "
-                "reinforce_plus_plus"
-            )
+        import_external_libs(algo.adv_estimator_module)  # a recipe's @register_adv_est estimators
+        # the same rules check_config applies at launch (verl/trainer/config_preflight.py)
+        if self.adv_estimator in NOT_IMPLEMENTED_ESTIMATORS:
+            raise NotImplementedError(estimator_error(self.adv_estimator, multi_turn=False))
         get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
-        if self.adv_estimator not in _SINGLE_TURN_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.adv_estimator={self.adv_estimator!r} is not a single-turn estimator "
-                f"(valid: {', '.join(_SINGLE_TURN_ESTIMATORS)}; grpo_multiconv needs recurrent.enable)"
-            )
+        problem = estimator_error(self.adv_estimator, multi_turn=False)
+        if problem:
+            raise ValueError(problem)
         self.use_critic = self.adv_estimator == "gae"
         if self.use_critic and critic_group is None:
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
         self.use_kl_loss = self.conf.actor_rollout_ref.actor.use_kl_loss
         self.use_kl_in_reward = algo.use_kl_in_reward
-        if self.use_kl_in_reward and not self.use_kl_loss:
-            raise ValueError(
-                "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
-                "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
-                "for the in-reward penalty only)"
-            )
+        problem = kl_in_reward_error(self.use_kl_in_reward, self.use_kl_loss)
+        if problem:
+            raise ValueError(problem)
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None
 
     def checkpoint_groups(self) -> dict[str, Any]:
@@ -199,36 +199,24 @@ class SingleTurnPPOTrainer(TrainerCore):
 
     def _apply_rewards(self, batch: DataProto) -> dict[str, float]:
         """``token_level_rewards`` = scores, or scores - beta * KL(old || ref) per token with ``use_kl_in_reward``."""
-        scores = batch.batch["token_level_scores"]
         if not self.use_kl_in_reward:
-            batch.batch["token_level_rewards"] = scores.clone()
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"].clone()
             return {}
-        mask = batch.batch["response_mask"].float()
-        kld = (
-            kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], self.conf.algorithm.kl_penalty) * mask
-        )
-        beta = self.kl_ctrl.value
-        batch.batch["token_level_rewards"] = scores - beta * kld
-        current_kl = float(masked_mean(kld, mask, axis=-1).mean())
-        self.kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(beta)}
+        return apply_kl_penalty(batch, self.kl_ctrl, kl_penalty=self.conf.algorithm.kl_penalty)[1]
 
     def _compute_advantages(self, batch: DataProto) -> None:
-        """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (core_algos registry)."""
+        """``advantages`` and ``returns`` ``[B, R]`` by ``algorithm.adv_estimator`` (any registered estimator,
+        called with upstream's inputs: :mod:`verl.trainer.ppo.advantage`)."""
         algo = self.conf.algorithm
-        fn = get_adv_estimator_fn(self.adv_estimator)
-        rewards = batch.batch["token_level_rewards"]
-        mask = batch.batch["response_mask"].float()
-        uid = batch.non_tensor_batch["uid"]
-        if self.adv_estimator == "gae":
-            adv, ret = fn(rewards, batch.batch["values"], mask, algo.gamma, algo.lam)
-        elif self.adv_estimator == "grpo":
-            adv, ret = fn(rewards, mask, uid, norm_adv_by_std_in_grpo=self.norm_by_std)
-        elif self.adv_estimator == "rloo":
-            adv, ret = fn(rewards, mask, uid)
-        else:  # reinforce_plus_plus
-            adv, ret = fn(rewards, mask, algo.gamma)
-        batch.batch["advantages"], batch.batch["returns"] = adv, ret
+        compute_advantage(
+            batch,
+            self.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            num_repeat=self.conf.actor_rollout_ref.rollout.n,
+            norm_adv_by_std_in_grpo=self.norm_by_std,
+            config=self.config.algorithm,  # the section as a mapping: recipes' estimators read it with .get
+        )
 
     def _critic_batch(self, batch: DataProto) -> DataProto:
         """The tensors of the critic update plus the critic's own global mini-batch ids."""

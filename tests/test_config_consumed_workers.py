@@ -1,0 +1,304 @@
+"""Config keys reach the objects the workers build (evidence for tests/test_config_contract.py's CONSUMED table).
+
+One actor/rollout/ref worker and one critic worker are built for real on CPU (tiny Qwen2 model) from the composed
+YAML with every key below set away from its default; each case checks that the value arrived where it acts: the
+actor's or critic's settings (what ``dp_actor``/``dp_critic`` read), the optimizer, the model loader's arguments,
+the rollout engine's arguments. A key that stops reaching its object fails its case.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import open_dict
+
+from tests.test_config import compose_config
+
+# key (override) -> (value given, attribute of the built ActorSettings, expected value there)
+ACTOR_SETTINGS = {
+    "actor_rollout_ref.actor.ppo_mini_batch_size": (2, "ppo_mini_batch_size", 2),
+    "actor_rollout_ref.actor.train_batch_size": (6, "train_batch_size", 6),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": (3, "ppo_micro_batch_size_per_gpu", 3),
+    "actor_rollout_ref.actor.use_dynamic_bsz": (True, "use_dynamic_bsz", True),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (4096, "ppo_max_token_len_per_gpu", 4096),
+    "actor_rollout_ref.actor.grad_clip": (0.5, "grad_clip", 0.5),
+    "actor_rollout_ref.actor.clip_ratio": (0.25, "clip_ratio", 0.25),
+    "actor_rollout_ref.actor.clip_ratio_low": (0.15, "clip_low", 0.15),
+    "actor_rollout_ref.actor.clip_ratio_high": (0.28, "clip_high", 0.28),
+    "actor_rollout_ref.actor.clip_ratio_c": (4.0, "clip_ratio_c", 4.0),
+    "actor_rollout_ref.actor.loss_agg_mode": ("seq-mean-token-mean", "loss_agg_mode", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.entropy_coeff": (0.01, "entropy_coeff", 0.01),
+    "actor_rollout_ref.actor.use_kl_loss": (True, "use_kl_loss", True),
+    "actor_rollout_ref.actor.kl_loss_coef": (0.02, "kl_loss_coef", 0.02),
+    "actor_rollout_ref.actor.kl_loss_type": ("mse", "kl_loss_type", "mse"),
+    "actor_rollout_ref.actor.ppo_epochs": (2, "ppo_epochs", 2),
+    "actor_rollout_ref.actor.shuffle": (True, "shuffle", True),
+    "actor_rollout_ref.model.use_remove_padding": (True, "use_remove_padding", True),
+}
+# key -> (value given, keyword of load_causal_lm, expected value there)
+MODEL_LOADER = {
+    "actor_rollout_ref.model.attn_implementation": ("eager", "attn_implementation", "eager"),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": (False, "gradient_checkpointing", False),
+    "actor_rollout_ref.model.use_liger": (True, "use_liger", True),
+    "actor_rollout_ref.model.lora_rank": (4, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),
+    "actor_rollout_ref.model.lora_alpha": (8, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),
+    "actor_rollout_ref.model.target_modules": (
+        ["q_proj"],
+        "lora",
+        {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]},
+    ),
+}
+# key -> (value given, keyword of get_rollout_engine("vllm", ...), expected value there)
+ROLLOUT_ENGINE = {
+    "actor_rollout_ref.rollout.name": ("vllm", "name", "vllm"),
+    "actor_rollout_ref.rollout.gpu_memory_utilization": (0.3, "gpu_memory_utilization", 0.3),
+    "actor_rollout_ref.rollout.enforce_eager": (False, "enforce_eager", False),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": (1, "tensor_parallel_size", 1),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": (1234, "max_num_batched_tokens", 1234),
+    "actor_rollout_ref.rollout.max_num_seqs": (77, "max_num_seqs", 77),
+    "actor_rollout_ref.rollout.seed": (5, "seed", 5),
+    "data.max_prompt_length": (100, "max_model_len", 128),  # rollout.prompt_length follows it
+    "data.max_response_length": (28, "max_model_len", 128),  # rollout.response_length follows it
+}
+OPTIMIZER = {
+    "actor_rollout_ref.actor.optim.lr": (3e-6, "lr", 3e-6),
+    "actor_rollout_ref.actor.optim.weight_decay": (0.05, "weight_decay", 0.05),
+    "actor_rollout_ref.actor.optim.betas": ([0.8, 0.9], "betas", (0.8, 0.9)),
+}
+CRITIC_SETTINGS = {
+    "critic.ppo_mini_batch_size": (2, "ppo_mini_batch_size", 2),
+    "critic.ppo_micro_batch_size_per_gpu": (3, "ppo_micro_batch_size_per_gpu", 3),
+    "critic.forward_micro_batch_size_per_gpu": (5, "forward_micro_batch_size_per_gpu", 5),
+    "critic.use_dynamic_bsz": (True, "use_dynamic_bsz", True),
+    "critic.ppo_max_token_len_per_gpu": (2048, "ppo_max_token_len_per_gpu", 2048),
+    "critic.forward_max_token_len_per_gpu": (1024, "forward_max_token_len_per_gpu", 1024),
+    "critic.ppo_epochs": (3, "ppo_epochs", 3),
+    "critic.shuffle": (True, "shuffle", True),
+    "critic.grad_clip": (0.3, "grad_clip", 0.3),
+    "critic.cliprange_value": (0.7, "cliprange_value", 0.7),
+    "critic.model.use_remove_padding": (True, "use_remove_padding", True),
+    "critic.seed": (3, "seed", 3),
+}
+CRITIC_OPTIMIZER = {
+    "critic.optim.lr": (2e-5, "lr", 2e-5),
+    "critic.optim.weight_decay": (0.07, "weight_decay", 0.07),
+}
+
+
+def _override(key: str, value) -> str:
+    if isinstance(value, bool):
+        value = str(value)
+    elif isinstance(value, list):
+        value = "[" + ",".join(str(v) for v in value) + "]"
+    prefix = "+" if key in ("critic.seed", "actor_rollout_ref.actor.seed") else ""
+    return f"{prefix}{key}={value}"
+
+
+@pytest.fixture(scope="module")
+def actor_build(tiny_model_path):
+    """An ActorRolloutRefWorker from the YAML with every key above changed; the loader's and engine's arguments."""
+    import verl.utils.model_loading as model_loading
+    import verl.workers.rollout.base as rollout_base
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    loads, engines = [], []
+    real_load = model_loading.load_causal_lm
+
+    def load(path, **kwargs):
+        loads.append(kwargs)
+        return real_load(path, **kwargs)
+
+    overrides = [
+        f"actor_rollout_ref.model.path={tiny_model_path}",
+        "data.train_batch_size=6",
+        "+actor_rollout_ref.actor.seed=9",
+    ]
+    for table in (ACTOR_SETTINGS, MODEL_LOADER, ROLLOUT_ENGINE, OPTIMIZER):
+        overrides += [
+            _override(key, value)
+            for key, (value, _, _) in table.items()
+            if key != "actor_rollout_ref.actor.train_batch_size"
+        ]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model_loading, "load_causal_lm", load)
+        mp.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engines.append({"name": name, **kw}))
+        cfg = compose_config(overrides)
+        worker = ActorRolloutRefWorker(cfg.actor_rollout_ref, "cpu")
+        worker.init_model()
+    return worker, loads, engines
+
+
+@pytest.mark.parametrize("key", list(ACTOR_SETTINGS))
+def test_actor_settings_follow_the_config(actor_build, key):
+    worker, _, _ = actor_build
+    _, attr, expected = ACTOR_SETTINGS[key]
+    assert getattr(worker.actor.settings, attr) == expected, key
+
+
+def test_actor_seed_reaches_the_actor_settings(actor_build):
+    worker, _, _ = actor_build
+    assert worker.actor.settings.seed == 9
+
+
+def test_ref_model_gets_the_actor_settings_and_its_own_keys(actor_build):
+    worker, loads, _ = actor_build
+    assert worker.ref is not None and len(loads) == 2  # use_kl_loss builds the reference model
+    assert worker.ref.settings.kl_loss_type == "mse" and worker.ref.settings.use_dynamic_bsz
+
+
+@pytest.mark.parametrize("key", list(MODEL_LOADER))
+def test_model_keys_reach_the_loader(actor_build, key):
+    _, loads, _ = actor_build
+    _, kwarg, expected = MODEL_LOADER[key]
+    value = loads[0][kwarg]
+    if kwarg == "lora":
+        value = {k: (list(v) if not isinstance(v, (str, int)) else v) for k, v in value.items()}
+    assert value == expected, key
+    assert loads[1]["attn_implementation"] == "eager"  # the reference model too
+
+
+@pytest.mark.parametrize("key", list(ROLLOUT_ENGINE))
+def test_rollout_keys_reach_the_engine(actor_build, key):
+    _, _, engines = actor_build
+    _, kwarg, expected = ROLLOUT_ENGINE[key]
+    assert engines[-1][kwarg] == pytest.approx(expected), key
+
+
+@pytest.mark.parametrize("key", list(OPTIMIZER))
+def test_optimizer_follows_the_config(actor_build, key):
+    worker, _, _ = actor_build
+    _, name, expected = OPTIMIZER[key]
+    group = worker.optimizer.param_groups[0]
+    assert (tuple(group[name]) if name == "betas" else group[name]) == pytest.approx(expected), key
+
+
+def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkeypatch):
+    """``max_model_len`` wins over prompt + response; ``dtype`` and ``free_cache_engine`` act on GPU engines."""
+    import verl.workers.rollout.base as rollout_base
+
+    worker, _, _ = actor_build
+    engines = []
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engines.append(kw))
+    rc = worker.config.rollout
+    monkeypatch.setitem(rc, "max_model_len", 999)
+    monkeypatch.setitem(rc, "dtype", "float16")
+    monkeypatch.setitem(rc, "free_cache_engine", False)
+    monkeypatch.setattr(worker, "device_name", "cuda")
+    worker._init_rollout()
+    assert engines[-1]["max_model_len"] == 999
+    assert engines[-1]["dtype"] == "float16" and engines[-1]["enable_sleep_mode"] is False
+
+
+def test_hf_engine_batch_rows(actor_build, monkeypatch):
+    """``actor_rollout_ref.rollout.hf_max_batch_size`` (not in the YAML): rows of the HF engine's KV cache."""
+    import verl.workers.rollout.base as rollout_base
+
+    worker, _, _ = actor_build
+    engines = []
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engines.append(kw))
+    rc = worker.config.rollout
+    monkeypatch.setitem(rc, "name", "hf")
+    with open_dict(rc):
+        rc.hf_max_batch_size = 5
+    try:
+        worker._init_rollout()
+    finally:
+        with open_dict(rc):
+            del rc["hf_max_batch_size"]
+    assert engines[-1]["max_batch_size"] == 5
+
+
+def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
+    """``{actor,ref}.fsdp_config.param_offload`` and ``actor.fsdp_config.optimizer_offload`` (GPU only): which
+    modules and optimizers ``_resident`` brings in and parks again."""
+    import verl.utils.fsdp_utils as fsdp_utils
+
+    worker, _, _ = actor_build
+    moved = []
+    for name in (
+        "load_fsdp_model_to_gpu",
+        "offload_fsdp_model_to_cpu",
+        "load_fsdp_optimizer",
+        "offload_fsdp_optimizer",
+    ):
+        monkeypatch.setattr(fsdp_utils, name, lambda obj, _n=name: moved.append((_n, obj)))
+    monkeypatch.setattr(worker, "device_name", "cuda")
+    cfg = worker.config
+    for flags in ((True, False, False), (False, True, False), (False, False, True)):
+        monkeypatch.setitem(cfg.actor.fsdp_config, "param_offload", flags[0])
+        monkeypatch.setitem(cfg.actor.fsdp_config, "optimizer_offload", flags[1])
+        monkeypatch.setitem(cfg.ref.fsdp_config, "param_offload", flags[2])
+        moved.clear()
+        with worker._resident("actor", with_optimizer=True):
+            pass
+        with worker._resident("ref"):
+            pass
+        names = [(n, obj is worker.actor_module, obj is worker.ref.actor_module) for n, obj in moved]
+        expected = {
+            (True, False, False): [("load_fsdp_model_to_gpu", True, False), ("offload_fsdp_model_to_cpu", True, False)],
+            (False, True, False): [("load_fsdp_optimizer", False, False), ("offload_fsdp_optimizer", False, False)],
+            (False, False, True): [("load_fsdp_model_to_gpu", False, True), ("offload_fsdp_model_to_cpu", False, True)],
+        }[flags]
+        assert names == expected, flags
+
+
+@pytest.fixture(scope="module")
+def critic_build(tiny_model_path):
+    import verl.workers.critic.critic_worker as critic_worker
+
+    loads = []
+    real_load = critic_worker.load_value_model
+
+    def load(path, **kwargs):
+        loads.append(kwargs)
+        return real_load(path, **kwargs)
+
+    overrides = [f"actor_rollout_ref.model.path={tiny_model_path}", f"critic.model.path={tiny_model_path}"]
+    overrides += ["critic.model.enable_gradient_checkpointing=False", "data.train_batch_size=6"]
+    for table in (CRITIC_SETTINGS, CRITIC_OPTIMIZER):
+        overrides += [_override(key, value) for key, (value, _, _) in table.items()]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(critic_worker, "load_value_model", load)
+        cfg = compose_config(overrides)
+        worker = critic_worker.CriticWorker(cfg.critic, "cpu")
+        worker.init_model()
+    return worker, loads
+
+
+@pytest.mark.parametrize("key", list(CRITIC_SETTINGS))
+def test_critic_settings_follow_the_config(critic_build, key):
+    worker, _ = critic_build
+    _, attr, expected = CRITIC_SETTINGS[key]
+    assert getattr(worker.critic.settings, attr) == expected, key
+
+
+@pytest.mark.parametrize("key", list(CRITIC_OPTIMIZER))
+def test_critic_optimizer_follows_the_config(critic_build, key):
+    worker, _ = critic_build
+    _, name, expected = CRITIC_OPTIMIZER[key]
+    assert worker.optimizer.param_groups[0][name] == pytest.approx(expected), key
+
+
+def test_critic_model_keys_reach_the_loader(critic_build, tiny_model_path):
+    worker, loads = critic_build
+    assert loads[0]["gradient_checkpointing"] is False and worker.model_path == str(tiny_model_path)
+
+
+def test_critic_seed_sets_the_value_head(tiny_model_path):
+    """``critic.seed``: the new value head's initialisation (the same on every rank)."""
+    from verl.workers.critic.critic_worker import CriticWorker
+
+    heads = []
+    for seed in (3, 3, 4):
+        cfg = compose_config(
+            [
+                f"actor_rollout_ref.model.path={tiny_model_path}",
+                f"critic.model.path={tiny_model_path}",
+                "critic.ppo_micro_batch_size_per_gpu=1",
+                f"+critic.seed={seed}",
+            ]
+        )
+        worker = CriticWorker(cfg.critic, "cpu")
+        worker.init_model()
+        heads.append(torch.cat([p.detach().flatten() for p in worker.critic_module.parameters()]))
+    assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])

@@ -1,0 +1,364 @@
+"""The start-up memory estimate (verl/utils/memory_estimate.py): parameter counts against real models, byte totals
+against hand-computed values, the refusal and its knobs at the 7B shape on a 141 GB GPU, and the printed table."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+from verl.utils.memory_estimate import (
+    GiB,
+    MemoryCheckError,
+    MemoryPlan,
+    ModelShape,
+    count_params_on_meta,
+    estimate_memory,
+    plan_from_config,
+    startup_memory_check,
+)
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config"
+H200 = 141 * 10**9  # the simulated GPU of the issue (141 GB)
+HOST = 128 * 10**9
+
+QWEN25_7B = dict(
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    tie_word_embeddings=False,
+)
+QWEN25_15B = dict(
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
+
+
+def _tiny(cls, **kw):
+    base = dict(
+        vocab_size=300,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+    )
+    return cls(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        _tiny(Qwen2Config, tie_word_embeddings=True),
+        _tiny(Qwen2Config, tie_word_embeddings=False),
+        _tiny(LlamaConfig, tie_word_embeddings=False),
+        _tiny(LlamaConfig, tie_word_embeddings=True, attention_bias=True, mlp_bias=True),
+    ],
+    ids=["qwen2-tied", "qwen2-untied", "llama", "llama-biases-tied"],
+)
+def test_parameter_count_equals_a_real_tiny_model(config) -> None:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    real = sum(p.numel() for p in model.parameters())  # tied lm_head counted once, as parameters() does
+    assert ModelShape.from_hf_config(config).num_params == real
+
+
+def test_other_architectures_are_counted_exactly_on_the_meta_device() -> None:
+    from transformers import GPT2Config
+
+    config = GPT2Config(vocab_size=300, n_embd=48, n_layer=2, n_head=4)
+    real = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    shape = ModelShape.from_hf_config(config)
+    assert shape.num_params == real and shape.extra_params != 0
+
+
+@pytest.mark.parametrize("dims, known", [(QWEN25_15B, 1_543_714_304), (QWEN25_7B, 7_615_616_512)], ids=["1.5B", "7B"])
+def test_parameter_count_of_qwen25_shapes_equals_meta_count(dims, known) -> None:
+    config = Qwen2Config(**dims)
+    assert count_params_on_meta(config) == known  # Qwen2.5-1.5B: 1.54B, Qwen2.5-7B: 7.62B
+    assert ModelShape.from_hf_config(config).num_params == known
+
+
+def test_lora_params_count_the_adapters_of_a_real_peft_model() -> None:
+    from peft import LoraConfig, get_peft_model
+
+    config = _tiny(Qwen2Config, tie_word_embeddings=True)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_config(config), LoraConfig(r=4, target_modules="all-linear", lora_alpha=8)
+    )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert ModelShape.from_hf_config(config).lora_params(4, "all-linear") == trainable
+
+
+# A small hand-checked shape: V=1000, h=64, i=128, 2 layers, 4 heads of 16, 2 KV heads, q/k/v biases, untied.
+SMALL = ModelShape(
+    vocab_size=1000,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    tie_word_embeddings=False,
+    qkv_bias=True,
+)
+
+
+def test_byte_totals_of_a_small_config_match_hand_computed_values() -> None:
+    # layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 + mlp 3*64*128 = 36864, biases 64+32+32, norms 2*64 -> 37120
+    # root: embed 64000 + lm_head 64000 + final norm 64 = 128064;  N = 128064 + 2 * 37120 = 202304
+    n = 202_304
+    assert (SMALL.layer_params, SMALL.root_params, SMALL.num_params) == (37_120, 128_064, n)
+    plan = MemoryPlan(
+        world_size=2,
+        shard_size=2,
+        ranks_per_node=2,
+        gradient_checkpointing=True,
+        update_tokens=100,
+        update_logit_tokens=40,
+        log_prob_tokens=200,
+        log_prob_logit_tokens=80,
+        gpu_memory_utilization=0.5,
+        max_model_len=64,
+        optimizer_offload=True,
+        host_baseline_bytes=1000,
+    )
+    est = estimate_memory(SMALL, plan, gpu_capacity=10**7, host_capacity=10**9)
+    up = est.gpu["update"]
+    assert up["actor params"] == 4 * n / 2 == 404_608
+    assert up["grads"] == 4 * n / 2
+    assert up["optimizer"] == 8 * n / 2 == 809_216  # brought back for the update despite optimizer_offload
+    # checkpointed: 2 layers x 2h per token + one layer of 24h + 6kv + 8i = 256 + 1536 + 192 + 1024 = 3008 per token
+    assert up["activations"] == 100 * 3008
+    assert up["logits"] == 40 * 1000 * 16
+    # bf16 root + 2 layers gathered: 2 * (128064 + 2 * 37120); the root's gradient buffers (6 * 128064 = 768384)
+    # come when activations and logits (940800) are freed: no excess here
+    assert up["fsdp buffers"] == 2 * (128_064 + 74_240) == 404_608
+    assert est.gpu_total("update") == 404_608 * 2 + 809_216 + 404_608 + 300_800 + 640_000 + 2 * GiB
+    small = estimate_memory(SMALL, dataclasses.replace(plan, update_tokens=10, update_logit_tokens=4), 10**7, 10**9)
+    assert small.gpu["update"]["fsdp buffers"] == 404_608 + 768_384 - 30_080 - 64_000
+    step = est.gpu["step"]
+    assert step["adam step temp"] == 4 * n / 2
+    # vLLM: weights 2 bytes x N, the rest of 0.5 x 10^7 is KV cache; asleep (level 2) while training
+    ro = est.gpu["rollout"]
+    assert (ro["rollout weights"], ro["KV cache"]) == (2 * n, 5_000_000 - 2 * n)
+    assert ro["optimizer"] == 0 and ro["actor params"] == 404_608
+    assert "rollout weights" not in est.gpu["update"]
+    assert SMALL.kv_bytes_per_token(2) == 2 * 2 * 32 * 2
+    # log-prob (no grad): one layer's activations, 10 bytes per logit element
+    assert est.gpu["log-prob"]["activations"] == 200 * (24 * 64 + 6 * 32 + 8 * 128)
+    assert est.gpu["log-prob"]["logits"] == 80 * 1000 * 10
+    # host: the offloaded Adam states (8 N / 2), the fp32 model while loading (4 N), per node x 2 ranks
+    assert est.host["steady"]["optimizer (offloaded)"] == 809_216
+    assert est.host["load"]["fp32 model while loading"] == 4 * n
+    assert est.host_per_node == 2 * (1000 + 809_216)
+    # a fused log-prob path materialises tokens x hidden instead of tokens x vocab
+    fused = estimate_memory(SMALL, dataclasses.replace(plan, fused_logits=True), 10**7, 10**9)
+    assert fused.gpu["update"]["logits"] == 40 * 64 * 16
+
+
+def test_sleep_level_1_backs_rollout_weights_up_to_host_and_awake_engine_counts_while_training() -> None:
+    plan = MemoryPlan(sleep_level=1, max_model_len=64)
+    est = estimate_memory(SMALL, plan, gpu_capacity=10**7, host_capacity=10**9)
+    assert est.host["steady"]["vLLM weight backup"] == 2 * SMALL.num_params
+    awake = estimate_memory(SMALL, dataclasses.replace(plan, free_cache_engine=False), 10**7, 10**9)
+    assert awake.gpu["update"]["KV cache"] == 5_000_000 - 2 * SMALL.num_params
+    assert awake.host["steady"]["vLLM weight backup"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------- 7B on one H200
+def _compose(tmp_path: Path, dims: dict, overrides: list[str]):
+    model_dir = tmp_path / "model"
+    Qwen2Config(**dims).save_pretrained(model_dir)  # config.json only: no weights
+    base = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "data.max_prompt_length=8192",
+        "data.max_response_length=1024",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    ]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=base + overrides)
+
+
+def test_7b_without_offload_is_refused_naming_optimizer_offload(tmp_path: Path, capsys) -> None:
+    cfg = _compose(tmp_path, QWEN25_7B, [])
+    with pytest.raises(MemoryCheckError) as err:
+        startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
+    message = str(err.value)
+    # 8 bytes x 7.62B = 60.9 GB = 56.7 GiB of Adam states beside vLLM's share during the rollout
+    assert "phase 'rollout'" in message
+    assert "actor optimizer states need 56.7 GiB per rank" in message
+    assert "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True" in message
+    assert "trainer.n_gpus_per_node" in message
+    assert "lower actor_rollout_ref.rollout.gpu_memory_utilization" in message
+    assert "memory estimate per rank" in capsys.readouterr().out  # the table comes first
+
+
+def test_7b_with_optimizer_offload_moves_adam_to_host_and_fits_once_the_update_leaves_it_there(tmp_path: Path) -> None:
+    cfg = _compose(tmp_path, QWEN25_7B, ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=True"])
+    plan = plan_from_config(cfg)
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    est = estimate_memory(shape, plan, H200, HOST)
+    assert est.host["steady"]["optimizer (offloaded)"] / GiB == pytest.approx(56.7, abs=0.05)
+    assert est.gpu["rollout"]["optimizer"] == 0
+    assert est.gpu_total("rollout") < H200  # the offload lets vLLM have its share
+    # as the worker is today, the update brings the Adam states back and AdamW's foreach step adds a full-size
+    # temporary: 4 + 4 + 8 + 4 = 20 bytes x 7.62B = 141.9 GiB in the step does not fit on one GPU, and the message
+    # says that offload does not lower that phase
+    problems = est.problems()
+    assert [p.split("'")[1] for p in problems] == ["step"]
+    assert est.gpu_total("step") / GiB == pytest.approx(141.9 + 2.0, abs=0.05)
+    assert "trainer.n_gpus_per_node=1" in problems[0]
+    assert "optimizer_offload does not lower this phase" in problems[0]
+    # without the foreach temporary (AdamW(fused=True)) the same config fits
+    fused = estimate_memory(shape, dataclasses.replace(plan, adam_step_temp_bytes=0.0), H200, HOST)
+    assert fused.problems() == []
+    with pytest.raises(MemoryCheckError):
+        startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
+    # an update that leaves the Adam states on the host (a CPU or streamed step) fits on one H200, host within 128 GB
+    streamed = estimate_memory(shape, dataclasses.replace(plan, optimizer_on_gpu_for_update=False), H200, HOST)
+    assert streamed.problems() == []
+    assert streamed.host_per_node < HOST
+    # two GPUs shard the states: fits as the worker is today
+    cfg2 = _compose(
+        tmp_path, QWEN25_7B, ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "trainer.n_gpus_per_node=2"]
+    )
+    est2 = startup_memory_check(cfg2, "cuda", capacities=(H200, HOST))
+    assert est2.problems() == [] and est2.plan.shard_size == 2
+
+
+def test_the_original_7b_recipe_fits_its_80gb_gpus(tmp_path: Path) -> None:
+    """run_memory_7B.sh as released (4 nodes x 8 GPUs, HSDP groups of 8, param + optimizer + ref offload, vLLM at
+    0.6 awake while training) is not refused on an 80 GB GPU (85.0e9 bytes as torch reports an H100/A100-80GB)."""
+    from tests.test_config import script_overrides
+
+    model_dir = tmp_path / "model"
+    Qwen2Config(**QWEN25_7B).save_pretrained(model_dir)
+    overrides = [o for o in script_overrides("run_memory_7B.sh", tmp_path) if "model.path=" not in o]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides + [f"actor_rollout_ref.model.path={model_dir}"])
+    est = startup_memory_check(cfg, "cuda", capacities=(85_000_000_000, 2 * 10**12))
+    assert est.plan.world_size == 32 and est.plan.shard_size == 8 and not est.plan.free_cache_engine
+    assert est.problems() == []
+    assert 70 * GiB < est.gpu_peak[1] < 85_000_000_000  # tight, as the recipe is on its GPUs
+
+
+def test_vllm_share_too_small_for_the_weights_and_host_overflow_name_their_knobs(tmp_path: Path) -> None:
+    cfg = _compose(
+        tmp_path,
+        QWEN25_7B,
+        [
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+            "actor_rollout_ref.rollout.sleep_level=1",
+            "trainer.n_gpus_per_node=8",
+        ],
+    )
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    est = estimate_memory(shape, plan_from_config(cfg), H200, 64 * 10**9)
+    text = "\n".join(est.problems())
+    assert "gpu_memory_utilization=0.1 gives vLLM 13.1 GiB, less than the rollout weights (14.2 GiB)" in text
+    assert "host memory: 8 rank(s) per node" in text and "sleep_level=2" in text
+
+
+def test_update_token_budget_is_named_when_activations_and_logits_overflow(tmp_path: Path) -> None:
+    cfg = _compose(
+        tmp_path,
+        QWEN25_15B,
+        [
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400000",
+            "actor_rollout_ref.rollout.free_cache_engine=True",
+        ],
+    )
+    with pytest.raises(MemoryCheckError, match=r"phase 'update'.*lower actor_rollout_ref\.actor\.ppo_max_token_len"):
+        startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
+
+
+# ---------------------------------------------------------------------------------------------------- start-up
+def test_startup_table_prints_on_cpu_without_checking(tmp_path: Path, capsys) -> None:
+    cfg = _compose(tmp_path, QWEN25_7B, [])
+    est = startup_memory_check(cfg, "cpu", capacities=(None, 10**9))  # 1 GB of host: CPU runs are not refused
+    out = capsys.readouterr().out
+    assert "CPU run: not checked" in out and "7.62B params" in out
+    for row in ("actor params", "grads", "optimizer", "activations", "logits", "rollout weights", "KV cache", "total"):
+        assert row in out
+    assert "device capacity unknown (no GPU)" in out and "host per node" in out
+    assert est is not None and est.gpu_capacity is None
+
+
+def test_memory_check_warn_logs_and_off_skips(tmp_path: Path, capsys, caplog) -> None:
+    cfg = _compose(tmp_path, QWEN25_7B, ["trainer.memory_check=warn"])
+    with caplog.at_level(logging.WARNING, logger="verl.utils.memory_estimate"):
+        est = startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
+    assert est is not None and any("optimizer_offload=True" in r.getMessage() for r in caplog.records)
+    capsys.readouterr()
+    off = _compose(tmp_path, QWEN25_7B, ["trainer.memory_check=off"])
+    assert startup_memory_check(off, "cuda", capacities=(H200, HOST)) is None
+    assert capsys.readouterr().out == ""
+
+
+def test_memory_check_key_is_validated() -> None:
+    from verl.trainer.config_schema import ConfigError, validate_config
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=["trainer.memory_check=loud"])
+    with pytest.raises(ConfigError, match=r"trainer\.memory_check must be one of \[error, warn, off\] \(got 'loud'\)"):
+        validate_config(cfg)
+
+
+def test_main_ppo_refuses_before_any_model_loads(tmp_path: Path, monkeypatch) -> None:
+    """The key reaches run(): on a (simulated) 1 GiB GPU the tiny config is refused before the tokenizer loads."""
+    import verl.trainer.main_ppo as main_ppo
+    import verl.utils.memory_estimate as memory_estimate
+    import verl.utils.model_loading as model_loading
+
+    cfg = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"])
+    monkeypatch.setattr(main_ppo, "pick_device", lambda cfg: "cuda")
+    monkeypatch.setattr(memory_estimate, "device_capacities", lambda device: (GiB, HOST))
+
+    def no_tokenizer(_):
+        raise RuntimeError("tokenizer reached")
+
+    monkeypatch.setattr(model_loading, "load_tokenizer", no_tokenizer)
+    import verl.trainer.config_preflight as config_preflight
+
+    # the composed config points at no data files: the launch checks are tested in test_config_preflight.py
+    monkeypatch.setattr(config_preflight, "check_config", lambda cfg: None)
+    with pytest.raises(MemoryCheckError, match="GPU memory per rank"):
+        main_ppo.run(cfg)
+    cfg.trainer.memory_check = "warn"
+    with pytest.raises(RuntimeError, match="tokenizer reached"):
+        main_ppo.run(cfg)
+
+
+def test_gpu_capacity_comes_from_nvidia_smi_without_a_cuda_context(tmp_path: Path, monkeypatch) -> None:
+    """The driver reads the GPU size from nvidia-smi (the smallest GPU), never through torch.cuda."""
+    import verl.utils.memory_estimate as memory_estimate
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '143771\\n81559\\n'\n")  # MiB, as --format=csv,noheader,nounits prints
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: pytest.fail("torch.cuda was used"))
+    gpu, host = memory_estimate.device_capacities("cuda")
+    assert gpu == 81559 * 2**20 and host > 0
+    assert memory_estimate.device_capacities("cpu")[0] is None

@@ -1,0 +1,478 @@
+"""Checks at launch: every setting and input known to fail late, refused before any model, tokenizer or Ray loads.
+
+``validate_config`` (``config_schema.py``) checks the config alone. ``check_config(cfg)`` runs right after it (in
+``main_ppo.run``, aliases resolved) and looks at what the config points to and at combinations the trainers or
+workers would refuse only after the models are loaded or after the first rollout:
+
+* estimators without their prerequisites: ``remax`` (no greedy baseline rollout), ``grpo_multiconv`` without a
+  workflow, single-turn estimators in recurrent mode, ``gae`` without a loadable critic, KL in the reward without
+  the reference model (:func:`estimator_error`, :func:`kl_in_reward_error`: the trainers call the same functions);
+* settings not implemented: sequence parallelism on the ref model or the critic, KL estimators without an
+  implementation (``full``), a vLLM tensor-parallel size above what the rollout runs, LoRA (the weight sync sends
+  the adapters unmerged);
+* paths: ``actor_rollout_ref.model.path`` (and ``critic.model.path`` for ``gae``) a local model folder,
+  ``trainer.default_local_dir`` creatable and writable (a probe file is written and removed),
+  ``custom_reward_function.path`` / ``.name`` importable and callable;
+* data rows (``data.train_files``, ``data.val_files``; only the needed columns are read): every row has a
+  ``data_source`` the reward routing knows (any value when a custom reward function is set) and a non-null
+  ``reward_model.ground_truth``; messages name the file, the row and the field;
+* resume: the checkpoint ``trainer.resume_mode`` would load must have been written with the same dataloader
+  settings (``data.train_batch_size``, ``data.shuffle``, ``data.seed``, the number of training rows).
+
+Every problem found is collected into one :class:`~verl.trainer.config_schema.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, active_recurrent_name
+
+__all__ = [
+    "check_config",
+    "estimator_error",
+    "kl_in_reward_error",
+    "SINGLE_TURN_ESTIMATORS",
+    "MULTI_TURN_ONLY_ESTIMATORS",
+    "NOT_IMPLEMENTED_ESTIMATORS",
+    "ROLLOUT_MAX_TENSOR_PARALLEL",
+]
+
+# Built-in ``algorithm.adv_estimator`` values the single-turn trainer runs (gae with the critic group); it runs
+# every other registered estimator too (upstream's grpo_passk, opo, ... and a recipe's @register_adv_est ones),
+# except those below.
+SINGLE_TURN_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus")
+# Registered estimators that belong to recurrent mode (trajectory-level credit assignment).
+MULTI_TURN_ONLY_ESTIMATORS = ("grpo_multiconv",)
+# Registered estimators that no trainer can feed, with the reason.
+NOT_IMPLEMENTED_ESTIMATORS = {
+    "remax": "needs a greedy baseline rollout per prompt, which the single-turn trainer does not run",
+}
+# Largest ``actor_rollout_ref.rollout.tensor_model_parallel_size`` each engine can start with, and why. Every
+# rollout worker sees one GPU and builds its own in-process vLLM engine, so a TP group across workers cannot form.
+ROLLOUT_MAX_TENSOR_PARALLEL = {
+    "vllm": (
+        1,
+        "each rollout worker builds its own vLLM engine on its one GPU; a tensor-parallel engine shared "
+        "by several workers is not implemented, so TP > 1 cannot start",
+    ),
+}
+# Rows named per problem before "and N more".
+_MAX_ROWS_NAMED = 5
+
+
+def check_config(cfg: Any) -> None:
+    """Raise :class:`ConfigError` listing every launch-time problem of ``cfg`` (see the module docstring)."""
+    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    errors: list[str] = []
+    try:
+        recurrent = active_recurrent_name(cfg)
+    except ConfigError as err:  # validate_config reports it too; keep going for the rest
+        errors.extend(err.errors)
+        recurrent = None
+    errors += algorithm_errors(cfg, recurrent)
+    errors += parallelism_errors(cfg, recurrent)
+    errors += model_path_errors(cfg, recurrent)
+    errors += folder_errors(cfg)
+    errors += reward_function_errors(cfg)
+    data_errors, train_rows = data_file_errors(cfg)
+    errors += data_errors
+    errors += resume_errors(cfg, train_rows)
+    if errors:
+        raise ConfigError(errors)
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
+
+
+def _uses_critic(cfg: DictConfig, recurrent: Optional[str]) -> bool:
+    return recurrent is None and _get(cfg, "algorithm.adv_estimator") == "gae"
+
+
+def _uses_ref(cfg: DictConfig) -> bool:
+    return bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss")) or bool(_get(cfg, "algorithm.use_kl_in_reward"))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# estimators and KL (shared with the trainers)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def estimator_error(estimator: str, multi_turn: bool) -> Optional[str]:
+    """Why ``algorithm.adv_estimator=estimator`` cannot train in this mode, or None when it can.
+
+    The trainers raise with this message; :func:`check_config` reports it before anything loads.
+    """
+    if multi_turn:
+        if estimator not in RECURRENT_ADV_ESTIMATORS:
+            return (
+                f"algorithm.adv_estimator={estimator!r} is not a multi-turn estimator "
+                f"(valid with recurrent.enable: {', '.join(RECURRENT_ADV_ESTIMATORS)})"
+            )
+        return None
+    if estimator in NOT_IMPLEMENTED_ESTIMATORS:
+        return (
+            f"algorithm.adv_estimator={estimator} {NOT_IMPLEMENTED_ESTIMATORS[estimator]}; use "
+            f"{', '.join(SINGLE_TURN_ESTIMATORS)} or another registered estimator"
+        )
+    if estimator in MULTI_TURN_ONLY_ESTIMATORS:
+        return (
+            f"algorithm.adv_estimator={estimator!r} is not a single-turn estimator "
+            f"({estimator} needs recurrent.enable; single-turn: {', '.join(SINGLE_TURN_ESTIMATORS)} or another "
+            "registered estimator)"
+        )
+    return None  # any other registered name runs (an unknown one is validate_config's error)
+
+
+def kl_in_reward_error(use_kl_in_reward: bool, use_kl_loss: bool) -> Optional[str]:
+    """The single-turn trainer's KL-in-reward penalty needs the reference model, built only with the KL loss on."""
+    if use_kl_in_reward and not use_kl_loss:
+        return (
+            "algorithm.use_kl_in_reward=True needs the reference model, which the actor worker builds "
+            "only with actor_rollout_ref.actor.use_kl_loss=True (set actor.kl_loss_coef=0 to use it "
+            "for the in-reward penalty only)"
+        )
+    return None
+
+
+def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
+    """Estimator prerequisites and KL estimators that are selected but not implemented."""
+    from verl.trainer.ppo.core_algos import UNSUPPORTED_KL_PENALTY_TYPES
+
+    errors = []
+    estimator = str(_get(cfg, "algorithm.adv_estimator"))
+    problem = estimator_error(estimator, multi_turn=recurrent is not None)
+    if problem:
+        errors.append(problem)
+    use_kl_loss, use_kl_in_reward = (
+        bool(_get(cfg, "actor_rollout_ref.actor.use_kl_loss")),
+        bool(_get(cfg, "algorithm.use_kl_in_reward")),
+    )
+    if recurrent is None:
+        problem = kl_in_reward_error(use_kl_in_reward, use_kl_loss)
+        if problem:
+            errors.append(problem)
+    for key, used, switch in (
+        ("actor_rollout_ref.actor.kl_loss_type", use_kl_loss, "actor_rollout_ref.actor.use_kl_loss"),
+        ("algorithm.kl_penalty", use_kl_in_reward, "algorithm.use_kl_in_reward"),
+    ):
+        kind = _get(cfg, key)
+        if used and kind in UNSUPPORTED_KL_PENALTY_TYPES:
+            errors.append(
+                f"{key}={kind} is not implemented ({UNSUPPORTED_KL_PENALTY_TYPES[kind]}) and {switch}=True uses it; "
+                "use low_var_kl, kl, abs or mse"
+            )
+    return errors
+
+
+# ------------------------------------------------------------------------------------------------------------
+# parallelism, LoRA
+# ------------------------------------------------------------------------------------------------------------
+
+
+def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
+    """Sequence parallelism of the ref model and the critic, rollout tensor parallelism, LoRA."""
+    errors = []
+    # the actor's own size is checked by validate_config; the ref model and the critic have their own keys
+    sp_keys = []
+    if _uses_ref(cfg):
+        sp_keys.append("actor_rollout_ref.ref.ulysses_sequence_parallel_size")
+    if _uses_critic(cfg, recurrent):
+        sp_keys.append("critic.ulysses_sequence_parallel_size")
+    for key in sp_keys:
+        size = _get(cfg, key, 1)
+        if size not in (None, 1):
+            errors.append(f"{key} must be 1: sequence parallelism is not implemented (got {size!r})")
+    name = _get(cfg, "actor_rollout_ref.rollout.name")
+    tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    tp = _get(cfg, tp_key, 1)
+    if name in ROLLOUT_MAX_TENSOR_PARALLEL and isinstance(tp, int) and tp > ROLLOUT_MAX_TENSOR_PARALLEL[name][0]:
+        limit, why = ROLLOUT_MAX_TENSOR_PARALLEL[name]
+        errors.append(
+            f"{tp_key}={tp} is larger than the {name} rollout supports ({limit}): {why}; set {tp_key}={limit}"
+        )
+    rank = _get(cfg, "actor_rollout_ref.model.lora_rank", 0)
+    if isinstance(rank, int) and rank > 0:
+        errors.append(
+            f"actor_rollout_ref.model.lora_rank={rank}: LoRA training is not supported yet: the weight sync sends the "
+            "unmerged adapter parameters (base_model.model...lora_A/lora_B), which the rollout engine does not have, "
+            "so training would fail at the first weight sync; set actor_rollout_ref.model.lora_rank=0"
+        )
+    return errors
+
+
+# ------------------------------------------------------------------------------------------------------------
+# paths: models, output folder, reward function
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _model_folder_error(key: str, path: Any) -> Optional[str]:
+    """Mirrors ``verl.utils.model_loading.load_causal_lm``: a local folder, as given (``~`` is not expanded)."""
+    if path is None or str(path).strip() == "":
+        return f"{key} is empty: set it to the local folder of a Hugging Face model (config.json + weights)"
+    path = str(path)
+    if not os.path.isdir(path):
+        hint = ""
+        if path.startswith("~") and os.path.isdir(os.path.expanduser(path)):
+            hint = f"; '~' is not expanded, write {os.path.expanduser(path)}"
+        return f"{key}={path} is not a local folder (nothing is downloaded at run time){hint}"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"{key}={path} has no config.json: not a Hugging Face model folder"
+    return None
+
+
+def model_path_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
+    """The policy's model folder (tokenizer, actor, ref, rollout) and, for ``gae``, the critic's."""
+    keys = ["actor_rollout_ref.model.path"]
+    if _uses_critic(cfg, recurrent):
+        keys.append("critic.model.path")
+    problems = [_model_folder_error(key, _get(cfg, key)) for key in keys]
+    return [p for p in problems if p]
+
+
+def _writable_folder_error(key: str, folder: Any) -> Optional[str]:
+    """Create ``folder`` (and parents) if needed, write and remove a probe file; remove the folders created."""
+    if folder is None or str(folder).strip() == "":
+        return f"{key} is empty: set it to a folder path"
+    root = Path(str(folder)).expanduser().absolute()
+    created = []
+    missing = root
+    while not missing.exists() and missing != missing.parent:
+        created.append(missing)
+        missing = missing.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        return f"{key}={folder} is not a writable folder ({type(err).__name__}: {err.strerror or err})"
+    finally:
+        for path in created:  # deepest first: leave the filesystem as it was
+            try:
+                path.rmdir()
+            except OSError:
+                break
+    return None
+
+
+def _absolute(path: Any) -> Path:
+    return Path(str(path)).expanduser().absolute()
+
+
+def folder_errors(cfg: DictConfig) -> list[str]:
+    """``trainer.default_local_dir`` (checkpoints, and the logs by default) and a ``trainer.log_dir`` outside it."""
+    problems = [_writable_folder_error("trainer.default_local_dir", _get(cfg, "trainer.default_local_dir"))]
+    log_dir, ckpt = _get(cfg, "trainer.log_dir"), _get(cfg, "trainer.default_local_dir")
+    if log_dir and not (ckpt and _absolute(log_dir).is_relative_to(_absolute(ckpt))):
+        problems.append(_writable_folder_error("trainer.log_dir", log_dir))
+    return [p for p in problems if p]
+
+
+def _custom_reward_path(cfg: DictConfig) -> Optional[str]:
+    path = _get(cfg, "custom_reward_function.path")
+    return str(path) if path not in (None, "") else None
+
+
+def reward_function_errors(cfg: DictConfig) -> list[str]:
+    """``custom_reward_function.path`` imports and defines a callable ``custom_reward_function.name``
+    (loaded exactly as the trainer loads it: ``main_ppo.load_custom_reward_fn``)."""
+    path = _custom_reward_path(cfg)
+    if path is None:
+        return []
+    if not os.path.isfile(path):
+        return [f"custom_reward_function.path={path} is not a file"]
+    from verl.trainer.main_ppo import load_custom_reward_fn
+
+    try:
+        fn = load_custom_reward_fn(cfg)
+    except AttributeError as err:
+        return [str(err)]
+    except Exception as err:  # noqa: BLE001 - any error while importing the user's file is the finding
+        return [f"custom_reward_function.path={path} cannot be imported ({type(err).__name__}: {err})"]
+    if not callable(fn):
+        name = _get(cfg, "custom_reward_function.name") or "compute_score"
+        return [f"custom_reward_function.name={name!r} in {path} is not callable (got {type(fn).__name__})"]
+    return []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# data rows
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _file_list(spec: Any) -> list[str]:
+    if spec is None or spec == "":
+        return []
+    if isinstance(spec, str):
+        return [spec]
+    if not isinstance(spec, (list, tuple)):
+        spec = OmegaConf.to_container(spec, resolve=True)
+    return [str(s) for s in spec]
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    named = ", ".join(str(r) for r in rows[:_MAX_ROWS_NAMED])
+    more = f" and {len(rows) - _MAX_ROWS_NAMED} more" if len(rows) > _MAX_ROWS_NAMED else ""
+    return f"row{'s' if len(rows) > 1 else ''} {named}{more}"
+
+
+def _read_columns(path: Path, wanted: Sequence[str]):
+    """``(number of rows, {column: list of values})`` for the ``wanted`` columns present in the file.
+
+    Parquet: only those columns are read (pyarrow); json/jsonl: the file is parsed with pandas, as the dataset does.
+    """
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+        present = [c for c in wanted if c in names]
+        table = pq.read_table(path, columns=present)
+        return table.num_rows, {c: table.column(c).to_pylist() for c in present}
+    from verl.utils.dataset.rl_dataset import _read_file
+
+    frame = _read_file(path, suffix)
+    return len(frame), {c: frame[c].tolist() for c in wanted if c in frame.columns}
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], Optional[int]]:
+    """Problems of one data file and its number of rows (None when it cannot be read)."""
+    from verl.utils.reward_score import known_data_sources, resolve_scorer
+
+    path = Path(file)
+    if not path.exists():
+        return [f"{key}: data file not found: {file}"], None
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        return [f"{key}: unsupported data file type {suffix!r} for {file} (expected .parquet, .json, .jsonl)"], None
+    if path.stat().st_size == 0:
+        return [f"{key}: data file {file} is empty (0 bytes)"], None
+    try:
+        n_rows, columns = _read_columns(path, ("data_source", "reward_model"))
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        return [f"{key}: cannot read data file {file}: {err}"], None
+    if n_rows == 0:
+        return [f"{key}: data file {file} has no rows"], 0
+    errors = []
+    if "reward_model" not in columns:
+        errors.append(
+            f"{file}: missing column 'reward_model' ({key}): every row needs field reward_model.ground_truth "
+            "for the reward"
+        )
+    else:
+        no_truth = [
+            i
+            for i, cell in enumerate(columns["reward_model"])
+            if not isinstance(cell, dict) or _is_null(cell.get("ground_truth"))
+        ]
+        if no_truth:
+            errors.append(
+                f"{file} {_rows_text(no_truth)} ({key}): field reward_model.ground_truth is null or missing; "
+                "such a row would be scored 0"
+            )
+    # no data_source column: the reward managers route every row as hotpotqa (a known source)
+    if not any_source and "data_source" in columns:
+        unknown: dict[Any, list[int]] = {}
+        verdict: dict[Any, bool] = {}
+        for i, source in enumerate(columns["data_source"]):
+            hashable = source if isinstance(source, (str, type(None), int, float)) else repr(source)
+            if hashable not in verdict:
+                try:
+                    resolve_scorer(source)
+                    verdict[hashable] = True
+                except ValueError:
+                    verdict[hashable] = False
+            if not verdict[hashable]:
+                unknown.setdefault(hashable, []).append(i)
+        for source, rows in unknown.items():
+            errors.append(
+                f"{file} {_rows_text(rows)} ({key}): field data_source={source!r} has no reward scorer (known "
+                f"data_source prefixes: {', '.join(known_data_sources())}); set custom_reward_function.path or "
+                "register one with verl.utils.reward_score.register_scorer"
+            )
+    return errors, n_rows
+
+
+def data_file_errors(cfg: DictConfig) -> tuple[list[str], Optional[int]]:
+    """Row problems of ``data.train_files`` and ``data.val_files``, and the number of training rows (None when
+    some training file could not be read)."""
+    any_source = _custom_reward_path(cfg) is not None
+    errors: list[str] = []
+    train_rows: Optional[int] = 0
+    for key in ("data.train_files", "data.val_files"):
+        for file in _file_list(_get(cfg, key)):
+            problems, n_rows = _file_row_errors(key, file, any_source)
+            errors += problems
+            if key == "data.train_files":
+                train_rows = None if n_rows is None or train_rows is None else train_rows + n_rows
+    return errors, train_rows
+
+
+# ------------------------------------------------------------------------------------------------------------
+# resume
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _resume_dir(cfg: DictConfig) -> tuple[Optional[Path], Optional[str]]:
+    """The checkpoint ``fit`` would resume from (as ``CheckpointManager.resolve_resume``), or an error message."""
+    from verl.utils.checkpoint import CheckpointManager
+    from verl.utils.checkpoint.manager import CheckpointError, validate_checkpoint_dir
+
+    mode = _get(cfg, "trainer.resume_mode", "auto")
+    if mode == "disable":
+        return None, None
+    if mode == "resume_path":
+        path = _get(cfg, "trainer.resume_from_path")
+        try:
+            return validate_checkpoint_dir(path), None
+        except (FileNotFoundError, CheckpointError, TypeError) as err:
+            return None, f"trainer.resume_from_path={path}: {err}"
+    root = _get(cfg, "trainer.default_local_dir")
+    return (CheckpointManager(root).find_latest() if root else None), None
+
+
+def resume_errors(cfg: DictConfig, train_rows: Optional[int]) -> list[str]:
+    """The dataloader settings saved with the checkpoint to resume from must match the config (the saved position
+    counts batches of the saved size over the saved rows: another batch size would continue elsewhere)."""
+    ckpt, problem = _resume_dir(cfg)
+    if problem:
+        return [problem]
+    if ckpt is None:
+        return []
+    state_file = ckpt / "trainer_state.pkl"
+    try:
+        with open(state_file, "rb") as f:
+            saved = pickle.load(f)["dataloader"]
+    except (OSError, KeyError, TypeError, pickle.UnpicklingError, EOFError) as err:
+        return [f"trainer.resume_mode={_get(cfg, 'trainer.resume_mode')}: cannot read {state_file} ({err})"]
+    now = {
+        "batch_size": ("data.train_batch_size", _get(cfg, "data.train_batch_size")),
+        "shuffle": ("data.shuffle", bool(_get(cfg, "data.shuffle", True))),
+        "seed": ("data.seed", int(_get(cfg, "data.seed", 1) or 1)),
+    }
+    if train_rows is not None and not _get(cfg, "data.filter_overlong_prompts", False):
+        now["dataset_len"] = ("the number of rows of data.train_files", train_rows)
+    errors = []
+    for field, (key, value) in now.items():
+        if field in saved and saved[field] != value:
+            errors.append(
+                f"{key} is {value!r} but the checkpoint {ckpt} (trainer.resume_mode="
+                f"{_get(cfg, 'trainer.resume_mode')}) was written with {saved[field]!r}: its dataloader position "
+                "cannot continue with another value; set it back, or start fresh with trainer.resume_mode=disable "
+                "or another trainer.default_local_dir"
+            )
+    return errors

@@ -1,0 +1,684 @@
+"""Per-rank GPU and host memory of the colocated actor + ref + rollout worker, estimated from the config.
+
+Called once at start-up by ``verl.trainer.main_ppo.run`` (``startup_memory_check``) before any model loads: it
+reads the model's ``config.json`` (``transformers.AutoConfig``, no weights), prints a per-rank table and, on a GPU
+run with ``trainer.memory_check=error``, refuses a config that cannot fit with a message naming the knob to turn.
+
+What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/fsdp_utils.py`` as they are:
+
+* **actor**: parameters loaded in float32 and sharded by FSDP2 over ``S`` ranks (``fsdp_config.fsdp_size`` when it
+  divides the world size, else all ranks), bf16 compute through ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``. Per trainable parameter: 4 bytes master weight + 4 bytes gradient + 8 bytes AdamW moments
+  (``exp_avg``, ``exp_avg_sq``) = 16 bytes, the mixed-precision Adam figure of the ZeRO paper (Rajbhandari et al.
+  2020, arXiv 1910.02054, section 3.1: "2 + 2 + 12 = 16 bytes" with fp16 copies; here the fp32 master weight *is*
+  the parameter and the bf16 copy exists only for the layer being computed), all divided by ``S``.
+* **offload** (``_resident`` in the worker): ``param_offload`` parks the parameter shards on the host between
+  computations and ``optimizer_offload`` the Adam moments; both come back to the GPU for the update (``update_actor``
+  runs under ``_resident("actor", with_optimizer=True)``), so offload lowers the rollout phase, not the update.
+* **optimizer step**: ``torch.optim.AdamW`` with the default foreach implementation allocates one full-size
+  temporary (``torch._foreach_sqrt(exp_avg_sqs)`` in ``torch/optim/adam.py::_multi_tensor_adam``): 4 more bytes per
+  trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``).
+* **FSDP2 working set**: the bf16 all-gathered parameters of the root unit (embeddings, final norm, lm_head; kept
+  for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one), plus one
+  unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter; for the
+  root unit at the end of backward, when activations and logits are already freed, so only the excess counts).
+* **activations** (bf16): following Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+  Transformer Models", arXiv 2205.05198, section 4.1) re-derived for a pre-norm SwiGLU decoder with grouped-query
+  attention and fused (flash/flex) attention: per token and layer ``24 h + 6 kv + 8 i`` bytes (two RMSNorms saving
+  fp32 and bf16 copies 12 h; q, rotated q/k, attention output and o_proj input 10 h + 6 kv; gate, up, silu and
+  product 8 i, and the MLP input 2 h), with ``h`` hidden size, ``kv`` = KV heads x head dim, ``i`` the MLP width. With
+  gradient checkpointing only each layer's input stays (2 h per token and layer) plus one layer recomputed.
+* **logits**: only response positions go through ``lm_head`` (``logits_to_keep``); each such token holds a
+  ``[vocab]`` row: bf16 output (2) + fp32 cast (4) + saved log-softmax (4) + its gradient (4) + bf16 gradient (2) =
+  16 bytes per element in the update, 10 without grad (log-prob passes). A fused/chunked log-prob path
+  (``fused_logits``) materialises chunks of about ``tokens x hidden / vocab`` rows (liger-kernel's
+  ``fused_linear_cross_entropy`` chunk rule), i.e. ``tokens x hidden`` elements instead of ``tokens x vocab``.
+* **ref** (``actor.use_kl_loss``): the same float32 load and sharding, no gradients or optimizer; on the host
+  between uses with ``ref.fsdp_config.param_offload``.
+* **rollout**: vLLM takes ``gpu_memory_utilization`` x the GPU's memory for its weights (rollout dtype, divided by
+  ``tensor_model_parallel_size``) and KV cache (the rest of its share; ``2 x layers x kv_heads x head_dim x 2``
+  bytes per token in bf16). With ``free_cache_engine`` it sleeps while training: ``sleep_level`` 1 backs the weights
+  up to host memory, 2 drops them (the weight sync refills them). It is created after the actor and ref are on the
+  GPU and before they are offloaded (the ``init`` phase). The HF engine keeps weights and a static KV cache of
+  ``hf_max_batch_size`` rows of ``max_model_len`` tokens and never sleeps.
+* **host**: the worker process (``host_baseline_bytes``: Python, torch, CUDA and vLLM libraries), the offloaded
+  states above, vLLM's sleep-level-1 weight backup, and at load time the full float32 model that
+  ``load_causal_lm`` materialises before moving it to the GPU (``load_host_bytes_per_param``).
+
+Phases (the GPU holds different things at different times; the peak is the largest): ``init``, ``rollout``
+(generation), ``log-prob`` (old and reference log-probs), ``update`` (forward/backward of one micro-batch),
+``step`` (the optimizer step), ``sync`` (weight sync: vLLM weights awake, KV cache not yet).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "GiB",
+    "ModelShape",
+    "MemoryPlan",
+    "MemoryEstimate",
+    "MemoryCheckError",
+    "plan_from_config",
+    "estimate_memory",
+    "startup_memory_check",
+    "MEMORY_CHECK_MODES",
+]
+
+GiB = 2**30
+MEMORY_CHECK_MODES = ("error", "warn", "off")
+PHASES = ("init", "rollout", "log-prob", "update", "step", "sync")
+# CUDA context, cuBLAS/NCCL workspaces: a fixed allowance per GPU process.
+RUNTIME_OVERHEAD_BYTES = 2 * GiB
+# Resident memory of one worker process before any model (Python, torch, CUDA libraries, vLLM).
+HOST_BASELINE_BYTES = 4 * GiB
+# load_causal_lm builds the whole model in float32 on the host before ``.to(device)`` and sharding.
+LOAD_HOST_BYTES_PER_PARAM = 4.0
+# Bytes per [token, vocab] element of the logits (see the module docstring).
+TRAIN_LOGITS_BYTES = 16.0
+NO_GRAD_LOGITS_BYTES = 10.0
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2}
+# Model types whose parameters follow the Llama layout (q/k/v/o, gate/up/down, two RMSNorms per layer).
+_LLAMA_LIKE = {"qwen2": (True, False), "qwen3": (None, None), "llama": (None, None), "mistral": (False, False)}
+_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class MemoryCheckError(ValueError):
+    """A config whose estimated per-rank memory does not fit the GPU or the host; the message names the knobs."""
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a Llama-layout decoder (Qwen2/Qwen3/Llama/Mistral) that decide its memory."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    # parameters the formula misses (architectures outside the Llama layout: counted exactly on the meta device)
+    extra_params: int = 0
+
+    @classmethod
+    def from_hf_config(cls, config: Any) -> ModelShape:
+        """From a transformers config; other model types than ``_LLAMA_LIKE`` are counted on the meta device."""
+        mt = str(getattr(config, "model_type", ""))
+        heads = int(config.num_attention_heads)
+        hidden = int(config.hidden_size)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        qkv_bias, o_bias = _LLAMA_LIKE.get(mt, (attention_bias, attention_bias))
+        shape = cls(
+            vocab_size=int(config.vocab_size),
+            hidden_size=hidden,
+            intermediate_size=int(
+                getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden
+            ),
+            num_layers=int(config.num_hidden_layers),
+            num_heads=heads,
+            num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=head_dim,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=attention_bias if qkv_bias is None else qkv_bias,
+            o_bias=attention_bias if o_bias is None else o_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=mt == "qwen3",
+        )
+        if mt not in _LLAMA_LIKE:
+            shape = cls(**{**shape.__dict__, "extra_params": count_params_on_meta(config) - shape.num_params})
+        return shape
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``(in, out)`` features of each linear layer of one decoder layer."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.kv_dim, self.intermediate_size
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer: the seven linears (+ biases), two RMSNorms (+ q/k norms in Qwen3)."""
+        lin = self.linear_shapes()
+        n = sum(a * b for a, b in lin.values())
+        if self.qkv_bias:
+            n += lin["q_proj"][1] + lin["k_proj"][1] + lin["v_proj"][1]
+        if self.o_bias:
+            n += self.hidden_size
+        if self.mlp_bias:
+            n += 2 * self.intermediate_size + self.hidden_size
+        n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        return n
+
+    @property
+    def root_params(self) -> int:
+        """Embeddings + final norm + lm_head (when not tied to the embeddings): the FSDP root unit."""
+        embed = self.vocab_size * self.hidden_size
+        return embed * (1 if self.tie_word_embeddings else 2) + self.hidden_size + self.extra_params
+
+    @property
+    def num_params(self) -> int:
+        return self.root_params + self.num_layers * self.layer_params
+
+    def lora_params(self, rank: int, target_modules: Any = "all-linear") -> int:
+        """Adapter parameters of LoRA rank ``rank`` (``r x (in + out)`` per adapted linear of every layer)."""
+        lin = self.linear_shapes()
+        if target_modules in (None, "all-linear", "all_linear"):
+            names = list(_LINEARS)
+        else:
+            names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+        per_layer = sum(rank * (lin[n][0] + lin[n][1]) for n in names if n in lin)
+        return per_layer * self.num_layers
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """KV-cache bytes of one token over all layers (keys and values)."""
+        return 2 * self.num_layers * self.kv_dim * dtype_bytes
+
+    def activation_bytes_per_token(self, gradient_checkpointing: bool) -> float:
+        """Saved bf16 activations of one token through the whole decoder (see the module docstring)."""
+        h, kv, i = self.hidden_size, self.kv_dim, self.intermediate_size
+        one_layer = 24 * h + 6 * kv + 8 * i
+        if gradient_checkpointing:
+            return self.num_layers * 2 * h + one_layer
+        return self.num_layers * one_layer
+
+
+def count_params_on_meta(config: Any) -> int:
+    """Exact parameter count of ``AutoModelForCausalLM.from_config(config)`` built on the meta device (no memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------- the config
+@dataclass
+class MemoryPlan:
+    """The config values that decide per-rank memory (``plan_from_config`` reads them from the trainer config)."""
+
+    world_size: int = 1
+    shard_size: int = 1
+    ranks_per_node: int = 1
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    use_ref: bool = False
+    ref_param_offload: bool = False
+    lora_rank: int = 0
+    lora_targets: Any = "all-linear"
+    gradient_checkpointing: bool = True
+    update_tokens: int = 16384
+    update_logit_tokens: int = 16384
+    log_prob_tokens: int = 16384
+    log_prob_logit_tokens: int = 16384
+    fused_logits: bool = False
+    rollout_name: str = "vllm"
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    rollout_dtype_bytes: int = 2
+    free_cache_engine: bool = True
+    sleep_level: int = 2
+    max_model_len: int = 2048
+    hf_max_batch_size: int = 64
+    adam_step_temp_bytes: float = 4.0
+    # True: the update brings the offloaded Adam moments back to the GPU (fsdp_workers._resident does)
+    optimizer_on_gpu_for_update: bool = True
+    host_baseline_bytes: int = HOST_BASELINE_BYTES
+    load_host_bytes_per_param: float = LOAD_HOST_BYTES_PER_PARAM
+
+
+def _rows(per_gpu: Any, global_: Any, world: int, default: int = 1) -> int:
+    if per_gpu:
+        return int(per_gpu)
+    if global_:
+        return max(1, int(global_) // max(1, world))
+    return default
+
+
+def plan_from_config(cfg: Any) -> MemoryPlan:
+    """Read a :class:`MemoryPlan` from the composed trainer config (``actor_rollout_ref``, ``data``, ``trainer``)."""
+    arr, trainer = cfg.actor_rollout_ref, cfg.trainer
+    actor, rollout, ref, model = arr.actor, arr.rollout, arr.get("ref") or {}, arr.model
+    world = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
+    fsdp_size = int((actor.get("fsdp_config") or {}).get("fsdp_size", -1) or -1)
+    shard = fsdp_size if 1 <= fsdp_size < world and world % fsdp_size == 0 else world
+    prompt = int(rollout.get("prompt_length") or cfg.data.get("max_prompt_length") or 0)
+    response = int(rollout.get("response_length") or cfg.data.get("max_response_length") or 0)
+    row = max(1, prompt + response)
+    resp_frac = response / row
+
+    def budget(dynamic: bool, max_tokens: Any, rows: int) -> tuple[int, int]:
+        if dynamic:  # a micro-batch holds up to max_tokens valid tokens; a longer row goes alone
+            tokens = max(int(max_tokens or 16384), row)
+            return tokens, int(math.ceil(tokens * resp_frac))
+        return rows * row, rows * response
+
+    afc, rfc = actor.get("fsdp_config") or {}, ref.get("fsdp_config") or {}
+    update_rows = _rows(actor.get("ppo_micro_batch_size_per_gpu"), actor.get("ppo_micro_batch_size"), world)
+    update_tokens, update_logits = budget(
+        bool(actor.get("use_dynamic_bsz")), actor.get("ppo_max_token_len_per_gpu"), update_rows
+    )
+    lp_dynamic = rollout.get("log_prob_use_dynamic_bsz")
+    lp_dynamic = bool(actor.get("use_dynamic_bsz")) if lp_dynamic is None else bool(lp_dynamic)
+    lp_rows = _rows(
+        rollout.get("log_prob_micro_batch_size_per_gpu"), rollout.get("log_prob_micro_batch_size"), world, update_rows
+    )
+    lp_tokens, lp_logits = budget(
+        lp_dynamic, rollout.get("log_prob_max_token_len_per_gpu") or actor.get("ppo_max_token_len_per_gpu"), lp_rows
+    )
+    max_model_len = int(rollout.get("max_model_len") or 0) or row
+    cap = 256
+    hf_batch = int(rollout.get("hf_max_batch_size") or min(int(rollout.get("max_num_seqs") or cap), cap))
+    return MemoryPlan(
+        world_size=world,
+        shard_size=shard,
+        ranks_per_node=int(trainer.n_gpus_per_node),
+        param_offload=bool(afc.get("param_offload", False)),
+        optimizer_offload=bool(afc.get("optimizer_offload", False)),
+        use_ref=bool(actor.get("use_kl_loss", False)),
+        ref_param_offload=bool(rfc.get("param_offload", False)),
+        lora_rank=int(model.get("lora_rank", 0) or 0),
+        lora_targets=model.get("target_modules", "all-linear"),
+        gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
+        update_tokens=update_tokens,
+        update_logit_tokens=update_logits,
+        log_prob_tokens=lp_tokens,
+        log_prob_logit_tokens=lp_logits,
+        # wired to the fused/chunked log-prob key when the model section has one
+        fused_logits=bool(model.get("use_fused_kernels", False)),
+        rollout_name=str(rollout.get("name", "vllm")),
+        gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
+        tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
+        rollout_dtype_bytes=_DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2),
+        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
+        sleep_level=int(rollout.get("sleep_level", 2) or 2),
+        max_model_len=max_model_len,
+        hf_max_batch_size=hf_batch,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- the estimate
+@dataclass
+class MemoryEstimate:
+    """Bytes per rank: ``gpu[phase][component]`` and ``host[phase][component]`` (phases ``load`` and ``steady``)."""
+
+    shape: ModelShape
+    plan: MemoryPlan
+    gpu_capacity: Optional[int]
+    host_capacity: Optional[int]
+    gpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    host: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def trainable_params(self) -> int:
+        p = self.plan
+        return self.shape.lora_params(p.lora_rank, p.lora_targets) if p.lora_rank > 0 else self.shape.num_params
+
+    def gpu_total(self, phase: str) -> float:
+        return sum(self.gpu[phase].values())
+
+    @property
+    def gpu_peak(self) -> tuple[str, float]:
+        """The phase with the largest GPU need and that need in bytes."""
+        phase = max(self.gpu, key=self.gpu_total)
+        return phase, self.gpu_total(phase)
+
+    @property
+    def host_per_rank(self) -> float:
+        return max(sum(parts.values()) for parts in self.host.values())
+
+    @property
+    def host_per_node(self) -> float:
+        return self.host_per_rank * self.plan.ranks_per_node
+
+    def problems(self) -> list[str]:
+        """Why the config cannot fit, each with the knob to change; empty when it fits (or capacity is unknown)."""
+        out = []
+        if self.gpu_capacity:
+            out += self.notes
+            for phase in self.gpu:
+                total = self.gpu_total(phase)
+                if total > self.gpu_capacity:
+                    out.append(self._gpu_problem(phase, total))
+        if self.host_capacity and self.host_per_node > self.host_capacity:
+            out.append(self._host_problem())
+        return out
+
+    def _gpu_problem(self, phase: str, total: float) -> str:
+        p, parts = self.plan, self.gpu[phase]
+        actor, ro = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+        more_gpus = f"use more GPUs (trainer.n_gpus_per_node={p.ranks_per_node}, trainer.nnodes)"
+        fixes: list[tuple[float, str]] = []
+        training = phase in ("log-prob", "update", "step")
+        sharded = sum(parts.get(k, 0) for k in ("actor params", "grads", "optimizer", "adam step temp"))
+        if phase in ("update", "step") and sharded:
+            why = (
+                " (optimizer_offload does not lower this phase: the update brings the Adam states back to the GPU)"
+                if p.optimizer_offload and parts.get("optimizer")
+                else ""
+            )
+            fixes.append(
+                (
+                    sharded,
+                    f"actor parameters, gradients and Adam states need {_gib(sharded)} per rank here, sharded over "
+                    f"{p.shard_size} rank(s): {more_gpus}{why}",
+                )
+            )
+        for name, size in parts.items():
+            if not size:
+                continue
+            if name == "optimizer" and phase not in ("update", "step"):
+                fixes.append(
+                    (
+                        size,
+                        f"actor optimizer states need {_gib(size)} per rank; set "
+                        f"{actor}.fsdp_config.optimizer_offload=True or {more_gpus}",
+                    )
+                )
+            elif name == "actor params" and phase == "rollout":
+                fixes.append((size, f"actor parameters need {_gib(size)}; set {actor}.fsdp_config.param_offload=True"))
+            elif name == "ref params" and phase != "log-prob":
+                fixes.append(
+                    (
+                        size,
+                        f"the reference model needs {_gib(size)}; set "
+                        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+                    )
+                )
+            elif name in ("rollout weights", "KV cache") and training and p.rollout_name == "vllm":
+                fixes.append(
+                    (size, f"vLLM keeps its {name} ({_gib(size)}) while training; set {ro}.free_cache_engine=True")
+                )
+            elif name == "KV cache" and p.rollout_name == "vllm":
+                fixes.append(
+                    (
+                        size,
+                        f"lower {ro}.gpu_memory_utilization (now {p.gpu_memory_utilization}: {_gib(size)} of KV cache)",
+                    )
+                )
+            elif name == "KV cache":
+                fixes.append((size, f"lower {ro}.hf_max_batch_size or {ro}.max_model_len (KV cache {_gib(size)})"))
+            elif name in ("activations", "logits") and phase == "update":
+                dynamic = p.update_tokens != p.update_logit_tokens
+                knob = "ppo_max_token_len_per_gpu" if dynamic else "ppo_micro_batch_size_per_gpu"
+                ckpt = (
+                    ""
+                    if p.gradient_checkpointing
+                    else "; set actor_rollout_ref.model.enable_gradient_checkpointing=True"
+                )
+                fixes.append((size, f"{name} of one micro-batch need {_gib(size)}; lower {actor}.{knob}{ckpt}"))
+            elif name in ("activations", "logits") and phase == "log-prob":
+                fixes.append(
+                    (
+                        size,
+                        f"{name} of one log-prob micro-batch need {_gib(size)}; lower {ro}.log_prob_max_token_len_per_gpu "
+                        "and actor_rollout_ref.ref.log_prob_max_token_len_per_gpu (or their micro-batch sizes)",
+                    )
+                )
+        fixes.sort(key=lambda f: -f[0])
+        advice = "; ".join(text for _, text in fixes[:3]) or more_gpus
+        return (
+            f"GPU memory per rank in phase '{phase}': {_gib(total)} needed, {_gib(self.gpu_capacity)} on the device "
+            f"(over by {_gib(total - self.gpu_capacity)}). To fit: {advice}. (trainer.memory_check=warn runs it anyway)"
+        )
+
+    def _host_problem(self) -> str:
+        p = self.plan
+        steady, load = self.host["steady"], self.host["load"]
+        parts = ", ".join(f"{k} {_gib(v)}" for k, v in {**steady, **load}.items() if v)
+        fixes = []
+        if steady.get("optimizer (offloaded)"):
+            fixes.append("use more GPUs so the offloaded Adam states shard further (trainer.n_gpus_per_node, nnodes)")
+        if steady.get("vLLM weight backup"):
+            fixes.append("set actor_rollout_ref.rollout.sleep_level=2 (no host backup of the rollout weights)")
+        if steady.get("actor params (offloaded)") or steady.get("ref params (offloaded)"):
+            fixes.append("turn off actor/ref fsdp_config.param_offload if the GPU has room")
+        fixes.append("use fewer ranks per node (trainer.n_gpus_per_node) or a node with more memory")
+        return (
+            f"host memory: {p.ranks_per_node} rank(s) per node x {_gib(self.host_per_rank)} ({parts}) = "
+            f"{_gib(self.host_per_node)} needed, the node has {_gib(self.host_capacity)}. To fit: {'; '.join(fixes)}. "
+            "(trainer.memory_check=warn runs it anyway)"
+        )
+
+    def format_table(self, title: str = "") -> str:
+        """A compact per-rank table: GPU GiB per component and phase, then host GiB."""
+        s, p = self.shape, self.plan
+        head = (
+            f"memory estimate per rank{(' (' + title + ')') if title else ''}: {_count(s.num_params)} params "
+            f"({_count(self.trainable_params)} trainable), {p.world_size} rank(s), FSDP shard {p.shard_size}, "
+            f"rollout {p.rollout_name}"
+        )
+        lines = [head, f"  {'GPU GiB':<20}" + "".join(f"{ph:>9}" for ph in self.gpu)]
+        names = list(dict.fromkeys(n for parts in self.gpu.values() for n in parts))
+        for name in names:
+            lines.append(f"  {name:<20}" + "".join(_cell(self.gpu[ph].get(name, 0)) for ph in self.gpu))
+        lines.append(f"  {'total':<20}" + "".join(_cell(self.gpu_total(ph)) for ph in self.gpu))
+        cap = _gib(self.gpu_capacity) if self.gpu_capacity else "unknown (no GPU)"
+        peak_phase, peak = self.gpu_peak
+        lines.append(f"  peak {_gib(peak)} ({peak_phase}) vs device capacity {cap}")
+        host = ", ".join(
+            f"{ph}: " + " + ".join(f"{k} {v / GiB:.1f}" for k, v in parts.items() if v)
+            for ph, parts in self.host.items()
+        )
+        host_cap = _gib(self.host_capacity) if self.host_capacity else "unknown"
+        lines.append(f"  host GiB per rank: {host}")
+        lines.append(
+            f"  host per node: {p.ranks_per_node} x {_gib(self.host_per_rank)} = {_gib(self.host_per_node)} "
+            f"vs RAM {host_cap}"
+        )
+        return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+def _gib(nbytes: Optional[float]) -> str:
+    return f"{(nbytes or 0) / GiB:.1f} GiB"
+
+
+def _cell(nbytes: float) -> str:
+    return f"{nbytes / GiB:>9.1f}" if nbytes else f"{'-':>9}"
+
+
+def estimate_memory(
+    shape: ModelShape, plan: MemoryPlan, gpu_capacity: Optional[int] = None, host_capacity: Optional[int] = None
+) -> MemoryEstimate:
+    """Per-rank bytes of every component in every phase (see the module docstring for each formula)."""
+    est = MemoryEstimate(shape, plan, gpu_capacity, host_capacity)
+    p, n, S = plan, shape.num_params, max(1, plan.shard_size)
+    nt = est.trainable_params
+    params = 4.0 * n / S
+    grads = 4.0 * nt / S
+    adam = 8.0 * nt / S
+    ref = params if p.use_ref else 0.0
+    layer, root = shape.layer_params, shape.root_params
+    gathered = 2.0 * (root + 2 * layer)  # bf16 all-gathered root unit + two decoder layers
+    grad_buffers = 6.0 * max(root, layer) * (nt / n)  # one unit's unsharded bf16 gradient + fp32 reduce-scatter copy
+
+    def logits(tokens: int, bytes_per_element: float) -> float:
+        width = shape.hidden_size if p.fused_logits else shape.vocab_size
+        return float(tokens) * width * bytes_per_element
+
+    # the rollout engine
+    weights = float(p.rollout_dtype_bytes) * n / p.tensor_parallel_size
+    kv_token = shape.kv_bytes_per_token(p.rollout_dtype_bytes) / p.tensor_parallel_size
+    if p.rollout_name == "vllm":
+        share = p.gpu_memory_utilization * gpu_capacity if gpu_capacity else weights
+        kv = max(0.0, share - weights)
+        if gpu_capacity and share < weights:
+            est.notes.append(
+                f"actor_rollout_ref.rollout.gpu_memory_utilization={p.gpu_memory_utilization} gives vLLM "
+                f"{_gib(share)}, less than the rollout weights ({_gib(weights)}): raise it, or raise "
+                "tensor_model_parallel_size"
+            )
+        elif gpu_capacity and kv < p.max_model_len * kv_token:
+            est.notes.append(
+                f"vLLM's KV cache ({_gib(kv)} = gpu_memory_utilization {p.gpu_memory_utilization} x {_gib(gpu_capacity)}"
+                f" - weights {_gib(weights)}) cannot hold one sequence of max_model_len={p.max_model_len} tokens "
+                f"({_gib(p.max_model_len * kv_token)}): raise actor_rollout_ref.rollout.gpu_memory_utilization or lower "
+                "actor_rollout_ref.rollout.max_model_len"
+            )
+        asleep = p.free_cache_engine
+    else:  # HF engine: weights + static KV cache for hf_max_batch_size rows, never asleep
+        kv = float(p.hf_max_batch_size) * p.max_model_len * kv_token
+        asleep = False
+    engine = {"rollout weights": weights, "KV cache": kv}
+    training_engine = {} if asleep else engine
+    runtime = {"runtime (CUDA, NCCL)": float(RUNTIME_OVERHEAD_BYTES)}
+
+    resident_params = 0.0 if p.param_offload else params
+    resident_adam = 0.0 if p.optimizer_offload else adam
+    resident_ref = 0.0 if p.ref_param_offload else ref
+    update_adam = adam if (p.optimizer_on_gpu_for_update or not p.optimizer_offload) else 0.0
+    update_act = float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing)
+    update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
+    no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
+    lp_common = {
+        "fsdp buffers": gathered,
+        "activations": no_grad_act,
+        "logits": logits(p.log_prob_logit_tokens, NO_GRAD_LOGITS_BYTES),
+        "optimizer": resident_adam,
+    }
+    actor_pass = {"actor params": params, "ref params": resident_ref, **lp_common}
+    ref_pass = {"actor params": resident_params, "ref params": ref, **lp_common}
+    est.gpu = {
+        "init": {"actor params": params, "ref params": ref, **engine, **runtime},
+        "rollout": {"actor params": resident_params, "optimizer": resident_adam, "ref params": resident_ref, **engine},
+        "log-prob": max(actor_pass, ref_pass, key=lambda d: sum(d.values())),
+        "update": {
+            "actor params": params,
+            "grads": grads,
+            "optimizer": update_adam,
+            # the root's reduce-scatter buffers exist at the end of backward, when activations and logits are
+            # freed: only their excess over those counts
+            "fsdp buffers": gathered + max(0.0, grad_buffers - update_act - update_logits),
+            "activations": update_act,
+            "logits": update_logits,
+            "ref params": resident_ref,
+        },
+        "step": {
+            "actor params": params,
+            "grads": grads,
+            "optimizer": update_adam,
+            "adam step temp": p.adam_step_temp_bytes * nt / S if update_adam else 0.0,
+            "ref params": resident_ref,
+        },
+        "sync": {
+            "actor params": params,
+            "optimizer": resident_adam,
+            "ref params": resident_ref,
+            "fsdp buffers": 2.0 * root,
+            "rollout weights": weights,
+            "KV cache": 0.0 if asleep else kv,
+        },
+    }
+    for phase in ("rollout", "log-prob", "update", "step", "sync"):
+        if phase in ("log-prob", "update", "step"):
+            est.gpu[phase].update(training_engine)
+        est.gpu[phase].update(runtime)
+    est.host = {
+        "load": {"worker": float(p.host_baseline_bytes), "fp32 model while loading": p.load_host_bytes_per_param * n},
+        "steady": {
+            "worker": float(p.host_baseline_bytes),
+            "actor params (offloaded)": params if p.param_offload else 0.0,
+            "optimizer (offloaded)": adam if p.optimizer_offload else 0.0,
+            "ref params (offloaded)": ref if p.ref_param_offload else 0.0,
+            "vLLM weight backup": weights if (asleep and p.rollout_name == "vllm" and p.sleep_level == 1) else 0.0,
+        },
+    }
+    return est
+
+
+# ---------------------------------------------------------------------------------------------------- start-up
+def _hf_config(model_cfg: Any) -> Any:
+    from transformers import AutoConfig
+
+    path = os.path.expanduser(str(model_cfg.get("path")))
+    config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
+    for key, value in dict(model_cfg.get("override_config") or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def device_capacities(device: str) -> tuple[Optional[int], Optional[int]]:
+    """``(GPU bytes or None, host RAM bytes)``. The GPU's total memory (what vLLM's ``gpu_memory_utilization`` is a
+    fraction of; the smallest GPU when they differ) comes from ``nvidia-smi`` so that the driver process creates no
+    CUDA context on a GPU its workers need; without it, from ``torch.cuda.get_device_properties(0)``."""
+    import shutil
+    import subprocess
+
+    import psutil
+
+    gpu = None
+    if device == "cuda":
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            try:
+                out = subprocess.run(
+                    [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    check=True,
+                ).stdout
+                gpu = min(int(float(line)) for line in out.split() if line.strip()) * 2**20  # MiB
+            except (subprocess.SubprocessError, OSError, ValueError):
+                gpu = None
+        if gpu is None:
+            import torch
+
+            gpu = int(torch.cuda.get_device_properties(0).total_memory)
+    return gpu, int(psutil.virtual_memory().total)
+
+
+def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optional[int], Optional[int]]] = None):
+    """Print the per-rank estimate and, on a GPU with ``trainer.memory_check=error``, raise
+    :class:`MemoryCheckError` when the config cannot fit (``warn``: log the reasons; ``off``: do nothing).
+    On a CPU run the table is printed and nothing is checked. Returns the estimate (None when off)."""
+    mode = cfg.trainer.get("memory_check", "error")
+    mode = "off" if mode is False else str(mode)  # YAML reads a bare `off` as False
+    if mode not in MEMORY_CHECK_MODES:
+        raise ValueError(f"trainer.memory_check must be one of {list(MEMORY_CHECK_MODES)}, got {mode!r}")
+    if mode == "off":
+        return None
+    try:
+        shape = ModelShape.from_hf_config(_hf_config(cfg.actor_rollout_ref.model))
+    except Exception as exc:  # the model loader reports a bad path properly; the estimate is advisory here
+        logger.warning("memory estimate skipped: cannot read the model config (%s)", exc)
+        return None
+    gpu, host = capacities if capacities is not None else device_capacities(device)
+    est = estimate_memory(shape, plan_from_config(cfg), gpu if device == "cuda" else None, host)
+    print(est.format_table(f"trainer.memory_check={mode}" + ("" if device == "cuda" else ", CPU run: not checked")))
+    problems = est.problems() if device == "cuda" else []
+    if problems and mode == "error":
+        raise MemoryCheckError("the config does not fit in memory:\n- " + "\n- ".join(problems))
+    for problem in problems:
+        logger.warning("memory check: %s", problem)
+    return est
