@@ -162,7 +162,7 @@ def test_run_picks_device_and_worker_group_from_the_cluster_keys(recorded_run):
     assert recorded_run()["wg"] == ("local", "cpu")
     assert recorded_run("trainer.n_gpus_per_node=2")["wg"] == ("ray", "cpu")
     assert recorded_run("trainer.nnodes=2")["wg"] == ("ray", "cpu")
-    assert recorded_run("+trainer.force_ray_workers=True")["wg"] == ("ray", "cpu")
+    assert recorded_run("trainer.force_ray_workers=True")["wg"] == ("ray", "cpu")
 
 
 def test_run_loads_the_reward_manager_and_custom_reward_function(recorded_run):
@@ -208,6 +208,9 @@ class ScriptedTrainer:
 
     def __init__(self, config):
         self.config, self.global_step, self.last_val_samples = config, 0, [{"answer": "a"}, {"answer": "b"}]
+        from verl.trainer.config import from_config
+
+        self.conf = from_config(config)  # the typed sections fit reads
         self.validated, self.logged, self.generations = [], [], []
         self.tracker = types.SimpleNamespace(
             log=lambda data, step: self.logged.append(step),
@@ -282,7 +285,7 @@ def test_fit_resume_keys_and_wall_time(tmp_path):
     )
     assert by_path.logged[0] == 3
     # trainer.max_wall_time_s: already out of time after the first step -> stop there with a checkpoint
-    stopped, saved = run_fit(tmp_path / "w", "trainer.max_wall_time_s=0", "trainer.val_before_train=False")
+    stopped, saved = run_fit(tmp_path / "w", "trainer.max_wall_time_s=1e-9", "trainer.val_before_train=False")
     assert stopped.logged == [1] and saved == ["global_step_1"]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import open_dict
 
 from tests.test_config import compose_config
 
@@ -82,6 +81,7 @@ CRITIC_SETTINGS = {
 CRITIC_OPTIMIZER = {
     "critic.optim.lr": (2e-5, "lr", 2e-5),
     "critic.optim.weight_decay": (0.07, "weight_decay", 0.07),
+    "critic.optim.betas": ([0.8, 0.95], "betas", (0.8, 0.95)),
 }
 
 
@@ -90,8 +90,7 @@ def _override(key: str, value) -> str:
         value = str(value)
     elif isinstance(value, list):
         value = "[" + ",".join(str(v) for v in value) + "]"
-    prefix = "+" if key in ("critic.seed", "actor_rollout_ref.actor.seed") else ""
-    return f"{prefix}{key}={value}"
+    return f"{key}={value}"
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +110,7 @@ def actor_build(tiny_model_path):
     overrides = [
         f"actor_rollout_ref.model.path={tiny_model_path}",
         "data.train_batch_size=6",
-        "+actor_rollout_ref.actor.seed=9",
+        "actor_rollout_ref.actor.seed=9",
     ]
     for table in (ACTOR_SETTINGS, MODEL_LOADER, ROLLOUT_ENGINE, OPTIMIZER):
         overrides += [
@@ -183,6 +182,7 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
     monkeypatch.setitem(rc, "max_model_len", 999)
     monkeypatch.setitem(rc, "dtype", "float16")
     monkeypatch.setitem(rc, "free_cache_engine", False)
+    monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # re-read the typed config (restored after)
     monkeypatch.setattr(worker, "device_name", "cuda")
     worker._init_rollout()
     assert engines[-1]["max_model_len"] == 999
@@ -190,7 +190,7 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
 
 
 def test_hf_engine_batch_rows(actor_build, monkeypatch):
-    """``actor_rollout_ref.rollout.hf_max_batch_size`` (not in the YAML): rows of the HF engine's KV cache."""
+    """``actor_rollout_ref.rollout.hf_max_batch_size``: rows of the HF engine's KV cache."""
     import verl.workers.rollout.base as rollout_base
 
     worker, _, _ = actor_build
@@ -198,13 +198,9 @@ def test_hf_engine_batch_rows(actor_build, monkeypatch):
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engines.append(kw))
     rc = worker.config.rollout
     monkeypatch.setitem(rc, "name", "hf")
-    with open_dict(rc):
-        rc.hf_max_batch_size = 5
-    try:
-        worker._init_rollout()
-    finally:
-        with open_dict(rc):
-            del rc["hf_max_batch_size"]
+    monkeypatch.setitem(rc, "hf_max_batch_size", 5)
+    monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # re-read the typed config (restored after)
+    worker._init_rollout()
     assert engines[-1]["max_batch_size"] == 5
 
 
@@ -221,13 +217,16 @@ def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
         "load_fsdp_optimizer",
         "offload_fsdp_optimizer",
     ):
-        monkeypatch.setattr(fsdp_utils, name, lambda obj, _n=name: moved.append((_n, obj)))
+        monkeypatch.setattr(fsdp_utils, name, lambda obj, device=None, _n=name: moved.append((_n, obj)))
     monkeypatch.setattr(worker, "device_name", "cuda")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # a CPU machine: only the device's name is used
+    monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # restored after the test
     cfg = worker.config
     for flags in ((True, False, False), (False, True, False), (False, False, True)):
         monkeypatch.setitem(cfg.actor.fsdp_config, "param_offload", flags[0])
         monkeypatch.setitem(cfg.actor.fsdp_config, "optimizer_offload", flags[1])
         monkeypatch.setitem(cfg.ref.fsdp_config, "param_offload", flags[2])
+        worker.__dict__.pop("_conf", None)  # re-read the typed config
         moved.clear()
         with worker._resident("actor", with_optimizer=True):
             pass
@@ -295,10 +294,30 @@ def test_critic_seed_sets_the_value_head(tiny_model_path):
                 f"actor_rollout_ref.model.path={tiny_model_path}",
                 f"critic.model.path={tiny_model_path}",
                 "critic.ppo_micro_batch_size_per_gpu=1",
-                f"+critic.seed={seed}",
+                f"critic.seed={seed}",
             ]
         )
         worker = CriticWorker(cfg.critic, "cpu")
         worker.init_model()
         heads.append(torch.cat([p.detach().flatten() for p in worker.critic_module.parameters()]))
     assert torch.equal(heads[0], heads[1]) and not torch.equal(heads[0], heads[2])
+
+
+def test_critic_warmup_steps_reach_the_critic_schedule():
+    """``critic.optim.lr_warmup_steps``: the critic's own section builds its schedule (3 warm-up steps vs none)."""
+    from verl.trainer.config import from_config
+    from verl.utils.fsdp_utils import build_optim_and_scheduler
+
+    def lrs(*overrides):
+        cfg = compose_config(["critic.optim.lr=1.0", "critic.optim.total_training_steps=10", *overrides])
+        optimizer, scheduler = build_optim_and_scheduler(torch.nn.Linear(2, 2), from_config(cfg).critic.optim)
+        out = []
+        for _ in range(4):
+            out.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return out
+
+    assert lrs("critic.optim.lr_warmup_steps=-1") == [1.0, 1.0, 1.0, 1.0]
+    warm = lrs("critic.optim.lr_warmup_steps=3")
+    assert warm[0] < warm[1] < warm[2] <= warm[3] == pytest.approx(1.0)

@@ -192,6 +192,8 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     # critic
     f"{C}.optim.lr": (f"{W}::test_critic_optimizer_follows_the_config[critic.optim.lr]",),
     f"{C}.optim.weight_decay": (f"{W}::test_critic_optimizer_follows_the_config[critic.optim.weight_decay]",),
+    f"{C}.optim.lr_warmup_steps": (f"{W}::test_critic_warmup_steps_reach_the_critic_schedule",),
+    f"{C}.optim.betas": (f"{W}::test_critic_optimizer_follows_the_config[critic.optim.betas]",),
     f"{C}.optim.lr_warmup_steps_ratio": (LR,),
     f"{C}.optim.min_lr_ratio": (LR,),
     f"{C}.optim.warmup_style": (LR,),

@@ -66,10 +66,6 @@ FREE_FORM: dict[str, str] = {
 EXTRA_KEYS: dict[str, str] = {
     "data.context_key": "the original scripts pass +data.context_key='context' and '+' fails on a key that exists",
     "recurrent.memory.config.style": "field of the original MemoryConfig (declared without a default)",
-    "actor_rollout_ref.rollout.hf_max_batch_size": "rows of the HF engine's preallocated KV cache (docs/config.md)",
-    "trainer.force_ray_workers": "tests and debugging: Ray worker groups even for one CPU rank",
-    "actor_rollout_ref.actor.seed": "seed of the actor's initialisation (torch.manual_seed), default 0",
-    "critic.seed": "seed of the value head's initialisation, default 0",
 }
 
 _SP_REASON = "sequence parallelism is not implemented: 1 is the only supported value (others are rejected)"

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.config.recurrent import RECURRENT_OFF as _RECURRENT_OFF
 from verl.trainer.config.reward import REWARD_MANAGERS
@@ -198,7 +198,6 @@ def validate_config(cfg: Any) -> None:
 
     cfg = _as_omegaconf(cfg)
     c = _Checker(cfg)
-    _import_estimator_modules(c)  # first: a recipe's registered estimators are valid names
     with collect_errors() as typed_errors:
         PPOConfig.from_config(cfg)
     c.errors.extend(typed_errors)
@@ -268,30 +267,6 @@ def _check_rollout(c: _Checker) -> None:
 def _world_size(c: _Checker) -> Optional[int]:
     nnodes, per_node = c.get("trainer.nnodes"), c.get("trainer.n_gpus_per_node")
     return nnodes * per_node if _is_int(nnodes) and _is_int(per_node) else None
-
-
-def _as_list(value: Any) -> list:
-    if isinstance(value, ListConfig):
-        return list(OmegaConf.to_container(value, resolve=True))
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _import_estimator_modules(c: _Checker) -> None:
-    """Import ``algorithm.adv_estimator_module`` before any check reads ``ADV_ESTIMATORS``: the estimators it
-    registers are valid ``algorithm.adv_estimator`` names."""
-    from verl.utils.import_utils import import_external_libs
-
-    key = "algorithm.adv_estimator_module"
-    modules = c.get(key)
-    names = _as_list(modules) if modules is not None else []
-    if not all(isinstance(m, str) and m.strip() for m in names):
-        c.error(f"{key} must be a module name, a .py file path, a list of them, or null (got {modules!r})")
-        names = []
-    for name in names:
-        try:
-            import_external_libs(name)
-        except Exception as err:  # the user's module: report whatever it raised, naming the key
-            c.error(f"{key}={name!r} could not be imported: {type(err).__name__}: {err}")
 
 
 def _check_algorithm(c: _Checker) -> None:

@@ -93,7 +93,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self._init_distributed()
         cfg = self.conf
         model_cfg, actor_cfg = cfg.model, cfg.actor
-        torch.manual_seed(0)  # the same initialisation (LoRA adapters) on every rank
+        torch.manual_seed(self.conf.actor.seed)  # the same initialisation (LoRA adapters) on every rank
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
         self.model_path = str(model_cfg.path)
@@ -163,7 +163,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 model=self.model_path,
                 device="cuda:0" if self.device_name == "cuda" else "cpu",
                 dtype="float32" if self.device_name == "cpu" else rc.dtype,
-                max_batch_size=min(rc.max_num_seqs, cap),
+                max_batch_size=rc.hf_max_batch_size or min(rc.max_num_seqs, cap),
                 max_model_len=max_len,
                 trust_remote_code=model_cfg.trust_remote_code,
                 override_config=overrides,

@@ -106,7 +106,8 @@ class AlgoConfig(BaseConfig):
     def check(self, c: Checks) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
 
-        if self.adv_estimator not in ADV_ESTIMATORS:  # adv_estimator_module was imported first (validate_config)
+        self._import_estimator_modules(c)  # first: the estimators they register are valid names
+        if self.adv_estimator not in ADV_ESTIMATORS:
             c.error(
                 f"{c.key('adv_estimator')} must be one of [{', '.join(sorted(ADV_ESTIMATORS))}] "
                 f"(got {self.adv_estimator!r}); an estimator of your own: @register_adv_est('name') in a module "
@@ -115,6 +116,27 @@ class AlgoConfig(BaseConfig):
         c.number("gamma", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.number("lam", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.choice("kl_penalty", KL_PENALTY_TYPES)
+
+    def _import_estimator_modules(self, c: Checks) -> None:
+        """Import ``adv_estimator_module`` (a dotted name, a ``.py`` path or a list; each file runs once)."""
+        from verl.utils.import_utils import import_external_libs
+
+        modules = self.adv_estimator_module
+        if hasattr(modules, "__iter__") and not isinstance(modules, str):
+            names = list(modules)
+        else:
+            names = [] if modules is None else [modules]
+        if not all(isinstance(m, str) and m.strip() for m in names):
+            c.error(
+                f"{c.key('adv_estimator_module')} must be a module name, a .py file path, a list of them, or null "
+                f"(got {modules!r})"
+            )
+            return
+        for name in names:
+            try:
+                import_external_libs(name)
+            except Exception as err:  # the user's module: report whatever it raised, naming the key
+                c.error(f"{c.key('adv_estimator_module')}={name!r} could not be imported: {type(err).__name__}: {err}")
 
     @property
     def norm_adv_by_std(self) -> bool:

@@ -105,8 +105,6 @@ class ActorSettings(ActorConfig):
     log_prob_max_token_len_per_gpu: Optional[int] = None
     # Token-budget micro-batches for a log-prob pass (rollout's or ref's key); null = use_dynamic_bsz.
     log_prob_use_dynamic_bsz: Optional[bool] = None
-    # Seed of the actor's initialisation (not a YAML key: every rank uses the same).
-    seed: int = 0
     # Rows of logits turned into entropies at once (memory bound of the entropy pass).
     entropy_chunk_size: int = 2048
     # seq-mean-token-sum-norm divisor; null = the response length (Dr.GRPO).

@@ -64,6 +64,8 @@ class ActorConfig(BaseConfig):
 
     # Training backend: fsdp | fsdp2 (both mean the FSDP2 engine).
     strategy: str = "fsdp"
+    # Seed of the actor's initialisation (LoRA adapters) and of the mini-batch shuffle (same on every rank).
+    seed: int = 0
     # Prompts per step as seen by the actor (optimizer steps = train_batch_size / ppo_mini_batch_size);
     # null = follows data.train_batch_size (without it mini-batches hold ppo_mini_batch_size rows).
     train_batch_size: Optional[int] = None

@@ -51,6 +51,8 @@ class CriticConfig(BaseConfig):
     rollout_n: Optional[int] = None
     # Backend of the critic.
     strategy: str = "fsdp"
+    # Seed of the value head's initialisation and of the mini-batch shuffle (same on every rank).
+    seed: int = 0
     # Critic optimizer.
     optim: CriticOptimizerConfig = field(default_factory=CriticOptimizerConfig)
     # Critic model.

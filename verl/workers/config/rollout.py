@@ -90,6 +90,8 @@ class RolloutConfig(BaseConfig):
     max_model_len: Optional[int] = None
     # vLLM max concurrent sequences (the HF engine caps its preallocated batch at 64 on CPU, 256 on GPU).
     max_num_seqs: int = 1024
+    # HF engine: rows of its preallocated static KV cache; null = min(max_num_seqs, 64 on CPU / 256 on GPU).
+    hf_max_batch_size: Optional[int] = None
     # Seed of the rollout engine's sampler (each request gets its own, derived from it); null = unseeded.
     seed: Optional[int] = 0
     # Deprecated global micro-batch size for old log-probs (divided by the data-parallel size).

@@ -94,7 +94,7 @@ class CriticWorker(TrainingWorker):
         cfg = self.conf
         model_cfg = cfg.model
         # the same seed on every rank: the new value head starts identical everywhere
-        torch.manual_seed(0)
+        torch.manual_seed(cfg.seed)
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         self.model_path = os.path.expanduser(model_cfg.path)
         module = load_value_model(

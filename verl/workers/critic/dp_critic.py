@@ -67,8 +67,6 @@ class CriticSettings(CriticConfig):
     use_remove_padding: bool = False
     # Loss aggregation of the value loss (the actor's modes).
     loss_agg_mode: str = "token-mean"
-    # Seed of the value head's initialisation (the same on every rank).
-    seed: int = 0
 
     @classmethod
     def from_config(cls, config: Any, dp_size: int = 1, path: Optional[str] = None) -> CriticSettings:
