@@ -322,6 +322,20 @@ def _check_actor(c: _Checker) -> None:
         if len(values) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in values):
             c.error(f"{o}.betas must be two numbers in [0, 1) (got {values})")
     c.integer(f"{a}.fsdp_config.fsdp_size", 1, also=(-1,))
+    _check_fused_kernels(c)
+
+
+def _check_fused_kernels(c: _Checker) -> None:
+    """``model.use_fused_kernels`` and ``model.fused_kernel_options`` (each checked when present)."""
+    from verl.workers.actor.fused_logprob import FUSED_BACKENDS
+
+    m = "actor_rollout_ref.model"
+    if _get(c.cfg, f"{m}.use_fused_kernels") is not _ABSENT:
+        c.boolean(f"{m}.use_fused_kernels")
+    if _get(c.cfg, f"{m}.fused_kernel_options.impl_backend") is not _ABSENT:
+        c.choice(f"{m}.fused_kernel_options.impl_backend", FUSED_BACKENDS)
+    if _get(c.cfg, f"{m}.fused_kernel_options.chunk_size") is not _ABSENT:
+        c.integer(f"{m}.fused_kernel_options.chunk_size", 1)
 
 
 def _check_micro_batch(c: _Checker, section: str, name: str, dynamic_key: str, token_key: str) -> None:

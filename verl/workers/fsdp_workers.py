@@ -127,6 +127,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         actor_settings = {
             **config_to_dict(actor_cfg),
             "use_remove_padding": bool(model_cfg.get("use_remove_padding", False)),
+            # the fused log-prob head acts in the actor, ref and old-log-prob passes (settings copied from here)
+            "use_fused_kernels": bool(model_cfg.get("use_fused_kernels", True)),
+            "fused_kernel_options": config_to_dict(model_cfg.get("fused_kernel_options")) or None,
         }
         self.actor_module, self.optimizer = actor_module, optimizer
         # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's

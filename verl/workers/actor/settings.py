@@ -133,6 +133,10 @@ class ActorSettings:
     grad_clip: Optional[float] = 1.0
     ulysses_sequence_parallel_size: int = 1
     entropy_chunk_size: int = 2048
+    # log-probs from hidden states without [tokens, vocab] logits (``actor_rollout_ref.model.use_fused_kernels``
+    # and ``.fused_kernel_options`` {impl_backend, chunk_size}; see verl/workers/actor/fused_logprob.py)
+    use_fused_kernels: bool = True
+    fused_kernel_options: Optional[Any] = None
     # verl's ``policy_loss`` section: ``loss_mode`` names the policy loss in the core_algos registry
     policy_loss: Optional[Any] = None
 
@@ -164,6 +168,18 @@ class ActorSettings:
         """``policy_loss.loss_mode`` (default ``vanilla``: PPO clip with dual clip)."""
         mode = _lookup(self.policy_loss, "loss_mode") if self.policy_loss is not None else _MISSING
         return "vanilla" if mode in (_MISSING, None) else str(mode)
+
+    @property
+    def fused_backend(self) -> str:
+        """``fused_kernel_options.impl_backend`` (default ``torch``: the chunked path)."""
+        value = _lookup(self.fused_kernel_options, "impl_backend") if self.fused_kernel_options is not None else None
+        return "torch" if value in (_MISSING, None) else str(value)
+
+    @property
+    def fused_chunk_size(self) -> int:
+        """``fused_kernel_options.chunk_size``: tokens per chunk of the fused head (default 1024)."""
+        value = _lookup(self.fused_kernel_options, "chunk_size") if self.fused_kernel_options is not None else None
+        return 1024 if value in (_MISSING, None) else int(value)
 
     @property
     def log_prob_dynamic(self) -> bool:
@@ -208,6 +224,15 @@ class ActorSettings:
             raise ValueError(f"actor.clip_ratio_c must be > 1.0, got {self.clip_ratio_c}")
         if self.ppo_epochs < 1:
             raise ValueError(f"actor.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        from verl.workers.actor.fused_logprob import FUSED_BACKENDS
+
+        if self.fused_backend not in FUSED_BACKENDS:
+            raise ValueError(
+                f"model.fused_kernel_options.impl_backend must be one of [{', '.join(FUSED_BACKENDS)}], "
+                f"got {self.fused_backend!r}"
+            )
+        if self.fused_chunk_size < 1:
+            raise ValueError(f"model.fused_kernel_options.chunk_size must be >= 1, got {self.fused_chunk_size}")
         if int(self.ulysses_sequence_parallel_size) != 1:
             raise ValueError(
                 f"actor.ulysses_sequence_parallel_size={self.ulysses_sequence_parallel_size} is not supported "
