@@ -117,6 +117,22 @@ def _lp_only_grad(hidden, weight, bias, labels, w_lp):
     return h.grad
 
 
+def test_chunked_entropy_gradient_alone():
+    gen = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(11, 8, generator=gen), torch.randn(30, 8, generator=gen)
+    labels = torch.randint(0, 30, (11,), generator=gen)
+    grads = []
+    for fused in (False, True):
+        h = hidden.clone().requires_grad_(True)
+        if fused:
+            _, ent = chunked_log_probs(h, weight, labels, None, TEMPERATURE, 4, True, True)
+        else:
+            ent = _reference(h, weight, None, labels, TEMPERATURE)[1]
+        (ent * torch.arange(11.0)).sum().backward()
+        grads.append(h.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5 * float(grads[0].abs().max()), rtol=0)
+
+
 def test_chunked_log_probs_without_entropy_and_no_grad():
     gen = torch.Generator().manual_seed(1)
     hidden, weight = torch.randn(9, 8, generator=gen), torch.randn(30, 8, generator=gen)
@@ -317,3 +333,32 @@ def test_bad_backend_is_refused_naming_the_key(tied_model):
         DataParallelPPOActor(cfg, tied_model)
     with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.fused_kernel_options.chunk_size must be"):
         validate_config(compose_config(["actor_rollout_ref.model.fused_kernel_options.chunk_size=0"]))
+
+
+# ------------------------------------------------------------------------------------------- GPU (the lead's)
+@pytest.mark.gpu
+def test_bf16_cuda_fused_and_liger_match_unfused(tied_model):
+    """bf16 on CUDA: the chunked head (and liger-kernel for the no-grad pass, when installed) agree with the
+    unfused path to bf16 rounding; gradients to 2% of their scale."""
+    from verl.workers.actor.fused_logprob import liger_available
+
+    model = copy.deepcopy(tied_model).to("cuda", torch.bfloat16)
+    batch = [t.cuda() for t in make_batch(num_rows=4, seq_len=80, response_len=60, seed=9)[:3]]
+    batch.append(60)
+    with torch.no_grad():
+        ref = forward_response_log_probs(model, *batch, temperature=TEMPERATURE)[0]
+        chunked = forward_response_log_probs(model, *batch, temperature=TEMPERATURE, use_fused_kernels=True)[0]
+        assert (chunked - ref).abs().max() < 0.05
+        if liger_available(torch.device("cuda")):
+            liger = forward_response_log_probs(
+                model, *batch, temperature=TEMPERATURE, use_fused_kernels=True, fused_backend="triton"
+            )[0]
+            assert (liger - ref).abs().max() < 0.05
+    grads = []
+    for fused in (False, True):
+        m = copy.deepcopy(model)
+        lp, _ = forward_response_log_probs(m, *batch, temperature=TEMPERATURE, use_fused_kernels=fused)
+        (lp * torch.linspace(-1, 1, lp.shape[-1], device="cuda")).sum().backward()
+        grads.append({n: p.grad.float() for n, p in m.named_parameters()})
+    for name, g0 in grads[0].items():
+        assert (grads[1][name] - g0).abs().max() <= 0.02 * g0.abs().max() + 1e-6, name

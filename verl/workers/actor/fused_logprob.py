@@ -53,16 +53,18 @@ _LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_softcapping", "logit_
 def _chunk_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], temperature: float
 ) -> torch.Tensor:
-    """float32 logits of one chunk, computed exactly as the unfused path does (linear in the model dtype,
-    then ``.float()``, then the division by the temperature)."""
+    """float32 logits of one chunk, computed as the unfused path does (linear in the model dtype, then
+    ``.float()``, then the division by the temperature: in place, the tensor is this function's own)."""
     logits = F.linear(hidden, weight, bias).float()
     if temperature != 1.0:
-        logits = logits / temperature
+        logits.div_(temperature)
     return logits
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
-    """See ``chunked_log_probs``. Saves hidden states, labels and per-token logsumexp/entropy only."""
+    """See ``chunked_log_probs``. Saves hidden states, labels and per-token logsumexp/entropy only; every
+    ``[chunk, V]`` temporary is updated in place where the math allows (they dominate the time next to the
+    matmuls on a GPU)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, entropy_grad):
@@ -76,11 +78,10 @@ class _ChunkedLogProbs(torch.autograd.Function):
             chunk_lse = torch.logsumexp(logits, dim=-1)
             lse[start:end] = chunk_lse
             log_probs[start:end] = logits.gather(-1, labels[start:end].unsqueeze(-1)).squeeze(-1) - chunk_lse
-            if with_entropy:
-                entropy[start:end] = chunk_lse - (F.softmax(logits, dim=-1) * logits).sum(dim=-1)
+            if with_entropy:  # H = lse - sum(p * z)
+                entropy[start:end] = chunk_lse - F.softmax(logits, dim=-1).mul_(logits).sum(dim=-1)
             del logits
         ctx.temperature, ctx.chunk_size, ctx.entropy_grad = temperature, chunk_size, entropy_grad
-        ctx.has_bias = bias is not None
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy if with_entropy else None)
         ctx.set_materialize_grads(False)
         if with_entropy and not entropy_grad:
@@ -93,34 +94,39 @@ class _ChunkedLogProbs(torch.autograd.Function):
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         use_entropy = grad_entropy is not None and ctx.entropy_grad
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
-        grad_hidden = torch.zeros_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
         if grad_log_probs is None and not use_entropy:
+            grad_hidden = torch.zeros_like(hidden) if need_hidden else None
             return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_hidden else None
+        # z = raw / T: every gradient w.r.t. z is divided by T on the way to the raw logits (folded in here)
+        scale = 1.0 / temperature
         for start in range(0, hidden.shape[0], chunk_size):
             end = min(start + chunk_size, hidden.shape[0])
             h = hidden[start:end]
             logits = _chunk_logits(h, weight, bias, temperature)
-            probs = torch.exp(logits - lse[start:end].unsqueeze(-1))
+            chunk_lse = lse[start:end].unsqueeze(-1)
             # d log p(y) / d z = onehot(y) - p ;  d H / d z = -p * (z - sum(p * z)),  sum(p * z) = lse - H
-            if grad_log_probs is not None:
-                g = grad_log_probs[start:end].unsqueeze(-1)
-                grad_logits = probs * -g
-                grad_logits.scatter_add_(-1, labels[start:end].unsqueeze(-1), g)
-            else:
-                grad_logits = torch.zeros_like(logits)
             if use_entropy:
+                probs = torch.exp(logits - chunk_lse)
                 expected = (lse[start:end] - entropy[start:end]).unsqueeze(-1)
-                grad_logits = grad_logits - grad_entropy[start:end].unsqueeze(-1) * probs * (logits - expected)
+                grad_entropy_chunk = grad_entropy[start:end].unsqueeze(-1) * scale
+                grad_logits = logits.sub_(expected).mul_(probs).mul_(-grad_entropy_chunk)  # reuses logits
+            else:
+                probs = logits.sub_(chunk_lse).exp_()  # reuses logits
+                grad_logits = None
+            if grad_log_probs is not None:
+                g = grad_log_probs[start:end].unsqueeze(-1) * scale
+                probs.mul_(-g)
+                probs.scatter_add_(-1, labels[start:end].unsqueeze(-1), g)
+                grad_logits = probs if grad_logits is None else grad_logits.add_(probs)
             del logits, probs
-            if temperature != 1.0:
-                grad_logits = grad_logits / temperature
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
             grad_logits = grad_logits.to(h.dtype)  # the backward of ``.float()``
             if grad_hidden is not None:
-                grad_hidden[start:end] = grad_logits @ weight
+                torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t(), h)
             del grad_logits
