@@ -185,12 +185,19 @@ def measure(args, argv: list[str]) -> dict:
     """Every requested (variant, pass), each in a fresh process; ratios against ``unfused``."""
     variants = [v for v in args.variants if v != "liger" or liger_usable(args.device)]
     skipped = [v for v in args.variants if v not in variants]
-    results = []
+    results, failed = [], []
     for pass_name in args.passes:
         for variant in variants:
             if variant == "liger" and pass_name != "ref":
                 continue  # liger-kernel is used for the ref pass only (see fused_logprob.py)
-            row = run_child(args, argv, variant, pass_name)
+            try:
+                row = run_child(args, argv, variant, pass_name)
+            except RuntimeError as error:  # e.g. a liger-kernel version with another signature: keep the others
+                if variant == "unfused":
+                    raise
+                failed.append({"variant": variant, "pass": pass_name, "error": str(error)[-2000:]})
+                print(f"{pass_name:6s} {variant:8s} FAILED: {str(error).splitlines()[-1]}", flush=True)
+                continue
             results.append(row)
             print(
                 f"{pass_name:6s} {variant:8s} {row['seconds']:.4f} s  {row['tokens_per_s']:,.0f} tok/s  "
@@ -214,6 +221,7 @@ def measure(args, argv: list[str]) -> dict:
         "config": config,
         "vocab_size": int(shape_config(args.shape).vocab_size),
         "skipped_variants": skipped,
+        "failed": failed,
         "results": results,
         "environment": environment(),
     }
