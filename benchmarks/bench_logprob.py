@@ -5,7 +5,8 @@ Variants (``--variants``):
 * ``unfused``: ``model(...).logits`` -> ``.float()`` -> ``/ temperature`` -> ``log_softmax``/``gather`` and
   entropy (``model.use_fused_kernels=False``);
 * ``chunked``: the fused head of ``verl/workers/actor/fused_logprob.py`` (``impl_backend=torch``, the default):
-  log-probs and entropy from the last hidden states ``--chunk-size`` tokens at a time, in forward and backward;
+  log-probs and entropy from the last hidden states ``--chunk-size`` tokens at a time, in forward and backward
+  (several sizes: ``chunked-512``, ``chunked-2048``, ... side by side);
 * ``liger``: ``impl_backend=triton``: liger-kernel's fused linear cross-entropy for the ``ref`` pass (no grad,
   no entropy); measured only where liger-kernel imports on CUDA.
 
@@ -15,7 +16,8 @@ per-token loss, entropy as a detached metric: the policy update with ``entropy_c
 
 Each (variant, pass) runs in its own process, so that peak memory is that pass's alone: on CUDA
 ``torch.cuda.max_memory_allocated`` above what was allocated before the pass; on CPU the peak resident set
-size above the one before the pass. Every process builds the same random-init model and batch (seeded), so
+size above the one before the pass (the peak counter is reset first through ``/proc/self/clear_refs``, so
+the model build does not count). Every process builds the same random-init model and batch (seeded), so
 log-probs are compared to the unfused ones (max abs diff in the report). One line per (variant, pass) is
 printed; ``--out`` writes the JSON report.
 
@@ -61,7 +63,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per row")
     p.add_argument("--response-len", type=int, default=256, help="response tokens per row (the scored ones)")
-    p.add_argument("--chunk-size", type=int, default=1024, help="fused_kernel_options.chunk_size")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        nargs="+",
+        default=[1024],
+        help="fused_kernel_options.chunk_size; several values: one chunked variant each (chunked-512, ...)",
+    )
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off (on by default)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per pass (after one warm-up call)")
@@ -84,6 +92,27 @@ def liger_usable(device: str) -> bool:
     from verl.workers.actor.fused_logprob import liger_available
 
     return liger_available(torch.device(device))
+
+
+def reset_peak_rss() -> str:
+    """Reset this process's peak resident set size (Linux ``clear_refs``), so that the peak of the timed pass
+    is not that of the model build; ``"VmHWM"`` when that worked, else ``"ru_maxrss"`` (process lifetime)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        hiwater_rss_mib()
+        return "VmHWM"
+    except (OSError, ValueError):
+        return "ru_maxrss"
+
+
+def hiwater_rss_mib() -> float:
+    """Peak resident set size since the last ``reset_peak_rss`` (MiB), from /proc/self/status."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise ValueError("no VmHWM in /proc/self/status")
 
 
 def make_batch(args, vocab: int):
@@ -118,7 +147,7 @@ def run_one(args, variant: str, pass_name: str) -> dict:
         temperature=args.temperature,
         calculate_entropy=pass_name != "ref",
         use_fused_kernels=variant != "unfused",
-        fused_chunk_size=args.chunk_size,
+        fused_chunk_size=int(variant.split("-")[1]) if variant.startswith("chunked-") else args.chunk_size[0],
         fused_backend="triton" if variant == "liger" else "torch",
     )
 
@@ -140,6 +169,7 @@ def run_one(args, variant: str, pass_name: str) -> dict:
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     else:
+        peak_method = reset_peak_rss()
         base = rss_mib()
     times = []
     for _ in range(args.repeats):
@@ -151,7 +181,8 @@ def run_one(args, variant: str, pass_name: str) -> dict:
     if on_cuda:
         peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
     else:
-        peak_gib = max(0.0, peak_rss_mib() - base) / 1024
+        peak = hiwater_rss_mib() if peak_method == "VmHWM" else peak_rss_mib()
+        peak_gib = max(0.0, peak - base) / 1024
     scored = int(log_probs.numel())
     seconds = median(times)
     return {
@@ -163,6 +194,7 @@ def run_one(args, variant: str, pass_name: str) -> dict:
         "tokens": int(mask.sum()),
         "tokens_per_s": int(mask.sum()) / seconds,
         "peak_gib": peak_gib,
+        "peak_method": "cuda max_memory_allocated" if on_cuda else peak_method,
         "log_probs": log_probs.float().cpu().tolist(),
     }
 
@@ -185,6 +217,9 @@ def measure(args, argv: list[str]) -> dict:
     """Every requested (variant, pass), each in a fresh process; ratios against ``unfused``."""
     variants = [v for v in args.variants if v != "liger" or liger_usable(args.device)]
     skipped = [v for v in args.variants if v not in variants]
+    if len(args.chunk_size) > 1 and "chunked" in variants:  # one chunked variant per chunk size
+        at = variants.index("chunked")
+        variants[at : at + 1] = [f"chunked-{size}" for size in args.chunk_size]
     results, failed = [], []
     for pass_name in args.passes:
         for variant in variants:
@@ -196,11 +231,11 @@ def measure(args, argv: list[str]) -> dict:
                 if variant == "unfused":
                     raise
                 failed.append({"variant": variant, "pass": pass_name, "error": str(error)[-2000:]})
-                print(f"{pass_name:6s} {variant:8s} FAILED: {str(error).splitlines()[-1]}", flush=True)
+                print(f"{pass_name:6s} {variant:13s} FAILED: {str(error).splitlines()[-1]}", flush=True)
                 continue
             results.append(row)
             print(
-                f"{pass_name:6s} {variant:8s} {row['seconds']:.4f} s  {row['tokens_per_s']:,.0f} tok/s  "
+                f"{pass_name:6s} {variant:13s} {row['seconds']:.4f} s  {row['tokens_per_s']:,.0f} tok/s  "
                 f"peak +{row['peak_gib']:.3f} GiB",
                 flush=True,
             )
@@ -239,10 +274,10 @@ def main(argv=None) -> int:
         if row["variant"] != "unfused" and "speedup_vs_unfused" in row:
             ratio = row["peak_ratio_vs_unfused"]
             print(
-                f"{row['pass']:6s} {row['variant']:8s} vs unfused: {row['speedup_vs_unfused']:.2f}x speed, "
+                f"{row['pass']:6s} {row['variant']:13s} vs unfused: {row['speedup_vs_unfused']:.2f}x speed, "
                 f"peak memory x{ratio:.2f}, max |dlogp| {row['max_abs_diff_vs_unfused']:.2e}"
                 if ratio is not None
-                else f"{row['pass']:6s} {row['variant']:8s} vs unfused: {row['speedup_vs_unfused']:.2f}x speed",
+                else f"{row['pass']:6s} {row['variant']:13s} vs unfused: {row['speedup_vs_unfused']:.2f}x speed",
                 flush=True,
             )
     write_json(args.out, report)

@@ -362,16 +362,16 @@ def test_logprob_benchmark_compares_variants_side_by_side(monkeypatch, tmp_path)
     import bench_logprob
 
     argv = ["--shape", "tiny", "--device", "cpu", "--rows", "2", "--prompt-len", "8", "--response-len", "40"]
-    argv += ["--chunk-size", "16", "--repeats", "1", "--out", str(tmp_path / "logprob.json")]
+    argv += ["--chunk-size", "16", "32", "--repeats", "1", "--out", str(tmp_path / "logprob.json")]
     monkeypatch.setattr(
         bench_logprob, "run_child", lambda args, _argv, variant, name: bench_logprob.run_one(args, variant, name)
     )
     assert bench_logprob.main(argv) == 0
     report = json.loads((tmp_path / "logprob.json").read_text())
     rows = {(r["variant"], r["pass"]): r for r in report["results"]}
-    assert set(rows) == {(v, p) for v in ("unfused", "chunked") for p in ("ref", "old", "update")}
+    assert set(rows) == {(v, p) for v in ("unfused", "chunked-16", "chunked-32") for p in ("ref", "old", "update")}
     assert report["skipped_variants"] == ["liger"] and report["failed"] == []  # no CUDA here
-    assert report["vocab_size"] == 2048 and report["config"]["chunk_size"] == 16
+    assert report["vocab_size"] == 2048 and report["config"]["chunk_size"] == [16, 32]
     for (_variant, name), row in rows.items():
         assert row["scored_tokens"] == 80 and row["tokens"] == 96
         assert row["tokens_per_s"] == pytest.approx(96 / row["seconds"])
