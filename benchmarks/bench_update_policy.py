@@ -79,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="attention implementation (default: flash_attention_2 if "
         "installed on CUDA, else sdpa; also flex_attention, eager)",
     )
+    p.add_argument(
+        "--no-fused-kernels",
+        action="store_true",
+        help="model.use_fused_kernels=False: full-vocabulary logits (the fused head is the default)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
@@ -245,6 +250,7 @@ def main(argv=None) -> dict:
         clip_ratio=0.2,
         grad_clip=1.0,
         loss_agg_mode="token-mean",
+        use_fused_kernels=not args.no_fused_kernels,
     )
     actor = DataParallelPPOActor(config, model, optimizer)
     # a fresh batch (new lengths) for every call: shape changes are part of what is measured
@@ -287,6 +293,7 @@ def main(argv=None) -> dict:
         "attn_implementation": attn,
         "remove_padding": not args.no_remove_padding,
         "grad_ckpt": args.grad_ckpt,
+        "fused_kernels": actor.use_fused_kernels,
         "param_dtype": args.param_dtype,
         "rows_per_gpu": args.rows,
         "tokens_global_per_call": tokens,

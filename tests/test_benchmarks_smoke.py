@@ -354,3 +354,27 @@ def test_eval_schedule_benchmark_compares_graph_limits(tiny_model_path, tmp_path
     assert (first["graph_tokens"], base["graph_tokens"]) == (1024, None)
     assert first["schedule"] == base["schedule"] == "items" and first["requests"] == base["requests"] >= 6
     assert report["speedup"] == pytest.approx(base["generate_s"] / first["generate_s"])
+
+
+def test_logprob_benchmark_compares_variants_side_by_side(monkeypatch, tmp_path):
+    """bench_logprob on the tiny model: every (variant, pass) row, log-probs equal to the unfused ones,
+    ratios computed from the rows (each (variant, pass) runs in-process here instead of its own process)."""
+    import bench_logprob
+
+    argv = ["--shape", "tiny", "--device", "cpu", "--rows", "2", "--prompt-len", "8", "--response-len", "40"]
+    argv += ["--chunk-size", "16", "32", "--repeats", "1", "--out", str(tmp_path / "logprob.json")]
+    monkeypatch.setattr(
+        bench_logprob, "run_child", lambda args, _argv, variant, name: bench_logprob.run_one(args, variant, name)
+    )
+    assert bench_logprob.main(argv) == 0
+    report = json.loads((tmp_path / "logprob.json").read_text())
+    rows = {(r["variant"], r["pass"]): r for r in report["results"]}
+    assert set(rows) == {(v, p) for v in ("unfused", "chunked-16", "chunked-32") for p in ("ref", "old", "update")}
+    assert report["skipped_variants"] == ["liger"] and report["failed"] == []  # no CUDA here
+    assert report["vocab_size"] == 2048 and report["config"]["chunk_size"] == [16, 32]
+    for (_variant, name), row in rows.items():
+        assert row["scored_tokens"] == 80 and row["tokens"] == 96
+        assert row["tokens_per_s"] == pytest.approx(96 / row["seconds"])
+        assert row["max_abs_diff_vs_unfused"] < 1e-5
+        unfused = rows[("unfused", name)]
+        assert row["speedup_vs_unfused"] == pytest.approx(unfused["seconds"] / row["seconds"])

@@ -273,6 +273,15 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "trainer.max_actor_ckpt_to_keep": (RUN_LOG,),
     "trainer.ray_address": (RUN_LOG,),
     "trainer.ray_num_cpus": (RUN_LOG,),
+    "actor_rollout_ref.model.use_fused_kernels": (
+        "tests/test_fused_logprob.py::test_config_keys_reach_the_actor_ref_and_old_log_prob_passes",
+    ),
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": (
+        "tests/test_fused_logprob.py::test_bad_backend_is_refused_naming_the_key",
+    ),
+    "actor_rollout_ref.model.fused_kernel_options.chunk_size": (
+        "tests/test_fused_logprob.py::test_config_keys_reach_the_actor_ref_and_old_log_prob_passes",
+    ),
     "trainer.progress_bar": (f"{R}::test_fit_progress_bar_key",),
     "trainer.memory_check": (
         "tests/test_memory_estimate.py::test_memory_check_warn_logs_and_off_skips",

@@ -119,7 +119,13 @@ class ActorRolloutRefWorker(TrainingWorker):
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
             actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
         optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.optim)
-        actor_settings = {**plain_values(actor_cfg), "use_remove_padding": model_cfg.use_remove_padding}
+        actor_settings = {
+            **plain_values(actor_cfg),
+            "use_remove_padding": model_cfg.use_remove_padding,
+            # the fused log-prob head acts in the actor, ref and old-log-prob passes (settings copied from here)
+            "use_fused_kernels": model_cfg.use_fused_kernels,
+            "fused_kernel_options": plain_values(model_cfg.fused_kernel_options),
+        }
         self.actor_module, self.optimizer = actor_module, optimizer
         # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's
         self.actor = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.rollout), actor_module, optimizer)

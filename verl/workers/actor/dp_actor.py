@@ -36,6 +36,7 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, grad_acc_mode, kl_penalty, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
+from verl.workers.actor.fused_logprob import supports_fused_head
 from verl.workers.actor.settings import ActorSettings
 from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
@@ -71,6 +72,15 @@ class DataParallelPPOActor(DataParallelComponent):
         self.actor_module = actor_module
         self.actor_optimizer = optimizer
         self.use_logits_to_keep = supports_logits_to_keep(actor_module)
+        # log-probs from hidden states, chunked (model.use_fused_kernels); models that post-process their
+        # logits (soft-capping, scaling) keep the unfused path
+        self.use_fused_kernels = bool(self.settings.use_fused_kernels) and supports_fused_head(actor_module)
+        if self.settings.use_fused_kernels and not self.use_fused_kernels:
+            logger.warning(
+                "model.use_fused_kernels=True ignored for %s: its forward post-processes the logits; using the "
+                "unfused log-prob path",
+                type(actor_module).__name__,
+            )
         self._warn_if_slow_packing()
 
     # ------------------------------------------------------------------ helpers
@@ -103,6 +113,9 @@ class DataParallelPPOActor(DataParallelComponent):
             entropy_with_grad=entropy_with_grad,
             use_logits_to_keep=self.use_logits_to_keep,
             entropy_chunk_size=self.settings.entropy_chunk_size,
+            use_fused_kernels=self.use_fused_kernels,
+            fused_chunk_size=self.settings.fused_chunk_size,
+            fused_backend=self.settings.fused_backend,
         )
 
     # ------------------------------------------------------------------ log-probs

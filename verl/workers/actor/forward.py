@@ -18,6 +18,12 @@ On GPU, fp32 packed vs padded agree within 6e-6 for sdpa and flex_attention (H20
 or flex_attention are fast; sdpa's dense ``[T, T]`` mask makes packing slower than the padded layout
 (numbers in ``benchmarks/bench_update_policy.py``), and the actor warns about that combination.
 
+Fused head (``use_fused_kernels``, the default of the actor): the model runs its own forward with the output
+projection replaced (``fused_logprob.lm_head_override``) by one that takes the hidden states of the positions
+that predict a valid response token and returns their log-probs (and entropies) computed ``fused_chunk_size``
+tokens at a time (``fused_logprob.chunked_log_probs``), so neither the forward nor the backward holds
+``[tokens, vocab]`` float32 logits; same numbers as the unfused path (1e-5 in float32, gradients included).
+
 Outputs are ``[b, R]``; positions that are not valid tokens (``attention_mask == 0`` in the response part)
 hold 0.
 """
@@ -33,6 +39,7 @@ import torch
 from torch import nn
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 
 __all__ = ["supports_logits_to_keep", "PackedRows", "pack_rows", "forward_response_log_probs"]
 
@@ -119,6 +126,49 @@ def _padded_forward(model, input_ids, attention_mask, position_ids, response_len
     return output.logits[:, -response_length - 1 : -1, :]
 
 
+def _scatter(values: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """``[K]`` values into a zero ``[b, R]`` tensor at the True positions of ``mask`` (row-major)."""
+    if values is None:
+        return None
+    return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def _fused_forward(
+    model: nn.Module,
+    model_kwargs: dict,
+    select,
+    labels: torch.Tensor,
+    temperature: float,
+    calculate_entropy: bool,
+    entropy_with_grad: bool,
+    chunk_size: int,
+    backend: str,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run ``model`` with its head computing log-probs ``[K]`` (and entropies) of ``labels`` for the hidden
+    states ``select(hidden_states) -> [K, H]``."""
+    use_liger = (
+        backend in ("triton", "liger")
+        and not torch.is_grad_enabled()
+        and not calculate_entropy
+        and liger_available(labels.device)
+    )
+
+    def head(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden = select(hidden_states)
+        bias = getattr(module, "bias", None)
+        if use_liger:
+            return liger_log_probs(hidden, module.weight, labels, bias, temperature)[None, :, None]
+        log_probs, entropy = chunked_log_probs(
+            hidden, module.weight, labels, bias, temperature, chunk_size, calculate_entropy, entropy_with_grad
+        )
+        stacked = log_probs.unsqueeze(-1) if entropy is None else torch.stack([log_probs, entropy], dim=-1)
+        return stacked.unsqueeze(0)  # returned as output.logits: [1, K, 1 or 2]
+
+    with lm_head_override(model, head):
+        out = model(**model_kwargs, use_cache=False).logits[0]
+    return out[:, 0], (out[:, 1] if calculate_entropy else None)
+
+
 def forward_response_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -131,12 +181,18 @@ def forward_response_log_probs(
     entropy_with_grad: bool = False,
     use_logits_to_keep: bool = True,
     entropy_chunk_size: int = 2048,
+    use_fused_kernels: bool = False,
+    fused_chunk_size: int = 1024,
+    fused_backend: str = "torch",
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[b, R]`` of the last ``R = response_length`` tokens (and their entropies when asked).
 
     Logits are divided by ``temperature`` (the sampling temperature) before the softmax. Entropy is computed
     with gradient only when ``entropy_with_grad`` (an entropy bonus in the loss); otherwise it is a detached
-    metric computed in chunks.
+    metric computed in chunks. ``use_fused_kernels``: log-probs from the hidden states without full-vocabulary
+    logits (see the module docstring; the caller checks ``fused_logprob.supports_fused_head``), with
+    ``fused_backend`` ``torch`` (chunked) or ``triton``/``liger`` (liger-kernel for passes without gradient and
+    entropy, on CUDA when installed; chunked otherwise).
     """
     global _warned_fallback
     packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
@@ -146,6 +202,25 @@ def forward_response_log_probs(
             "using the padded forward for such micro-batches"
         )
         _warned_fallback = True
+
+    fused = dict(
+        temperature=temperature,
+        calculate_entropy=calculate_entropy,
+        entropy_with_grad=entropy_with_grad,
+        chunk_size=fused_chunk_size,
+        backend=fused_backend,
+    )
+    if packed is not None and use_fused_kernels:
+        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
+        index = packed.predictor_index
+        token_log_probs, token_entropy = _fused_forward(
+            model,
+            dict(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs),
+            (lambda hidden: hidden[0]) if use_logits_to_keep else (lambda hidden: hidden[0, index]),
+            packed.input_ids[0, packed.label_index],
+            **fused,
+        )
+        return _scatter(token_log_probs, packed.target_mask), _scatter(token_entropy, packed.target_mask)
 
     if packed is not None:
         kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
@@ -165,6 +240,18 @@ def forward_response_log_probs(
                 packed.target_mask, token_entropy
             )
         return log_probs, entropy
+
+    if use_fused_kernels:
+        valid = attention_mask[:, -response_length:].bool()
+        kwargs = {"logits_to_keep": response_length + 1} if use_logits_to_keep else {}
+        token_log_probs, token_entropy = _fused_forward(
+            model,
+            dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs),
+            lambda hidden: hidden[:, -response_length - 1 : -1][valid],
+            input_ids[:, -response_length:][valid],
+            **fused,
+        )
+        return _scatter(token_log_probs, valid), _scatter(token_entropy, valid)
 
     logits = _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep)
     logits = logits.float()

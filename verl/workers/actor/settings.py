@@ -109,6 +109,10 @@ class ActorSettings(ActorConfig):
     entropy_chunk_size: int = 2048
     # seq-mean-token-sum-norm divisor; null = the response length (Dr.GRPO).
     loss_scale_factor: Optional[float] = None
+    # log-probs from hidden states without [tokens, vocab] logits (``actor_rollout_ref.model.use_fused_kernels``
+    # and ``.fused_kernel_options`` {impl_backend, chunk_size}; see verl/workers/actor/fused_logprob.py)
+    use_fused_kernels: bool = True
+    fused_kernel_options: Optional[Any] = None
 
     @classmethod
     def from_config(cls, config: Any, dp_size: int = 1, path: Optional[str] = None) -> ActorSettings:
@@ -139,12 +143,35 @@ class ActorSettings(ActorConfig):
             c.error(
                 f"{c.key('ppo_micro_batch_size_per_gpu')} must be >= 1 when use_dynamic_bsz is False, got {per_gpu}"
             )
+        from verl.workers.actor.fused_logprob import FUSED_BACKENDS
+
+        if self.fused_backend not in FUSED_BACKENDS:
+            c.error(
+                f"actor_rollout_ref.model.fused_kernel_options.impl_backend must be one of "
+                f"[{', '.join(FUSED_BACKENDS)}], got {self.fused_backend!r}"
+            )
+        if self.fused_chunk_size < 1:
+            c.error(
+                f"actor_rollout_ref.model.fused_kernel_options.chunk_size must be >= 1, got {self.fused_chunk_size}"
+            )
 
     # ------------------------------------------------------------------ derived values
     @property
     def policy_loss_mode(self) -> str:
         """``policy_loss.loss_mode`` (default ``vanilla``: PPO clip with dual clip)."""
         return self.policy_loss.loss_mode
+
+    @property
+    def fused_backend(self) -> str:
+        """``fused_kernel_options.impl_backend`` (default ``torch``: the chunked path)."""
+        value = _option(self.fused_kernel_options, "impl_backend")
+        return "torch" if value is None else str(value)
+
+    @property
+    def fused_chunk_size(self) -> int:
+        """``fused_kernel_options.chunk_size``: tokens per chunk of the fused head (default 1024)."""
+        value = _option(self.fused_kernel_options, "chunk_size")
+        return 1024 if value is None else int(value)
 
     @property
     def log_prob_dynamic(self) -> bool:
@@ -158,3 +185,12 @@ class ActorSettings(ActorConfig):
     def log_prob_micro_batch_size(self) -> int:
         """Rows per micro-batch of a log-prob pass (its own key, else the update's)."""
         return int(self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu or 1)
+
+
+def _option(options: Any, name: str) -> Any:
+    """``options[name]`` of a mapping or typed section, or None (absent section or key)."""
+    if options is None:
+        return None
+    if isinstance(options, Mapping):
+        return options.get(name)
+    return getattr(options, name, None)

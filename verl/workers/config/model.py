@@ -7,7 +7,25 @@ from typing import Any, Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
-__all__ = ["ModelConfig"]
+__all__ = ["FusedKernelOptionsConfig", "ModelConfig"]
+
+
+@dataclass
+class FusedKernelOptionsConfig(BaseConfig):
+    """``actor_rollout_ref.model.fused_kernel_options``."""
+
+    SECTION = "actor_rollout_ref.model.fused_kernel_options"
+
+    # torch: chunked PyTorch (CPU and GPU) | triton (alias liger): liger-kernel on CUDA for no-grad passes.
+    impl_backend: str = "torch"
+    # Tokens per chunk of the fused log-prob head.
+    chunk_size: int = 1024
+
+    def check(self, c: Checks) -> None:
+        from verl.workers.actor.fused_logprob import FUSED_BACKENDS
+
+        c.choice("impl_backend", FUSED_BACKENDS)
+        c.integer("chunk_size", 1)
 
 
 @dataclass
@@ -36,6 +54,10 @@ class ModelConfig(BaseConfig):
     target_modules: Any = "all-linear"
     # Use Liger kernels when installed (GPU only).
     use_liger: bool = False
+    # Log-probs and entropy from the last hidden states a chunk of tokens at a time (no [tokens, vocab] logits).
+    use_fused_kernels: bool = True
+    # Options of the fused log-prob head.
+    fused_kernel_options: FusedKernelOptionsConfig = field(default_factory=FusedKernelOptionsConfig)
     # Allow custom modelling code shipped with the checkpoint (tokenizer, actor, ref, rollout engine).
     trust_remote_code: bool = False
 
