@@ -287,6 +287,7 @@ def test_update_token_budget_is_named_when_activations_and_logits_overflow(tmp_p
         [
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400000",
             "actor_rollout_ref.rollout.free_cache_engine=True",
+            "actor_rollout_ref.model.use_fused_kernels=False",  # full [tokens, vocab] fp32 logits in the update
         ],
     )
     with pytest.raises(MemoryCheckError, match=r"phase 'update'.*lower actor_rollout_ref\.actor\.ppo_max_token_len"):

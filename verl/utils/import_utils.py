@@ -92,7 +92,30 @@ def load_module(module_path: str, module_name: Optional[str] = None) -> ModuleTy
     except BaseException:
         del sys.modules[name]
         raise
+    _pickle_by_value(module)
     return module
+
+
+def _pickle_by_value(module: ModuleType) -> None:
+    """Functions of a file module travel by value to Ray workers and process pools (cloudpickle; also Ray's copy):
+    the synthetic module name does not exist there (a reward function scored in a worker process, say)."""
+    picklers = []
+    try:
+        import cloudpickle
+
+        picklers.append(cloudpickle)
+    except ImportError:  # pragma: no cover - cloudpickle comes with Ray
+        pass
+    try:
+        from ray import cloudpickle as ray_cloudpickle
+
+        picklers.append(ray_cloudpickle)
+    except ImportError:  # pragma: no cover
+        pass
+    for pickler in picklers:
+        register = getattr(pickler, "register_pickle_by_value", None)
+        if register is not None:
+            register(module)
 
 
 def load_extern_object(module_path: str, object_name: str) -> Any:
