@@ -117,3 +117,18 @@ def test_flex_packed_lengths_compile_a_bounded_number_of_times(sdpa_model, tiny_
         torch.testing.assert_close(log_probs, reference, rtol=0, atol=1e-5)
     # create_block_mask and flex_attention: one static and one dynamic graph each
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
+
+
+def test_benchmark_batches_hold_the_asked_packed_length():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_flex_shapes import make_batch
+
+    gen = torch.Generator().manual_seed(0)
+    for total in (60, 257, 1500):
+        input_ids, attention_mask, position_ids = make_batch(total, rows=4, response_length=32, vocab=100, gen=gen)
+        assert int(attention_mask.sum()) == total and attention_mask[:, -32:].sum(dim=1).min() >= 1
+        packed = pack_rows(input_ids, attention_mask, position_ids, 32, length_multiple=128)
+        assert packed is not None and packed.input_ids.shape[1] == padded_packed_length(total, 128)
