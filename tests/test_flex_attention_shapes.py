@@ -8,7 +8,7 @@ What is checked (CPU, float32, the tiny Qwen2 model; flex_attention runs on CPU 
 * over 8 packed lengths from 60 to 1000 tokens (one-block and many-block micro-batches, in an order that makes
   torch specialise without the padding), flex_attention and its block mask compile 4 graphs in all (one static
   and one dynamic per function; 6 without the padding, measured), and every call's log-probs equal the padded
-  sdpa forward to 1e-5. (flex_attention has no backward on CPU: the update path's compile is GPU-only.)
+  sdpa forward to 1e-5 (also through the fused log-prob head). (flex_attention has no backward on CPU: the update path's compile is GPU-only.)
 """
 
 from __future__ import annotations
@@ -115,6 +115,11 @@ def test_flex_packed_lengths_compile_a_bounded_number_of_times(sdpa_model, tiny_
         )
         assert int(attention_mask.sum()) == total
         torch.testing.assert_close(log_probs, reference, rtol=0, atol=1e-5)
+    # the fused log-prob head reads the same packed positions (padding is never selected)
+    fused, _ = forward_response_log_probs(
+        flex, input_ids, attention_mask, position_ids, RESPONSE_LENGTH, use_remove_padding=True, use_fused_kernels=True
+    )
+    torch.testing.assert_close(fused, reference, rtol=0, atol=1e-5)
     # create_block_mask and flex_attention: one static and one dynamic graph each
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
 

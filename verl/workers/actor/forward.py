@@ -18,9 +18,9 @@ Two layouts, same numbers (tested to 1e-5 in float32):
   one trailing "document" of padding tokens with position_ids ``0, 1, ...``, which no real token attends to
   (causal + per-document mask) and whose outputs are never read. Every shape is then a whole number of blocks,
   so after the first (static) compile torch's automatic dynamic shapes give one dynamic compile that serves
-  every later length; without the padding a micro-batch of one block (``T <= 128``) is a third specialisation
-  and a partial last block is a different kernel (``tests/test_flex_attention_shapes.py``,
-  ``benchmarks/bench_flex_shapes.py``).
+  every later length (per grad mode); without the padding a micro-batch of one block (``T <= 128``) is a third
+  specialisation (CPU, torch 2.13: 4 graphs instead of 6, ``tests/test_flex_attention_shapes.py``,
+  ``benchmarks/bench_flex_shapes.py``). The padding adds fewer than 256 tokens per micro-batch.
 
 Where it runs: on CPU (tests) packing goes through sdpa's dense block-diagonal mask (exact: 1e-6 in fp32).
 On GPU, fp32 packed vs padded agree within 6e-6 for sdpa and flex_attention (H200). Speed on GPU: FA2 varlen
