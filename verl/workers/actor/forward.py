@@ -12,6 +12,15 @@ Two layouts, same numbers (tested to 1e-5 in float32):
   (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary projection.
   Rows whose valid ``position_ids`` are not ``0, 1, ..., n-1`` cannot be packed exactly; such micro-batches
   fall back to the padded layout (logged once).
+* **packed, flex_attention**: the packed length ``T`` changes with every micro-batch, and flex_attention and its
+  block mask are compiled (inductor) per shape. The packed sequence is therefore padded at the end up to a
+  multiple of flex's block size (128) and to at least two blocks (``packed_length_multiple``, ``pack_rows``):
+  one trailing "document" of padding tokens with position_ids ``0, 1, ...``, which no real token attends to
+  (causal + per-document mask) and whose outputs are never read. Every shape is then a whole number of blocks,
+  so after the first (static) compile torch's automatic dynamic shapes give one dynamic compile that serves
+  every later length (per grad mode); without the padding a micro-batch of one block (``T <= 128``) is a third
+  specialisation (CPU, torch 2.13: 4 graphs instead of 6, ``tests/test_flex_attention_shapes.py``,
+  ``benchmarks/bench_flex_shapes.py``). The padding adds fewer than 256 tokens per micro-batch.
 
 Where it runs: on CPU (tests) packing goes through sdpa's dense block-diagonal mask (exact: 1e-6 in fp32).
 On GPU, fp32 packed vs padded agree within 6e-6 for sdpa and flex_attention (H200). Speed on GPU: FA2 varlen
@@ -41,7 +50,13 @@ from torch import nn
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 
-__all__ = ["supports_logits_to_keep", "PackedRows", "pack_rows", "forward_response_log_probs"]
+__all__ = [
+    "supports_logits_to_keep",
+    "packed_length_multiple",
+    "PackedRows",
+    "pack_rows",
+    "forward_response_log_probs",
+]
 
 logger = logging.getLogger(__name__)
 _warned_fallback = False
@@ -58,6 +73,21 @@ def supports_logits_to_keep(model: nn.Module) -> bool:
         return False
 
 
+def packed_length_multiple(model: nn.Module) -> int:
+    """Length multiple for packed rows: flex_attention's block size (128) under ``flex_attention``, else 1.
+
+    Padding the packed sequence to whole blocks keeps flex_attention and its block mask from being compiled
+    again for new lengths (module docstring); the other attention implementations take any length as is.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    attn = getattr(getattr(base, "config", None), "_attn_implementation", None)
+    if attn != "flex_attention":
+        return 1
+    from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
+
+    return int(_DEFAULT_SPARSE_BLOCK_SIZE)
+
+
 @dataclass
 class PackedRows:
     """Valid tokens of ``b`` rows laid out as one sequence.
@@ -65,6 +95,7 @@ class PackedRows:
     ``input_ids``/``position_ids``: ``[1, T]``; ``predictor_index``: ``[K]`` packed positions whose logits
     predict a response token; ``label_index``: ``[K]`` packed positions of those tokens (``predictor + 1``);
     ``target_mask``: ``[b, R]`` bool, True where a log-prob is produced (row-major order matches ``K``).
+    ``num_padding``: tokens appended after the valid ones (``length_multiple``); never indexed by the above.
     """
 
     input_ids: torch.Tensor
@@ -72,13 +103,29 @@ class PackedRows:
     predictor_index: torch.Tensor
     label_index: torch.Tensor
     target_mask: torch.Tensor
+    num_padding: int = 0
+
+
+def padded_packed_length(total: int, length_multiple: int) -> int:
+    """``total`` rounded up to a multiple of ``length_multiple`` and, when that is > 1, to at least two multiples
+    (one flex block is a separate compile: torch specialises sizes 0 and 1, here the number of blocks)."""
+    if length_multiple <= 1:
+        return total
+    return max(-(-total // length_multiple), 2) * length_multiple
 
 
 def pack_rows(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    length_multiple: int = 1,
 ) -> Optional[PackedRows]:
     """Pack the valid tokens of a ``[b, S]`` batch; ``None`` when exact packing is impossible (positions that
-    do not restart at 0 and count up by 1 within each row, multi-dimensional rope positions, no tokens)."""
+    do not restart at 0 and count up by 1 within each row, multi-dimensional rope positions, no tokens).
+
+    ``length_multiple > 1`` appends padding tokens (``padded_packed_length``) as one extra sequence whose
+    position_ids restart at 0, so the per-row attention of the valid tokens is unchanged."""
     if position_ids.dim() != 2:
         return None
     valid = attention_mask.bool()
@@ -97,12 +144,19 @@ def pack_rows(
     # a response token is predicted by the previous valid token of the same row
     target_mask = valid[:, -response_length:] & (response_flat > row_starts.unsqueeze(1))
     label_index = response_flat[target_mask]
+    packed_ids = input_ids[valid]
+    num_padding = padded_packed_length(total, length_multiple) - total
+    if num_padding:
+        packed_ids = torch.cat([packed_ids, packed_ids.new_zeros(num_padding)])
+        pad_positions = torch.arange(num_padding, device=packed_positions.device, dtype=packed_positions.dtype)
+        packed_positions = torch.cat([packed_positions, pad_positions])
     return PackedRows(
-        input_ids=input_ids[valid].unsqueeze(0),
+        input_ids=packed_ids.unsqueeze(0),
         position_ids=packed_positions.unsqueeze(0),
         predictor_index=label_index - 1,
         label_index=label_index,
         target_mask=target_mask,
+        num_padding=num_padding,
     )
 
 
@@ -195,7 +249,11 @@ def forward_response_log_probs(
     entropy, on CUDA when installed; chunked otherwise).
     """
     global _warned_fallback
-    packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
+    packed = (
+        pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
+        if use_remove_padding
+        else None
+    )
     if use_remove_padding and packed is None and not _warned_fallback:
         logger.warning(
             "remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "

@@ -31,7 +31,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.workers.actor.forward import pack_rows
+from verl.workers.actor.forward import pack_rows, packed_length_multiple
 from verl.workers.actor.settings import apply_legacy_micro_batches, plain_values
 from verl.workers.config.actor import ActorConfig
 from verl.workers.config.base import Checks
@@ -137,7 +137,11 @@ def forward_response_values(
     ``use_remove_padding`` packs the valid tokens of all rows into one sequence whose ``position_ids`` restart at
     0 per row (same numbers; falls back to the padded layout when rows cannot be packed exactly).
     """
-    packed = pack_rows(input_ids, attention_mask, position_ids, response_length) if use_remove_padding else None
+    packed = (
+        pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
+        if use_remove_padding
+        else None
+    )
     if packed is not None:
         output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
         token_values = _head_output(output)[0, packed.predictor_index]
