@@ -66,8 +66,9 @@ def recorded_run(tmp_path, tiny_model_path, monkeypatch):
         seen.update(trainer=trainer, train_loader=train_loader, val_loader=val_loader, ckpt=ckpt, steps=total_steps)
         return []
 
-    def reward(name, tokenizer, compute_score=None, num_examine=0):
+    def reward(name, tokenizer, compute_score=None, num_examine=0, **kwargs):
         seen.setdefault("reward", []).append((name, compute_score))
+        seen.setdefault("reward_kwargs", []).append(kwargs)
         return Recorder()
 
     class Tracking(Recorder):

@@ -44,6 +44,7 @@ OVERRIDES = "tests/test_model_overrides.py::test_override_and_trust_remote_code_
 CRITIC_OVERRIDES = "tests/test_model_overrides.py::test_critic_gets_its_override_and_the_policys_trust_remote_code"
 HSDP = "tests/test_hsdp.py::test_hsdp_2x2_matches_plain_fsdp_and_one_process"
 DAPO = "tests/test_trainer_e2e.py::test_dapo_dynamic_sampling_and_overlong_shaping"
+KEYS3 = "tests/test_reward_and_dapo_keys.py"
 KL_REWARD = "tests/test_critic.py::test_rloo_with_kl_in_reward"
 RUN_LOG = f"{R}::test_run_passes_logging_checkpoint_and_ray_keys"
 RUN_SIZES = f"{R}::test_run_sizes_the_loaders_and_the_step_count"
@@ -247,6 +248,12 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "algorithm.kl_ctrl.target_kl": ("tests/test_core_algos.py::test_kl_controllers",),
     "algorithm.filter_groups.enable": (DAPO,),
     "algorithm.filter_groups.max_num_gen_batches": (DAPO,),
+    "algorithm.filter_groups.metric": (f"{KEYS3}::test_filter_groups_metric_picks_what_must_vary",),
+    "data.gen_batch_size": (f"{KEYS3}::test_gen_batch_size_draws_more_prompts_than_the_step_trains_on",),
+    "data.reward_fn_key": (f"{KEYS3}::test_reward_kwargs_and_reward_fn_key_reach_the_scorer",),
+    "reward_model.reward_kwargs": (f"{KEYS3}::test_reward_kwargs_and_reward_fn_key_reach_the_scorer",),
+    "actor_rollout_ref.model.external_lib": (f"{KEYS3}::test_external_lib_is_imported_before_the_models_load",),
+    "critic.model.external_lib": (f"{KEYS3}::test_external_lib_is_imported_before_the_models_load",),
     "algorithm.overlong_buffer.enable": (DAPO,),
     "algorithm.overlong_buffer.len": (DAPO,),
     "algorithm.overlong_buffer.penalty_factor": (DAPO,),

@@ -75,8 +75,6 @@ _WRAP = "FSDP2 always wraps each transformer layer; the size threshold is not re
 # Keys that are accepted and have no effect: key -> reason (docs/config.md, "Keys that do nothing").
 INERT: dict[str, str] = {
     "data.tokenizer": "the tokenizer is always actor_rollout_ref.model.path's",
-    "data.reward_fn_key": "the reward managers select the scorer by the data_source column; the key is not passed",
-    "data.gen_batch_size": "each generation batch is data.train_batch_size prompts (DAPO refills draw the same)",
     "data.return_raw_input_ids": "not read: the datasets return the fields the trainers need",
     "data.return_raw_chat": "not read: the datasets return the fields the trainers need",
     "data.return_full_prompt": "not read: the datasets return the fields the trainers need",
@@ -88,7 +86,6 @@ INERT: dict[str, str] = {
     "data.context_key": "informational: the memory dataset reads recurrent.memory.config.context_key "
     "(a warning is logged when the two differ)",
     "actor_rollout_ref.hybrid_engine": "actor and rollout are always colocated",
-    "actor_rollout_ref.model.external_lib": "not imported",
     "actor_rollout_ref.actor.strategy": "fsdp and fsdp2 both mean the one FSDP2 engine (validated only)",
     "actor_rollout_ref.actor.use_torch_compile": "the log-prob/entropy helpers are not compiled",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": _SP_REASON,
@@ -108,7 +105,6 @@ INERT: dict[str, str] = {
     "critic.rollout_n": "the critic's batches come from the trainer; rollout.n is read there",
     "critic.strategy": "the critic uses the one FSDP2 engine (validated only)",
     "critic.model.tokenizer_path": "the critic uses the policy's tokenizer (same token ids)",
-    "critic.model.external_lib": "not imported",
     "critic.model.fsdp_config.param_offload": "critic offload is not implemented",
     "critic.model.fsdp_config.optimizer_offload": "critic offload is not implemented",
     "critic.model.fsdp_config.wrap_policy.min_num_params": _WRAP,
@@ -129,9 +125,7 @@ INERT: dict[str, str] = {
     "reward_model.ulysses_sequence_parallel_size": _NO_RM,
     "reward_model.use_dynamic_bsz": _NO_RM,
     "reward_model.forward_max_token_len_per_gpu": _NO_RM,
-    "reward_model.reward_kwargs": "not passed to the reward manager yet (the managers accept reward_kwargs)",
     "reward_model.launch_reward_fn_async": "rewards are computed when the rollout returns",
-    "algorithm.filter_groups.metric": "the DAPO filter always uses the trajectory score",
     "trainer.balance_batch": "rows are not reordered (recurrent mode needs their order)",
     "trainer.rollout_data_dir": "rollouts are not dumped",
     "trainer.validation_data_dir": "validation generations are not dumped (see trainer.log_val_generations)",

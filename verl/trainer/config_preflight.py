@@ -349,8 +349,11 @@ def _is_null(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], Optional[int]]:
-    """Problems of one data file and its number of rows (None when it cannot be read)."""
+def _file_row_errors(
+    key: str, file: str, any_source: bool, source_key: str = "data_source"
+) -> tuple[list[str], Optional[int]]:
+    """Problems of one data file and its number of rows (None when it cannot be read); ``source_key``: the
+    column that routes each row to its scorer (``data.reward_fn_key``)."""
     from verl.utils.reward_score import known_data_sources, resolve_scorer
 
     path = Path(file)
@@ -362,7 +365,7 @@ def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], 
     if path.stat().st_size == 0:
         return [f"{key}: data file {file} is empty (0 bytes)"], None
     try:
-        n_rows, columns = _read_columns(path, ("data_source", "reward_model"))
+        n_rows, columns = _read_columns(path, (source_key, "reward_model"))
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
         return [f"{key}: cannot read data file {file}: {err}"], None
     if n_rows == 0:
@@ -384,11 +387,13 @@ def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], 
                 f"{file} {_rows_text(no_truth)} ({key}): field reward_model.ground_truth is null or missing; "
                 "such a row would be scored 0"
             )
+    if source_key != "data_source" and source_key not in columns:
+        errors.append(f"{file}: missing column {source_key!r} ({key}), named by data.reward_fn_key")
     # no data_source column: the reward managers route every row as hotpotqa (a known source)
-    if not any_source and "data_source" in columns:
+    if not any_source and source_key in columns:
         unknown: dict[Any, list[int]] = {}
         verdict: dict[Any, bool] = {}
-        for i, source in enumerate(columns["data_source"]):
+        for i, source in enumerate(columns[source_key]):
             hashable = source if isinstance(source, (str, type(None), int, float)) else repr(source)
             if hashable not in verdict:
                 try:
@@ -400,7 +405,7 @@ def _file_row_errors(key: str, file: str, any_source: bool) -> tuple[list[str], 
                 unknown.setdefault(hashable, []).append(i)
         for source, rows in unknown.items():
             errors.append(
-                f"{file} {_rows_text(rows)} ({key}): field data_source={source!r} has no reward scorer (known "
+                f"{file} {_rows_text(rows)} ({key}): field {source_key}={source!r} has no reward scorer (known "
                 f"data_source prefixes: {', '.join(known_data_sources())}); set custom_reward_function.path or "
                 "register one with verl.utils.reward_score.register_scorer"
             )
@@ -415,7 +420,7 @@ def data_file_errors(cfg: DictConfig) -> tuple[list[str], Optional[int]]:
     train_rows: Optional[int] = 0
     for key in ("data.train_files", "data.val_files"):
         for file in _file_list(_get(cfg, key)):
-            problems, n_rows = _file_row_errors(key, file, any_source)
+            problems, n_rows = _file_row_errors(key, file, any_source, _get(cfg, "data.reward_fn_key", "data_source"))
             errors += problems
             if key == "data.train_files":
                 train_rows = None if n_rows is None or train_rows is None else train_rows + n_rows
@@ -460,7 +465,11 @@ def resume_errors(cfg: DictConfig, train_rows: Optional[int]) -> list[str]:
     except (OSError, KeyError, TypeError, pickle.UnpicklingError, EOFError) as err:
         return [f"trainer.resume_mode={_get(cfg, 'trainer.resume_mode')}: cannot read {state_file} ({err})"]
     now = {
-        "batch_size": ("data.train_batch_size", _get(cfg, "data.train_batch_size")),
+        "batch_size": (
+            ("data.gen_batch_size", _get(cfg, "data.gen_batch_size"))
+            if _get(cfg, "data.gen_batch_size")
+            else ("data.train_batch_size", _get(cfg, "data.train_batch_size"))
+        ),
         "shuffle": ("data.shuffle", bool(_get(cfg, "data.shuffle", True))),
         "seed": ("data.seed", int(_get(cfg, "data.seed", 1) or 1)),
     }

@@ -216,6 +216,16 @@ def _check_batch_sizes(c: _Checker) -> None:
     if _is_int(train_bs) and _is_int(mini_bs) and mini_bs >= 1 and train_bs % mini_bs != 0:
         c.error(f"data.train_batch_size must be divisible by {a}.ppo_mini_batch_size (got {train_bs} and {mini_bs})")
     _check_micro_batch(c, a, "ppo_micro_batch_size", f"{a}.use_dynamic_bsz", f"{a}.ppo_max_token_len_per_gpu")
+    gen_bs = c.get("data.gen_batch_size")
+    dapo = c.get("recurrent.enable") and c.get("algorithm.filter_groups.enable")
+    if _is_int(gen_bs) and _is_int(train_bs) and gen_bs != train_bs and not dapo:
+        # upstream trains on the whole generation batch then; here each update takes train_batch_size //
+        # ppo_mini_batch_size optimizer steps of train_batch_size prompts, so only the DAPO refill uses it
+        c.error(
+            f"data.gen_batch_size={gen_bs} differs from data.train_batch_size={train_bs}: that needs "
+            "algorithm.filter_groups.enable=True in recurrent mode (generation batches are drawn until "
+            "train_batch_size groups survive the filter); set data.gen_batch_size=null otherwise"
+        )
 
 
 def _check_micro_batch(c: _Checker, section: str, name: str, dynamic_key: str, token_key: str) -> None:

@@ -73,6 +73,9 @@ def run(cfg: DictConfig) -> list[dict]:
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
     use_critic = not name and conf.algorithm.adv_estimator == "gae"
 
+    from verl.utils.import_utils import import_external_libs
+
+    import_external_libs(conf.actor_rollout_ref.model.external_lib)  # custom architectures/tokenizers register here
     tokenizer = load_tokenizer(conf.actor_rollout_ref.model)  # with model.trust_remote_code
     workflow = None
     if name:  # multi-turn workflow, built by its provider (recurrent.provider: module:function)
@@ -118,8 +121,11 @@ def run(cfg: DictConfig) -> list[dict]:
     wg.init_model()
     rm_name = conf.reward_model.reward_manager
     compute_score = load_custom_reward_fn(conf.custom_reward_function)
-    reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=0)
-    val_reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=1)
+    # data.reward_fn_key: the column routed to the scorer as data_source; reward_model.reward_kwargs: extra keyword
+    # arguments of every scorer call (custom or built-in), as upstream's managers take them
+    reward_kw = {"reward_fn_key": conf.data.reward_fn_key, **conf.reward_model.reward_kwargs}
+    reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=0, **reward_kw)
+    val_reward_fn = load_reward_manager(rm_name, tokenizer, compute_score=compute_score, num_examine=1, **reward_kw)
     tracker = Tracking(
         project_name=conf.trainer.project_name,
         experiment_name=conf.trainer.experiment_name,

@@ -88,6 +88,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
+        from verl.utils.import_utils import import_external_libs
         from verl.utils.model_loading import load_causal_lm
 
         self._init_distributed()
@@ -97,6 +98,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
         self.model_path = str(model_cfg.path)
+        import_external_libs(model_cfg.external_lib)  # model.external_lib: before actor, ref and rollout engine load
         actor_module = load_causal_lm(
             self.model_path,
             dtype=train_dtype,

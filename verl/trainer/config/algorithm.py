@@ -44,14 +44,20 @@ class FilterGroupsConfig(BaseConfig):
 
     # Turn the filter on.
     enable: bool = False
-    # Per-trajectory quantity whose variance decides: score (verifier) | reward (after shaping).
+    # Per-trajectory quantity whose spread decides: score (the verifier's score) | reward (after the overlong
+    # penalty) | a key of the scorer's result dict (e.g. acc, as upstream DAPO).
     metric: str = "score"
     # Max generation batches drawn to fill a training batch; 0 = no limit.
     max_num_gen_batches: int = 0
 
     def check(self, c: Checks) -> None:
         if self.enable:
-            c.choice("metric", FILTER_GROUP_METRICS)
+            if not isinstance(self.metric, str) or not self.metric.strip():
+                c.error(
+                    f"{c.key('metric')} must be {' | '.join(FILTER_GROUP_METRICS)} or a key of the scorer's result "
+                    f"dict (got {self.metric!r})",
+                    "metric",
+                )
             c.integer("max_num_gen_batches", 0)
 
 

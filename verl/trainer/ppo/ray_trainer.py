@@ -140,23 +140,24 @@ class MultiConvTrainer(TrainerCore):
         with timer("reward", timing):
             finals = final_batch(conv, final_mask, sample_index)
             finals.non_tensor_batch.update(batch.non_tensor_batch)
-            scores, _ = (self.val_reward_fn if validate else self.reward_fn)(finals)
+            scores, extra = (self.val_reward_fn if validate else self.reward_fn)(finals)
+            finals.meta_info["reward_extra_info"] = extra  # the scorer's other dict keys (filter_groups.metric)
         return batch, conv, final_mask, sample_index, scores, finals
 
     # ---------------------------------------------------------------- rollouts, shaping, DAPO filter
     def collect_rollouts(self, batch, n, next_batch, timing, metrics):
         dapo = self.conf.algorithm.filter_groups
         dapo_filter = dapo.enable
-        want_groups = len(batch)
+        want_groups = self.conf.data.train_batch_size  # a generation batch has data.gen_batch_size prompts
         max_gen = dapo.max_num_gen_batches
         parts, num_gen = [], 0
         while True:
             num_gen += 1
             traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing)
-            scores = self._shape_rewards(scores, finals, metrics)
-            part = (traj, conv, final_mask, sample_index, scores)
+            rewards = self._shape_rewards(scores, finals, metrics)
+            part = (traj, conv, final_mask, sample_index, rewards)
             if dapo_filter:
-                part, stats = self._filter_groups(*part)
+                part, stats = self._filter_groups(*part, by=self._filter_metric(dapo.metric, scores, rewards, finals))
                 for k, v in stats.items():
                     metrics[f"train/{k}"] = metrics.get(f"train/{k}", 0) + v
             parts.append(part)
@@ -189,8 +190,25 @@ class MultiConvTrainer(TrainerCore):
         metrics["train/overlong_penalty_mean"] = float(penalty.mean())
         return scores + penalty.to(scores.dtype)
 
-    def _filter_groups(self, traj, conv, final_mask, sample_index, scores):
-        keep, stats = filter_zero_variance_groups(scores, traj.non_tensor_batch["uid"])
+    @staticmethod
+    def _filter_metric(name: str, scores, rewards, finals) -> torch.Tensor:
+        """``algorithm.filter_groups.metric``: ``score`` (the verifier's), ``reward`` (after the overlong penalty)
+        or a key of the scorer's result dict (e.g. ``acc``), one value per trajectory."""
+        if name == "score":
+            return scores
+        if name == "reward":
+            return rewards
+        extra = finals.meta_info.get("reward_extra_info") or {}
+        if name not in extra:
+            raise KeyError(
+                f"algorithm.filter_groups.metric={name!r}: the scorer's results have no {name!r} key (they have: "
+                f"{', '.join(sorted(extra)) or 'only score'}); use score, reward or one of those keys"
+            )
+        return torch.tensor([float(v) for v in extra[name]], dtype=torch.float64)
+
+    def _filter_groups(self, traj, conv, final_mask, sample_index, scores, by):
+        """Keep the groups whose ``by`` values [T] are not all equal; ``scores`` are what the step trains on."""
+        keep, stats = filter_zero_variance_groups(by, traj.non_tensor_batch["uid"])
         return _select_trajectories(traj, conv, final_mask, sample_index, scores, keep), stats
 
     # ---------------------------------------------------------------- validation

@@ -224,7 +224,8 @@ class ResumableDataLoader:
 
 
 def train_dataloader(dataset: Any, data_cfg: Any, collate_fn: Optional[Callable[[list[Any]], Any]] = None):
-    """The trainer's training loader from the ``data`` section: ``train_batch_size`` prompts per batch,
+    """The trainer's training loader from the ``data`` section: ``gen_batch_size`` prompts per batch (null:
+    ``train_batch_size``; DAPO draws generation batches until ``train_batch_size`` groups survive its filter),
     ``shuffle``, ``seed`` and ``dataloader_num_workers`` worker processes (0 = load in the trainer's process;
     resuming stays exact either way, see ``ResumableDataLoader``). ``data_cfg``: the typed ``DataConfig``, a
     DictConfig or a dict (absent keys take the YAML's defaults)."""
@@ -233,7 +234,7 @@ def train_dataloader(dataset: Any, data_cfg: Any, collate_fn: Optional[Callable[
     data = DataConfig.from_config(data_cfg)  # ConfigError (a ValueError) naming data.<key> for a bad value
     return ResumableDataLoader(
         dataset,
-        batch_size=data.train_batch_size,
+        batch_size=data.gen_batch_size or data.train_batch_size,
         shuffle=data.shuffle,
         seed=data.seed,
         collate_fn=collate_fn,

@@ -89,6 +89,7 @@ class CriticWorker(TrainingWorker):
     def init_model(self) -> None:
         """Load the value model, shard it, build AdamW, the LR schedule and the ``DataParallelPPOCritic``."""
         from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
+        from verl.utils.import_utils import import_external_libs
 
         self._init_distributed()
         cfg = self.conf
@@ -97,6 +98,7 @@ class CriticWorker(TrainingWorker):
         torch.manual_seed(cfg.seed)
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         self.model_path = os.path.expanduser(model_cfg.path)
+        import_external_libs(model_cfg.external_lib)  # critic.model.external_lib: registers custom architectures
         module = load_value_model(
             self.model_path,
             dtype="float32",

@@ -14,22 +14,25 @@ from verl.utils.reward_score import default_compute_score
 logger = logging.getLogger(__name__)
 
 
-def reward_requests(data: DataProto, tokenizer) -> list[dict[str, Any]]:
-    """One verifier call's keyword arguments per row: data_source, solution_str, ground_truth."""
+def reward_requests(data: DataProto, tokenizer, reward_fn_key: str = "data_source") -> list[dict[str, Any]]:
+    """One verifier call's keyword arguments per row: data_source (the row's ``reward_fn_key`` column, i.e.
+    ``data.reward_fn_key``: it selects the scorer), solution_str, ground_truth, extra_info."""
     responses = data.batch["responses"]
     mask = data.batch["response_mask"].bool()
     texts = tokenizer.batch_decode([r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True)
     nt = data.non_tensor_batch
+    if reward_fn_key != "data_source" and len(texts) and reward_fn_key not in nt:
+        raise KeyError(f"data.reward_fn_key={reward_fn_key!r}: the batch has no column {reward_fn_key!r}")
     out = []
     for i, text in enumerate(texts):
         rm = nt["reward_model"][i] if "reward_model" in nt else {}
         if "ground_truth" not in (rm or {}):
             raise KeyError(
-                f"row {i}: reward_model.ground_truth is missing (data_source={nt.get('data_source', ['?'])[i]!r})"
+                f"row {i}: reward_model.ground_truth is missing ({reward_fn_key}={nt.get(reward_fn_key, ['?'])[i]!r})"
             )
         out.append(
             {
-                "data_source": nt["data_source"][i] if "data_source" in nt else "hotpotqa",
+                "data_source": nt[reward_fn_key][i] if reward_fn_key in nt else "hotpotqa",
                 "solution_str": text,
                 "ground_truth": rm["ground_truth"],
                 "extra_info": nt["extra_info"][i] if "extra_info" in nt else None,
@@ -47,6 +50,9 @@ def split_score(result: Any) -> tuple[float, dict[str, Any]]:
 
 
 class NaiveRewardManager:
+    """``reward_fn_key``: the column passed as the scorer's ``data_source`` (``data.reward_fn_key``);
+    ``reward_kwargs``: extra keyword arguments of every scorer call (``reward_model.reward_kwargs``)."""
+
     def __init__(
         self,
         tokenizer,
@@ -58,10 +64,11 @@ class NaiveRewardManager:
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.num_examine = num_examine
+        self.reward_fn_key = reward_fn_key
         self.reward_kwargs = reward_kwargs
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list]]:
-        requests = reward_requests(data, self.tokenizer)
+        requests = reward_requests(data, self.tokenizer, self.reward_fn_key)
         results = [self.compute_score(**req, **self.reward_kwargs) for req in requests]
         return collect(results, requests, self.num_examine)
 

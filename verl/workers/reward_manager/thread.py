@@ -87,7 +87,8 @@ class ThreadRewardManager:
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.num_examine = num_examine
-        self.reward_kwargs = reward_kwargs
+        self.reward_fn_key = reward_fn_key  # data.reward_fn_key: the column passed as data_source
+        self.reward_kwargs = reward_kwargs  # reward_model.reward_kwargs: extra keyword arguments of each call
         try:
             cloudpickle.dumps(self.compute_score)
         except Exception as e:  # noqa: BLE001
@@ -97,6 +98,6 @@ class ThreadRewardManager:
         self.pool = RewardActorPool(max_workers=max_workers)
 
     def __call__(self, data: DataProto) -> tuple[torch.Tensor, dict[str, list]]:
-        requests = [{**r, **self.reward_kwargs} for r in reward_requests(data, self.tokenizer)]
+        requests = [{**r, **self.reward_kwargs} for r in reward_requests(data, self.tokenizer, self.reward_fn_key)]
         results = self.pool.map(self.compute_score, requests)
         return collect(results, requests, self.num_examine)
