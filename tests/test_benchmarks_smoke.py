@@ -137,6 +137,7 @@ def test_weight_sync_counts_every_actor_tensor_once(tiny_model_path, tmp_path):
     assert report["legacy"]["gb_per_sync"] == pytest.approx(expected_bytes / 1e9)
     assert report["dtype_moved"] == "float32" and report["device_moved_from"] == "cpu"
     assert report["greedy_outputs_unchanged"] is True
+    assert report["greedy_outputs_repeatable_without_sync"] is True  # the control of that check
     assert set(report["seconds"]) == {
         "sync_after_sleep",
         "legacy_sync_after_sleep",
