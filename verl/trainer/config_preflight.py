@@ -6,7 +6,9 @@ workers would refuse only after the models are loaded or after the first rollout
 
 * estimators without their prerequisites: ``remax`` (no greedy baseline rollout), ``grpo_multiconv`` without a
   workflow, single-turn estimators in recurrent mode, ``gae`` without a loadable critic, KL in the reward without
-  the reference model (:func:`estimator_error`, :func:`kl_in_reward_error`: the trainers call the same functions);
+  the reference model, DAPO group filtering (``algorithm.filter_groups.enable``) without recurrent mode
+  (:func:`estimator_error`, :func:`kl_in_reward_error`, :func:`filter_groups_error`: the trainers call the same
+  functions);
 * settings not implemented: sequence parallelism on the ref model or the critic, KL estimators without an
   implementation (``full``), a vLLM tensor-parallel size above what the rollout runs, LoRA (the weight sync sends
   the adapters unmerged);
@@ -40,6 +42,7 @@ __all__ = [
     "check_config",
     "estimator_error",
     "kl_in_reward_error",
+    "filter_groups_error",
     "SINGLE_TURN_ESTIMATORS",
     "MULTI_TURN_ONLY_ESTIMATORS",
     "NOT_IMPLEMENTED_ESTIMATORS",
@@ -144,6 +147,16 @@ def kl_in_reward_error(use_kl_in_reward: bool, use_kl_loss: bool) -> Optional[st
     return None
 
 
+def filter_groups_error(enabled: bool, multi_turn: bool) -> Optional[str]:
+    """DAPO dynamic sampling is implemented by the recurrent trainer only; the single-turn one would ignore it."""
+    if enabled and not multi_turn:
+        return (
+            "algorithm.filter_groups.enable=True is only implemented in recurrent mode (recurrent.enable set); the "
+            "single-turn trainer does not filter groups, so set algorithm.filter_groups.enable=False"
+        )
+    return None
+
+
 def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
     """Estimator prerequisites and KL estimators that are selected but not implemented."""
     from verl.trainer.ppo.core_algos import UNSUPPORTED_KL_PENALTY_TYPES
@@ -158,9 +171,12 @@ def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
         bool(_get(cfg, "algorithm.use_kl_in_reward")),
     )
     if recurrent is None:
-        problem = kl_in_reward_error(use_kl_in_reward, use_kl_loss)
-        if problem:
-            errors.append(problem)
+        for problem in (
+            kl_in_reward_error(use_kl_in_reward, use_kl_loss),
+            filter_groups_error(bool(_get(cfg, "algorithm.filter_groups.enable")), multi_turn=False),
+        ):
+            if problem:
+                errors.append(problem)
     for key, used, switch in (
         ("actor_rollout_ref.actor.kl_loss_type", use_kl_loss, "actor_rollout_ref.actor.use_kl_loss"),
         ("algorithm.kl_penalty", use_kl_in_reward, "algorithm.use_kl_in_reward"),
