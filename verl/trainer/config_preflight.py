@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.data import file_list
 from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, active_recurrent_name
 
 __all__ = [
@@ -326,16 +327,6 @@ def reward_function_errors(cfg: DictConfig) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _file_list(spec: Any) -> list[str]:
-    if spec is None or spec == "":
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    if not isinstance(spec, (list, tuple)):
-        spec = OmegaConf.to_container(spec, resolve=True)
-    return [str(s) for s in spec]
-
-
 def _rows_text(rows: Sequence[int]) -> str:
     named = ", ".join(str(r) for r in rows[:_MAX_ROWS_NAMED])
     more = f" and {len(rows) - _MAX_ROWS_NAMED} more" if len(rows) > _MAX_ROWS_NAMED else ""
@@ -435,7 +426,7 @@ def data_file_errors(cfg: DictConfig) -> tuple[list[str], Optional[int]]:
     errors: list[str] = []
     train_rows: Optional[int] = 0
     for key in ("data.train_files", "data.val_files"):
-        for file in _file_list(_get(cfg, key)):
+        for file in file_list(_get(cfg, key)):
             problems, n_rows = _file_row_errors(key, file, any_source, _get(cfg, "data.reward_fn_key", "data_source"))
             errors += problems
             if key == "data.train_files":
