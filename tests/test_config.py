@@ -507,6 +507,30 @@ def test_validation_error_names_the_key(bad: list[str], expected: list[str], ove
         assert fragment in message, f"{fragment!r} not in:\n{message}"
 
 
+def test_reward_kwargs_clashing_with_the_managers_arguments_are_refused(overrides_7b: list[str]) -> None:
+    """reward_model.reward_kwargs go through the manager's constructor and into every scorer call: a name the
+    manager or the per-row call already uses would be overridden or fail only after the models load."""
+    from verl.workers.reward_manager import reserved_reward_kwargs
+
+    reserved = reserved_reward_kwargs()
+    assert {"num_examine", "max_workers", "reward_fn_key", "compute_score", "tokenizer"} <= set(reserved)
+    assert {"data_source", "solution_str", "ground_truth", "extra_info"} <= set(reserved)
+    kwargs = ["num_examine=3", "max_workers=2", "solution_str=x", "format_score=0.1"]
+    cfg = compose_config(overrides_7b + [f"+reward_model.reward_kwargs.{kw}" for kw in kwargs])
+    with pytest.raises(ConfigError) as info:
+        validate_config(cfg)
+    errors = info.value.errors
+    assert len(errors) == 3, errors
+    assert errors[0].startswith(
+        "reward_model.reward_kwargs.num_examine=3: the name 'num_examine' is an argument of the naive reward manager"
+    )
+    assert errors[1].startswith(
+        "reward_model.reward_kwargs.max_workers=2: the name 'max_workers' is an argument of the thread reward manager"
+    )
+    assert errors[2].startswith("reward_model.reward_kwargs.solution_str='x': the name 'solution_str' is the scorer's")
+    validate_config(compose_config(overrides_7b + ["+reward_model.reward_kwargs.format_score=0.1"]))
+
+
 def test_all_errors_are_reported_at_once(overrides_7b: list[str]) -> None:
     cfg = compose_config(overrides_7b + ["trainer.device=tpu", "actor_rollout_ref.rollout.name=sglang"])
     with pytest.raises(ValueError) as info:  # ConfigError is a ValueError

@@ -440,6 +440,41 @@ def test_main_ppo_rejects_an_unknown_key_before_anything_loads(monkeypatch):
         main_ppo.run(cfg)
 
 
+def test_the_key_check_uses_the_config_the_run_was_composed_from(tmp_path, monkeypatch):
+    """main_ppo with --config-path/--config-name: keys of that config are valid, typos of them are refused."""
+    import sys
+
+    from verl.trainer import config_schema, main_ppo
+
+    (tmp_path / "custom.yaml").write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        f"hydra:\n  searchpath:\n    - file://{Path(config_keys.CONFIG_PATH).parent}\n"
+        "my_section:\n  depth: 2\n"
+    )
+    reached = []
+
+    def stop(cfg):  # the step after the key check: record the config and go no further
+        reached.append(cfg)
+        raise RuntimeError("stop after the key check")
+
+    monkeypatch.setattr(config_schema, "validate_config", stop)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+
+    def launch(*overrides):
+        argv = ["main_ppo", f"--config-path={tmp_path}", "--config-name=custom", f"hydra.run.dir={tmp_path / 'run'}"]
+        monkeypatch.setattr(sys, "argv", argv + ["hydra/job_logging=none", "hydra/hydra_logging=none", *overrides])
+        main_ppo.main()
+
+    with pytest.raises(RuntimeError, match="stop after the key check"):
+        launch("my_section.depth=5")
+    assert reached[0].my_section.depth == 5 and reached[0].data.train_batch_size == 1024
+    with pytest.raises(UnknownConfigKeyError) as error:
+        launch("+my_section.deph=1")
+    assert error.value.messages == ["unknown key my_section.deph; did you mean my_section.depth?"]
+    # outside a Hydra app the default ppo_trainer.yaml decides: the custom section is unknown there
+    assert find_unknown_keys({"my_section": {"depth": 2}}) == ["unknown key my_section.depth"]
+
+
 def test_free_form_sections_accept_any_key():
     cfg = compose_config(
         [

@@ -19,7 +19,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
-from verl.trainer.config_preflight import NOT_IMPLEMENTED_ESTIMATORS, check_config, estimator_error
+from verl.trainer.config_preflight import (
+    NOT_IMPLEMENTED_ESTIMATORS,
+    check_config,
+    estimator_error,
+    filter_groups_error,
+)
 from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, validate_config
 
 CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
@@ -156,6 +161,20 @@ def test_ref_sequence_parallel_and_kl_estimators_without_implementation(tmp_path
     )
     # unused: no reference model, no KL term -> nothing fails later, nothing refused now
     check_config(_cfg(tmp_path, "actor_rollout_ref.actor.kl_loss_type=full", "algorithm.kl_penalty=full"))
+
+
+def test_filter_groups_is_refused_without_recurrent_mode(tmp_path):
+    """The single-turn trainer has no DAPO group filter: enabling it would be silently ignored."""
+    message = _one(
+        _cfg(tmp_path, "algorithm.filter_groups.enable=True"),
+        "algorithm.filter_groups.enable=True is only implemented in recurrent mode",
+    )
+    assert message == filter_groups_error(True, multi_turn=False)
+    assert filter_groups_error(True, multi_turn=True) is None and filter_groups_error(False, multi_turn=False) is None
+    # in recurrent mode the filter runs: no error about it
+    check_config(
+        _cfg(tmp_path, "recurrent.enable=memory", "data.truncation=center", "algorithm.filter_groups.enable=True")
+    )
 
 
 def test_the_trainers_refuse_with_the_same_rules():
@@ -375,3 +394,6 @@ def test_single_turn_trainer_raises_the_launch_check_message(tmp_path):
     with pytest.raises(NotImplementedError) as info:
         SingleTurnPPOTrainer(cfg, tok, None, None, None, None, None)
     assert str(info.value) == estimator_error("remax", multi_turn=False)
+    with pytest.raises(ValueError) as info:
+        SingleTurnPPOTrainer(_cfg(tmp_path, "algorithm.filter_groups.enable=True"), tok, None, None, None, None, None)
+    assert str(info.value) == filter_groups_error(True, multi_turn=False)

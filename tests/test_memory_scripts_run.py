@@ -69,8 +69,8 @@ def test_memory_scripts_run_one_scaled_down_step(tiny_model_path, tmp_path, monk
     """
     data = tmp_path / "data" / "hotpotqa"
     data.mkdir(parents=True)
-    _data(data, tiny_model_path, 4, "hotpotqa_train_32k")
-    _data(data, tiny_model_path, 2, "hotpotqa_dev")
+    _data(data, 4, "hotpotqa_train_32k")
+    _data(data, 2, "hotpotqa_dev")
     tables = []
     check = config_keys.check_config_keys
     monkeypatch.setattr(config_keys, "check_config_keys", lambda cfg: tables.append(check(cfg)) or tables[-1])

@@ -352,12 +352,24 @@ def test_every_key_has_a_comment_line_above_it():
         ("optim.lr_scheduler=wsd", 1, r"optim.lr_scheduler must be one of \('constant', 'cosine'\), got 'wsd'"),
         ("trainer.total_training_steps=0", 1, "trainer.total_training_steps must be null or an integer >= 1"),
         ("optim.warmup_steps_ratio=1.5", 1, r"optim.warmup_steps_ratio must be in \[0, 1\], got 1.5"),
+        ("data.train_files=''", 1, "data.train_files must name at least one parquet/json/jsonl file, got nothing"),
     ],
 )
 def test_config_is_validated_early_with_the_key_named(tiny_model_path, data_file, tmp_path, override, world, message):
     cfg = _cfg(tiny_model_path, data_file, tmp_path, override)
     with pytest.raises(ValueError, match=message):
         validate_sft_config(cfg, world)
+
+
+def test_sft_and_rl_trainers_read_file_lists_with_one_helper():
+    """data.train_files / data.val_files: one path, a list (ListConfig too) or none, the same for SFT and RL."""
+    from verl.trainer import config_preflight, fsdp_sft_trainer
+    from verl.trainer.config.data import DataConfig, file_list
+
+    assert fsdp_sft_trainer.file_list is file_list and config_preflight.file_list is file_list
+    assert file_list(None) == file_list("") == [] and file_list("a.parquet") == ["a.parquet"]
+    assert file_list(OmegaConf.create({"f": ["a.parquet", "${x}"], "x": "b.jsonl"}).f) == ["a.parquet", "b.jsonl"]
+    assert DataConfig.from_config({"train_files": "a.parquet", "val_files": ["b.jsonl"]}).val_file_list == ["b.jsonl"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,13 +20,15 @@ import verl.trainer.main_ppo as main_ppo
 CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
 
 
-def _data(tmp: Path, tok_path: Path, n: int, name: str) -> str:
+def _data(tmp: Path, n: int, name: str, doc_chars: int = 200) -> str:
+    """``n`` memory-agent rows in ``tmp/<name>.parquet``; row ``i``'s document has ``doc_chars + 37 * i``
+    characters of filler after the answer sentence."""
     words = " ".join(f"w{i}" for i in range(400))
     rows = [
         {
             "data_source": "hotpotqa",
             "prompt": [{"role": "user", "content": f"What is the code number {i}?"}],
-            "context": f"The code is {i}. " + words[: 200 + 37 * i],
+            "context": f"The code is {i}. " + words[: doc_chars + 37 * i],
             "reward_model": {"style": "rule", "ground_truth": [str(i)]},
             "extra_info": {"index": i},
         }
@@ -38,7 +40,7 @@ def _data(tmp: Path, tok_path: Path, n: int, name: str) -> str:
 
 
 def _cfg(tmp: Path, model: Path, out: str, steps: int, extra=()):
-    train, val = _data(tmp, model, 4, "train"), _data(tmp, model, 2, "val")
+    train, val = _data(tmp, 4, "train"), _data(tmp, 2, "val")
     overrides = [
         f"data.train_files={train}",
         f"data.val_files={val}",

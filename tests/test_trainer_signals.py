@@ -17,40 +17,23 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import ray
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
+from tests.test_trainer_e2e import _data
 from verl.utils.checkpoint import CheckpointManager
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
 
 
-def _data(tmp: Path, n: int, name: str) -> str:
-    words = " ".join(f"w{i}" for i in range(200))
-    rows = [
-        {
-            "data_source": "hotpotqa",
-            "prompt": [{"role": "user", "content": f"What is the code number {i}?"}],
-            "context": f"The code is {i}. " + words[: 100 + 37 * i],
-            "reward_model": {"style": "rule", "ground_truth": [str(i)]},
-            "extra_info": {"index": i},
-        }
-        for i in range(n)
-    ]
-    path = tmp / f"{name}.parquet"
-    pd.DataFrame(rows).to_parquet(path)
-    return str(path)
-
-
 def _overrides(tmp: Path, model: Path, out: Path, steps: int, extra=()) -> list[str]:
     """A tiny memory-agent GRPO run on CPU (one in-process rank, HF rollout), logs in ``out/logs``."""
     return [
-        f"data.train_files={_data(tmp, 4, 'train')}",
-        f"data.val_files={_data(tmp, 2, 'val')}",
+        f"data.train_files={_data(tmp, 4, 'train', doc_chars=100)}",
+        f"data.val_files={_data(tmp, 2, 'val', doc_chars=100)}",
         "data.train_batch_size=2",
         "data.truncation=center",
         f"actor_rollout_ref.model.path={model}",

@@ -1,8 +1,10 @@
 """Which trainer config keys exist, and which are accepted but do nothing.
 
-The valid keys are those of the default config ``verl/trainer/config/ppo_trainer.yaml`` (it has no Hydra
-defaults list, so the composed default is the file itself), plus the few keys of :data:`EXTRA_KEYS` that code
-reads but the YAML leaves out. :func:`check_config_keys` runs first in ``main_ppo.run``:
+The valid keys are those of the config the run was composed from, before the command-line overrides: inside a
+Hydra app (``main_ppo`` with ``--config-name``/``--config-path``) Hydra's ``job.config_name`` composed again from
+the same config sources; otherwise (a config composed by hand, tests) the default config
+``verl/trainer/config/ppo_trainer.yaml`` (it has no Hydra defaults list, so the composed default is the file
+itself). The few keys of :data:`EXTRA_KEYS` that code reads but the YAML leaves out are valid too. :func:`check_config_keys` runs first in ``main_ppo.run``:
 
 * a key the user added that is none of those (``+actor_rollout_ref.actor.ppo_mini_batchsize=2``: Hydra's own
   advice for a typo) is an :class:`UnknownConfigKeyError` naming it and the closest valid key, e.g.
@@ -177,9 +179,32 @@ def leaf_keys(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield path, value
 
 
-@lru_cache(maxsize=1)
+def _config_source() -> tuple[str, ...] | None:
+    """``(config_name, config sources...)`` of the running Hydra app, or None outside one (or in a bare
+    ``initialize``/``compose`` context, which has no job)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    if not (HydraConfig.initialized() and GlobalHydra.instance().is_initialized()):
+        return None
+    hydra_cfg = HydraConfig.get()
+    sources = tuple(f"{s.provider}={s.schema}://{s.path}" for s in hydra_cfg.runtime.config_sources)
+    return (str(hydra_cfg.job.config_name), *sources)
+
+
+@lru_cache(maxsize=8)
+def _tree_of(source: tuple[str, ...] | None) -> dict:
+    if source is None:
+        return OmegaConf.to_container(OmegaConf.load(CONFIG_PATH), resolve=False)
+    from hydra import compose
+
+    # the same config name and search path as the run, without its command-line overrides
+    return OmegaConf.to_container(compose(config_name=source[0]), resolve=False)
+
+
 def _default_tree() -> dict:
-    return OmegaConf.to_container(OmegaConf.load(CONFIG_PATH), resolve=False)
+    """The config the run was composed from (see the module docstring), unresolved."""
+    return _tree_of(_config_source())
 
 
 def default_config() -> DictConfig:
@@ -214,10 +239,14 @@ def _has_node(key: str) -> bool:
     return True
 
 
-@lru_cache(maxsize=1)
 def valid_keys() -> tuple[str, ...]:
     """Every leaf key of the default config plus EXTRA_KEYS (the candidates of "did you mean")."""
-    return tuple(sorted({k for k, _ in leaf_keys(_default_tree())} | set(EXTRA_KEYS)))
+    return _valid_keys_of(_config_source())
+
+
+@lru_cache(maxsize=8)
+def _valid_keys_of(source: tuple[str, ...] | None) -> tuple[str, ...]:
+    return tuple(sorted({k for k, _ in leaf_keys(_tree_of(source))} | set(EXTRA_KEYS)))
 
 
 def _closest(key: str) -> str | None:

@@ -6,7 +6,9 @@ workers would refuse only after the models are loaded or after the first rollout
 
 * estimators without their prerequisites: ``remax`` (no greedy baseline rollout), ``grpo_multiconv`` without a
   workflow, single-turn estimators in recurrent mode, ``gae`` without a loadable critic, KL in the reward without
-  the reference model (:func:`estimator_error`, :func:`kl_in_reward_error`: the trainers call the same functions);
+  the reference model, DAPO group filtering (``algorithm.filter_groups.enable``) without recurrent mode
+  (:func:`estimator_error`, :func:`kl_in_reward_error`, :func:`filter_groups_error`: the trainers call the same
+  functions);
 * settings not implemented: sequence parallelism on the ref model or the critic, KL estimators without an
   implementation (``full``), a vLLM tensor-parallel size above what the rollout runs, LoRA (the weight sync sends
   the adapters unmerged);
@@ -34,12 +36,14 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.data import file_list
 from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, active_recurrent_name
 
 __all__ = [
     "check_config",
     "estimator_error",
     "kl_in_reward_error",
+    "filter_groups_error",
     "SINGLE_TURN_ESTIMATORS",
     "MULTI_TURN_ONLY_ESTIMATORS",
     "NOT_IMPLEMENTED_ESTIMATORS",
@@ -144,6 +148,16 @@ def kl_in_reward_error(use_kl_in_reward: bool, use_kl_loss: bool) -> Optional[st
     return None
 
 
+def filter_groups_error(enabled: bool, multi_turn: bool) -> Optional[str]:
+    """DAPO dynamic sampling is implemented by the recurrent trainer only; the single-turn one would ignore it."""
+    if enabled and not multi_turn:
+        return (
+            "algorithm.filter_groups.enable=True is only implemented in recurrent mode (recurrent.enable set); the "
+            "single-turn trainer does not filter groups, so set algorithm.filter_groups.enable=False"
+        )
+    return None
+
+
 def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
     """Estimator prerequisites and KL estimators that are selected but not implemented."""
     from verl.trainer.ppo.core_algos import UNSUPPORTED_KL_PENALTY_TYPES
@@ -158,9 +172,12 @@ def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
         bool(_get(cfg, "algorithm.use_kl_in_reward")),
     )
     if recurrent is None:
-        problem = kl_in_reward_error(use_kl_in_reward, use_kl_loss)
-        if problem:
-            errors.append(problem)
+        for problem in (
+            kl_in_reward_error(use_kl_in_reward, use_kl_loss),
+            filter_groups_error(bool(_get(cfg, "algorithm.filter_groups.enable")), multi_turn=False),
+        ):
+            if problem:
+                errors.append(problem)
     for key, used, switch in (
         ("actor_rollout_ref.actor.kl_loss_type", use_kl_loss, "actor_rollout_ref.actor.use_kl_loss"),
         ("algorithm.kl_penalty", use_kl_in_reward, "algorithm.use_kl_in_reward"),
@@ -310,16 +327,6 @@ def reward_function_errors(cfg: DictConfig) -> list[str]:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _file_list(spec: Any) -> list[str]:
-    if spec is None or spec == "":
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    if not isinstance(spec, (list, tuple)):
-        spec = OmegaConf.to_container(spec, resolve=True)
-    return [str(s) for s in spec]
-
-
 def _rows_text(rows: Sequence[int]) -> str:
     named = ", ".join(str(r) for r in rows[:_MAX_ROWS_NAMED])
     more = f" and {len(rows) - _MAX_ROWS_NAMED} more" if len(rows) > _MAX_ROWS_NAMED else ""
@@ -419,7 +426,7 @@ def data_file_errors(cfg: DictConfig) -> tuple[list[str], Optional[int]]:
     errors: list[str] = []
     train_rows: Optional[int] = 0
     for key in ("data.train_files", "data.val_files"):
-        for file in _file_list(_get(cfg, key)):
+        for file in file_list(_get(cfg, key)):
             problems, n_rows = _file_row_errors(key, file, any_source, _get(cfg, "data.reward_fn_key", "data_source"))
             errors += problems
             if key == "data.train_files":

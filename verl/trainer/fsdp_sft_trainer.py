@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.data import file_list
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, sft_collate
 
 __all__ = ["FSDPSFTTrainer", "LR_SCHEDULERS", "validate_sft_config"]
@@ -42,18 +43,10 @@ logger = logging.getLogger(__name__)
 LR_SCHEDULERS = ("constant", "cosine")
 
 
-def _files(spec: Any) -> list[str]:
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    return [str(s) for s in spec]
-
-
 def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Reject settings that cannot work, naming the key, what was expected and what was given."""
     data, optim, trainer = cfg.data, cfg.optim, cfg.trainer
-    if not _files(data.get("train_files")):
+    if not file_list(data.get("train_files")):
         raise ValueError("data.train_files must name at least one parquet/json/jsonl file, got nothing")
     batch, micro = data.get("train_batch_size"), data.get("micro_batch_size_per_gpu")
     if not isinstance(batch, int) or batch < 1:
@@ -99,8 +92,8 @@ class FSDPSFTTrainer:
         )
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
-        self.train_dataset = MultiTurnSFTDataset(_files(data["train_files"]), self.tokenizer, data)
-        val_files = _files(data.get("val_files"))
+        self.train_dataset = MultiTurnSFTDataset(file_list(data["train_files"]), self.tokenizer, data)
+        val_files = file_list(data.get("val_files"))
         self.val_dataset = MultiTurnSFTDataset(val_files, self.tokenizer, data) if val_files else None
         # every rank iterates the same global batches of row indices and tokenises only its own rows
         self.train_loader = ResumableDataLoader(

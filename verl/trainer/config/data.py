@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
-__all__ = ["CustomClsConfig", "DataConfig"]
+__all__ = ["CustomClsConfig", "DataConfig", "file_list"]
 
 
 @dataclass
@@ -95,15 +95,17 @@ class DataConfig(BaseConfig):
 
     @property
     def train_file_list(self) -> list[str]:
-        return _files(self.train_files)
+        return file_list(self.train_files)
 
     @property
     def val_file_list(self) -> list[str]:
-        return _files(self.val_files)
+        return file_list(self.val_files)
 
 
-def _files(spec: Any) -> list[str]:
-    if spec is None:
+def file_list(spec: Any) -> list[str]:
+    """The files a ``*_files`` key names: one path, a list of paths (a ``ListConfig`` too), or none (null or
+    ``""``). Shared by the RL and SFT trainers and the launch checks."""
+    if spec is None or spec == "":
         return []
     if isinstance(spec, str):
         return [spec]

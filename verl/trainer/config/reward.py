@@ -66,6 +66,17 @@ class RewardModelConfig(BaseConfig):
 
     def check(self, c: Checks) -> None:
         c.choice("reward_manager", REWARD_MANAGERS)
+        if isinstance(self.reward_kwargs, dict) and self.reward_kwargs:
+            from verl.workers.reward_manager import reserved_reward_kwargs
+
+            reserved = reserved_reward_kwargs()
+            for name, value in self.reward_kwargs.items():
+                if name in reserved:
+                    c.error(
+                        f"{c.key('reward_kwargs')}.{name}={value!r}: the name {name!r} is {reserved[name]}, not a "
+                        f"free scorer keyword; use another name (reserved: {', '.join(sorted(reserved))})",
+                        "reward_kwargs",
+                    )
 
 
 @dataclass

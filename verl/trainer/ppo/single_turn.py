@@ -25,7 +25,12 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig
-from verl.trainer.config_preflight import NOT_IMPLEMENTED_ESTIMATORS, estimator_error, kl_in_reward_error
+from verl.trainer.config_preflight import (
+    NOT_IMPLEMENTED_ESTIMATORS,
+    estimator_error,
+    filter_groups_error,
+    kl_in_reward_error,
+)
 from verl.trainer.ppo.advantage import apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller
 from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_throughout_metrics, compute_timing_metrics
@@ -108,7 +113,9 @@ class SingleTurnPPOTrainer(TrainerCore):
             raise ValueError("algorithm.adv_estimator=gae needs a critic worker group (critic_group=None)")
         self.use_kl_loss = self.conf.actor_rollout_ref.actor.use_kl_loss
         self.use_kl_in_reward = algo.use_kl_in_reward
-        problem = kl_in_reward_error(self.use_kl_in_reward, self.use_kl_loss)
+        problem = kl_in_reward_error(self.use_kl_in_reward, self.use_kl_loss) or filter_groups_error(
+            algo.filter_groups.enable, multi_turn=False
+        )
         if problem:
             raise ValueError(problem)
         self.kl_ctrl = get_kl_controller(algo.kl_ctrl) if self.use_kl_in_reward else None

@@ -11,10 +11,11 @@ return ``(scores [T] float tensor, extra_info dict of lists)``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
-from verl.workers.reward_manager.naive import NaiveRewardManager
+from verl.workers.reward_manager.naive import SCORER_ARGS, NaiveRewardManager
 from verl.workers.reward_manager.thread import ThreadRewardManager
 
 REWARD_MANAGERS: dict[str, type] = {"naive": NaiveRewardManager, "thread": ThreadRewardManager}
@@ -28,3 +29,14 @@ def get_reward_manager_cls(name: str) -> type:
 
 def load_reward_manager(name: str, tokenizer, compute_score: Callable | None = None, **kwargs: Any):
     return get_reward_manager_cls(name)(tokenizer, compute_score=compute_score, **kwargs)
+
+
+def reserved_reward_kwargs() -> dict[str, str]:
+    """Names ``reward_model.reward_kwargs`` cannot use, with whose they are: every named constructor argument of
+    the reward managers (``reward_kwargs`` are passed through the constructor) and the scorer's per-row arguments."""
+    reserved = {name: "the scorer's per-row arguments" for name in SCORER_ARGS}
+    for manager, cls in REWARD_MANAGERS.items():
+        for param in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+            if param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
+                reserved.setdefault(param.name, f"an argument of the {manager} reward manager")
+    return reserved

@@ -13,6 +13,9 @@ from verl.utils.reward_score import default_compute_score
 
 logger = logging.getLogger(__name__)
 
+# The keyword arguments :func:`reward_requests` gives every scorer call (reward_model.reward_kwargs must not repeat them).
+SCORER_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
 
 def reward_requests(data: DataProto, tokenizer, reward_fn_key: str = "data_source") -> list[dict[str, Any]]:
     """One verifier call's keyword arguments per row: data_source (the row's ``reward_fn_key`` column, i.e.
