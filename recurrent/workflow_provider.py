@@ -18,16 +18,7 @@ from verl.trainer.ppo.workflow import MultiTurnWorkflow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_workflow", "data_files"]
-
-
-def data_files(spec) -> list[str]:
-    """``data.train_files`` / ``val_files``: one path or a list of paths."""
-    if spec is None:
-        return []
-    if isinstance(spec, str):
-        return [spec]
-    return [str(s) for s in spec]
+__all__ = ["build_workflow"]
 
 
 def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:

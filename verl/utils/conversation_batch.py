@@ -27,10 +27,6 @@ __all__ = [
 TokenIds = Sequence[int] | torch.Tensor
 
 
-def _as_list(ids: TokenIds) -> list[int]:
-    return ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-
-
 def pad_token_lists(
     seqs: Sequence[TokenIds], pad_id: int, width: int | None = None, left: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:

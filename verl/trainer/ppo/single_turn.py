@@ -102,10 +102,10 @@ class SingleTurnPPOTrainer(TrainerCore):
         self.adv_estimator = algo.adv_estimator
         import_external_libs(algo.adv_estimator_module)  # a recipe's @register_adv_est estimators
         # the same rules check_config applies at launch (verl/trainer/config_preflight.py)
-        if self.adv_estimator in NOT_IMPLEMENTED_ESTIMATORS:
-            raise NotImplementedError(estimator_error(self.adv_estimator, multi_turn=False))
-        get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
         problem = estimator_error(self.adv_estimator, multi_turn=False)
+        if self.adv_estimator in NOT_IMPLEMENTED_ESTIMATORS:
+            raise NotImplementedError(problem)
+        get_adv_estimator_fn(self.adv_estimator)  # ValueError listing the valid names for an unknown one
         if problem:
             raise ValueError(problem)
         self.use_critic = self.adv_estimator == "gae"
