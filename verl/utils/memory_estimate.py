@@ -309,7 +309,7 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         update_logit_tokens=update_logits,
         log_prob_tokens=lp_tokens,
         log_prob_logit_tokens=lp_logits,
-        # wired to the fused/chunked log-prob key when the model section has one
+        # actor_rollout_ref.model.use_fused_kernels: the chunked log-prob head (verl/workers/actor/fused_logprob.py)
         fused_logits=bool(model.get("use_fused_kernels", False)),
         rollout_name=str(rollout.get("name", "vllm")),
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),

@@ -15,6 +15,7 @@ device, each stored tensor once.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Optional, Union
 
@@ -65,7 +66,7 @@ def iter_rollout_weights(
     size = 0
     state = model.state_dict()
     keys = {name: _storage_key(tensor) for name, tensor in state.items()}
-    tied = {key for key in keys.values() if list(keys.values()).count(key) > 1}
+    tied = {key for key, count in Counter(keys.values()).items() if count > 1}
     for name, tensor in state.items():
         key = keys[name]
         if key in first_name:  # a tied weight: the tensor gathered under the first name, handed over again
@@ -94,6 +95,6 @@ def rollout_weight_bytes(model: nn.Module, dtype: Optional[torch.dtype] = None) 
         if key in seen:
             continue
         seen.add(key)
-        itemsize = torch.empty((), dtype=dtype).element_size() if dtype and tensor.is_floating_point() else None
-        total += tensor.numel() * (itemsize or tensor.element_size())
+        itemsize = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
+        total += tensor.numel() * itemsize
     return total

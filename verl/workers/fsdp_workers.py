@@ -94,7 +94,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self._init_distributed()
         cfg = self.conf
         model_cfg, actor_cfg = cfg.model, cfg.actor
-        torch.manual_seed(self.conf.actor.seed)  # the same initialisation (LoRA adapters) on every rank
+        torch.manual_seed(actor_cfg.seed)  # the same initialisation (LoRA adapters) on every rank
         device = torch.device("cuda" if self.device_name == "cuda" else "cpu")
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
         self.model_path = str(model_cfg.path)

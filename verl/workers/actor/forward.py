@@ -289,15 +289,8 @@ def forward_response_log_probs(
             logits = logits / temperature
         labels = packed.input_ids[0, packed.label_index]
         token_log_probs = logprobs_from_logits(logits, labels)
-        log_probs = token_log_probs.new_zeros(packed.target_mask.shape)
-        log_probs = log_probs.masked_scatter(packed.target_mask, token_log_probs)
-        entropy = None
-        if calculate_entropy:
-            token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size)
-            entropy = token_entropy.new_zeros(packed.target_mask.shape).masked_scatter(
-                packed.target_mask, token_entropy
-            )
-        return log_probs, entropy
+        token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size) if calculate_entropy else None
+        return _scatter(token_log_probs, packed.target_mask), _scatter(token_entropy, packed.target_mask)
 
     if use_fused_kernels:
         valid = attention_mask[:, -response_length:].bool()

@@ -109,7 +109,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
             chunk_lse = lse[start:end].unsqueeze(-1)
             # d log p(y) / d z = onehot(y) - p ;  d H / d z = -p * (z - sum(p * z)),  sum(p * z) = lse - H
             if use_entropy:
-                probs = torch.exp(logits - chunk_lse)
+                probs = (logits - chunk_lse).exp_()  # one [chunk, V] temporary, not two
                 expected = (lse[start:end] - entropy[start:end]).unsqueeze(-1)
                 grad_entropy_chunk = grad_entropy[start:end].unsqueeze(-1) * scale
                 grad_logits = logits.sub_(expected).mul_(probs).mul_(-grad_entropy_chunk)  # reuses logits
