@@ -546,6 +546,21 @@ def test_validate_accepts_a_plain_dict(overrides_7b: list[str]) -> None:
         validate_config(container)
 
 
+def test_cross_section_integer_checks_name_a_missing_or_bad_key(overrides_7b: list[str]) -> None:
+    """The workflow's integer keys are read from the raw config: a deleted key is reported as missing, a bad
+    token budget (needed only with dynamic batching) with the expected range."""
+    container = OmegaConf.to_container(compose_config(overrides_7b), resolve=True)
+    del container["recurrent"]["memory"]["config"]["max_chunks"]
+    container["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] = True
+    container["actor_rollout_ref"]["actor"]["ppo_max_token_len_per_gpu"] = 0
+    with pytest.raises(ConfigError) as info:
+        validate_config(container)
+    assert info.value.errors == [
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu must be an integer >= 1 (got 0)",
+        "recurrent.memory.config.max_chunks is missing from the config",
+    ]
+
+
 # --------------------------------------------------------------------------------------------------
 # aliases
 # --------------------------------------------------------------------------------------------------

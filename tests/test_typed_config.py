@@ -142,6 +142,25 @@ def test_component_settings_take_the_yaml_defaults() -> None:
     assert critic.optim.lr == 1e-5 and critic.model.enable_gradient_checkpointing is True
 
 
+def test_actor_settings_report_a_mistyped_key_instead_of_crashing() -> None:
+    """The worker overlay's own checks skip a value of the wrong type: the message names the key (no TypeError)."""
+    from verl.workers.actor.settings import ActorSettings
+
+    with pytest.raises(ConfigError) as info:
+        ActorSettings.from_config({"ppo_micro_batch_size_per_gpu": "x"})
+    assert info.value.errors == [
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu must be an integer or null (got 'x')"
+    ]
+    options = {"ppo_micro_batch_size_per_gpu": 2}
+    for chunk in ("big", 0, 2.5):
+        with pytest.raises(ConfigError) as info:
+            ActorSettings.from_config({**options, "fused_kernel_options": {"chunk_size": chunk}})
+        assert info.value.errors == [
+            f"actor_rollout_ref.model.fused_kernel_options.chunk_size must be >= 1, got {chunk!r}"
+        ]
+    assert ActorSettings.from_config({**options, "fused_kernel_options": {"chunk_size": 7}}).fused_chunk_size == 7
+
+
 def test_rollout_worker_uses_the_yaml_engine_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine gets the YAML's values (the worker once fell back to max_num_seqs=256, tp=1 when a key was
     absent); a partial rollout section takes the same defaults."""

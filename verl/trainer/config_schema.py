@@ -18,7 +18,7 @@ Helpers used by the entry point:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.trainer.config.recurrent import RECURRENT_OFF as _RECURRENT_OFF
 from verl.trainer.config.reward import REWARD_MANAGERS
 from verl.trainer.config.trainer import DEVICES, RESUME_MODES, VALID_LOGGERS
-from verl.workers.config.base import ConfigError, collect_errors
+from verl.workers.config.base import Checks, ConfigError, _is_int, collect_errors
 from verl.workers.config.rollout import ROLLOUT_MODES, ROLLOUT_NAMES
 
 logger = logging.getLogger(__name__)
@@ -71,44 +71,24 @@ def _get(cfg: DictConfig, key: str, default: Any = _ABSENT) -> Any:
     return OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Checker:
-    """Collects error messages; every check names the full key and the offending value."""
+class _Checker(Checks):
+    """Cross-section checks on the raw config: :class:`Checks` (same messages) reading full dotted keys from
+    ``cfg``, where a key missing from the config is itself an error."""
 
     def __init__(self, cfg: DictConfig):
+        super().__init__(obj=None, prefix="", errors=[])
         self.cfg = cfg
-        self.errors: list[str] = []
 
     def get(self, key: str, default: Any = None) -> Any:
         value = _get(self.cfg, key)
         return default if value is _ABSENT else value
 
-    def error(self, message: str) -> None:
-        self.errors.append(message)
-
-    def present(self, key: str) -> bool:
-        if _get(self.cfg, key) is _ABSENT:
+    def _value(self, key: str) -> tuple[bool, Any]:
+        value = _get(self.cfg, key)
+        if value is _ABSENT:
             self.error(f"{key} is missing from the config")
-            return False
-        return True
-
-    def integer(
-        self, key: str, minimum: Optional[int] = None, allow_none: bool = False, also: Sequence[int] = ()
-    ) -> None:
-        """Integer >= minimum (or one of ``also``, e.g. -1 meaning 'off'), or null when allowed."""
-        if not self.present(key):
-            return
-        value = self.get(key)
-        if value is None and allow_none:
-            return
-        if not (_is_int(value) and (value in also or minimum is None or value >= minimum)):
-            parts = ([f">= {minimum}"] if minimum is not None else []) + [str(v) for v in also]
-            parts += ["null"] if allow_none else []
-            expected = "an integer" + (" " + " or ".join(parts) if parts else "")
-            self.error(f"{key} must be {expected} (got {value!r})")
+            return False, None
+        return True, value
 
 
 # --------------------------------------------------------------------------------------------------

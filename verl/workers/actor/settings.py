@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from verl.workers.config.actor import ActorConfig
-from verl.workers.config.base import BaseConfig, Checks, to_plain
+from verl.workers.config.base import BaseConfig, Checks, _is_int, to_plain
 
 __all__ = ["ActorSettings", "per_gpu_from_global", "plain_values"]
 
@@ -139,7 +139,12 @@ class ActorSettings(ActorConfig):
                 "their ratio is the number of optimizer steps per batch"
             )
         per_gpu = self.ppo_micro_batch_size_per_gpu
-        if not self.use_dynamic_bsz and (per_gpu is None or per_gpu < 1):
+        # a value of the wrong type already has its message (c.bad); comparing it would raise a TypeError
+        if (
+            not self.use_dynamic_bsz
+            and "ppo_micro_batch_size_per_gpu" not in c.bad
+            and (per_gpu is None or per_gpu < 1)
+        ):
             c.error(
                 f"{c.key('ppo_micro_batch_size_per_gpu')} must be >= 1 when use_dynamic_bsz is False, got {per_gpu}"
             )
@@ -150,10 +155,9 @@ class ActorSettings(ActorConfig):
                 f"actor_rollout_ref.model.fused_kernel_options.impl_backend must be one of "
                 f"[{', '.join(FUSED_BACKENDS)}], got {self.fused_backend!r}"
             )
-        if self.fused_chunk_size < 1:
-            c.error(
-                f"actor_rollout_ref.model.fused_kernel_options.chunk_size must be >= 1, got {self.fused_chunk_size}"
-            )
+        chunk = _option(self.fused_kernel_options, "chunk_size")
+        if chunk is not None and not (_is_int(chunk) and chunk >= 1):
+            c.error(f"actor_rollout_ref.model.fused_kernel_options.chunk_size must be >= 1, got {chunk!r}")
 
     # ------------------------------------------------------------------ derived values
     @property
