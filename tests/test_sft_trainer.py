@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from verl.trainer.fsdp_sft_trainer import FSDPSFTTrainer, validate_sft_config
-from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, tokenize_with_assistant_mask
+from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, sft_collate, tokenize_with_assistant_mask
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
@@ -157,6 +157,18 @@ def test_mask_rejects_conversations_without_a_prompt_or_an_answer(tok):
     )
     with pytest.raises(ValueError, match="data.chat_template"):
         tokenize_with_assistant_mask(tok, CONVERSATION, chat_template=rewriting)
+
+
+def test_collate_right_pads_rows_and_counts_positions_over_real_tokens():
+    rows = [
+        {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1])},
+        {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([1])},
+    ]
+    out = sft_collate(rows, pad_token_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
 def _write(path: Path, conversations: list[list[dict]]) -> str:

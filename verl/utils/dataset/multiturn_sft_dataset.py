@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from verl.utils.dataset.rl_dataset import read_rows
+from verl.utils.torch_functional import compute_position_id_with_mask
 
 __all__ = ["MultiTurnSFTDataset", "SFT_TRUNCATIONS", "sft_collate", "tokenize_with_assistant_mask"]
 
@@ -212,5 +213,5 @@ def sft_collate(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
         out["input_ids"][k, :n] = row["input_ids"]
         out["attention_mask"][k, :n] = 1
         out["loss_mask"][k, :n] = row["loss_mask"]
-    out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    out["position_ids"] = compute_position_id_with_mask(out["attention_mask"])
     return out
