@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from verl.trainer.fsdp_sft_trainer import FSDPSFTTrainer, validate_sft_config
-from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, tokenize_with_assistant_mask
+from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, sft_collate, tokenize_with_assistant_mask
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "verl" / "trainer" / "config")
@@ -117,6 +117,33 @@ def test_chat_template_key_reaches_the_dataset(tok, tmp_path):
         MultiTurnSFTDataset(files, tok, {"chat_template": "no/such/template.jinja"})
 
 
+class _CountingTokenizer:
+    """The tokenizer with its encode calls counted (and ``is_fast`` optionally hidden)."""
+
+    def __init__(self, tok, fast: bool) -> None:
+        self._tok, self.is_fast, self.calls = tok, fast, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._tok(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_mask_tokenises_a_long_conversation_once_and_matches_per_prefix_tokenisation(tok):
+    turns = [CONVERSATION[0]]
+    for k in range(12):
+        turns += [{"role": "user", "content": f"Question {k}?"}, {"role": "assistant", "content": f"Answer {k}."}]
+    counting_fast, counting_slow = _CountingTokenizer(tok, fast=True), _CountingTokenizer(tok, fast=False)
+    fast = tokenize_with_assistant_mask(counting_fast, turns, chat_template=PLAIN_CHATML)
+    slow = tokenize_with_assistant_mask(counting_slow, turns, chat_template=PLAIN_CHATML)
+    assert counting_fast.calls == 1  # offsets give every boundary: linear, not one encode per prefix
+    assert counting_slow.calls == 1 + 2 * 12  # without offsets: the whole text plus two prefixes per answer
+    assert fast == slow
+    assert _masked_runs(tok, *fast) == [f"Answer {k}.<|im_end|>" for k in range(12)]
+
+
 def test_mask_rejects_conversations_without_a_prompt_or_an_answer(tok):
     with pytest.raises(ValueError, match="no assistant message"):
         tokenize_with_assistant_mask(tok, CONVERSATION[:2])
@@ -130,6 +157,18 @@ def test_mask_rejects_conversations_without_a_prompt_or_an_answer(tok):
     )
     with pytest.raises(ValueError, match="data.chat_template"):
         tokenize_with_assistant_mask(tok, CONVERSATION, chat_template=rewriting)
+
+
+def test_collate_right_pads_rows_and_counts_positions_over_real_tokens():
+    rows = [
+        {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1])},
+        {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([1])},
+    ]
+    out = sft_collate(rows, pad_token_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert out["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
 def _write(path: Path, conversations: list[list[dict]]) -> str:

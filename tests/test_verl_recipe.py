@@ -398,6 +398,11 @@ def test_fold_unfold_and_dict_unions_as_upstream():
     assert union_two_dict({"a": 1}, {"a": 1, "b": 2}) == {"a": 1, "b": 2}
     with pytest.raises(ValueError, match="'a' differs"):
         union_two_dict({"a": 1}, {"a": 2})
+    # the same equality as DataProto's meta_info: tensors by value, arrays NaN-aware
+    both = union_two_dict({"t": torch.ones(2), "n": nan}, {"t": torch.ones(2), "n": nan.copy(), "c": 3})
+    assert sorted(both) == ["c", "n", "t"] and both["c"] == 3
+    with pytest.raises(ValueError, match="'t' differs"):
+        union_two_dict({"t": torch.ones(2)}, {"t": torch.zeros(2)})
     log: dict = {}
     append_to_dict(log, {"loss": 1.0})
     append_to_dict(log, {"loss": 0.5, "kl": 0.1})

@@ -18,6 +18,7 @@ from recipe.miniature.warmup_data import (
     contains_gold,
     main,
     record_split,
+    warmup_row,
 )
 from recurrent.prompts import render_final_prompt
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset
@@ -50,6 +51,11 @@ def test_gold_is_matched_as_a_whole_word_case_insensitively():
     assert contains_gold("in New York City", ["Boston", "new york"]) == "new york"
     assert contains_gold("the answer is 42", ["4"]) is None
     assert contains_gold("anything", ["", "  "]) is None
+    # gold answers as a record may hold them: one string (not its characters), a list with None, none at all
+    assert warmup_row({**_record(0, "It is Velmora."), "answers": "Velmora"})[1] == "kept"
+    assert warmup_row({**_record(0, "It is V."), "answers": "Velmora"})[1] == "no_gold"
+    assert warmup_row({**_record(0, "It is Velmora."), "answers": [None, "Velmora"]})[1] == "kept"
+    assert warmup_row({**_record(0, "It is Velmora."), "answers": None})[1] == "no_gold"
 
 
 def test_keeps_only_final_answers_with_the_gold_and_boxes_the_gold(tmp_path):

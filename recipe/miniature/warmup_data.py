@@ -39,6 +39,7 @@ from typing import Any
 from recurrent.prompts import render_final_prompt
 from taskutils.memory_eval.agents import MEMORY_METHODS
 from taskutils.memory_eval.results import read_meta, read_records
+from verl.utils.reward_score.math_normalize import as_answer_list
 
 logger = logging.getLogger("miniature.warmup")
 
@@ -113,10 +114,8 @@ def warmup_row(record: dict[str, Any], methods: Sequence[str] = ("recurrent-boxe
         return None, "not_ok"
     if record.get("method") not in methods:
         return None, "other_method"
-    answers = record.get("answers") or []
-    answers = [answers] if isinstance(answers, str) else list(answers)
     response = record["response"]
-    gold = contains_gold(response, answers)
+    gold = contains_gold(response, as_answer_list(record.get("answers")))
     if gold is None:
         return None, "no_gold"
     if "\\boxed{" in response:  # already boxed: appending a second box would teach two answers

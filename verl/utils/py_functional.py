@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-import torch
+from verl.protocol import _values_equal
 
 __all__ = ["union_two_dict", "append_to_dict"]
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
-
-
 def union_two_dict(dict1: dict, dict2: dict) -> dict:
     """Add the items of ``dict2`` to ``dict1`` (in place) and return it; a key in both must hold equal values
-    (``torch.equal`` / ``np.array_equal`` / ``==``), else ``ValueError`` naming the key (upstream asserts)."""
+    (compared as ``DataProto`` compares meta_info: ``torch.equal``, NaN-aware arrays, ``==``), else ``ValueError``
+    naming the key (upstream asserts)."""
     for key, value in dict2.items():
-        if key in dict1 and not _same(dict1[key], value):
+        if key in dict1 and not _values_equal(dict1[key], value):
             raise ValueError(f"union_two_dict: '{key}' differs ({dict1[key]!r} vs {value!r})")
         dict1[key] = value
     return dict1

@@ -189,6 +189,21 @@ def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
+def _row_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
+    """``s_i``: each row's summed reward, in at least float32."""
+    return token_level_rewards.sum(dim=-1).to(_compute_dtype(token_level_rewards))
+
+
+def _group_sums(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """``[num_groups]`` sums of the ``[B]`` ``values`` over the rows of each group."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, group_ids, values)
+
+
+def _per_token(row_values: torch.Tensor, response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A ``[B]`` per-row advantage broadcast over the row's response tokens, in ``like``'s dtype."""
+    return (row_values.unsqueeze(-1) * response_mask).to(like.dtype)
+
+
 @register_adv_est(AdvantageEstimator.GRPO)
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
@@ -212,8 +227,9 @@ def compute_grpo_outcome_advantage(
     Example: group rewards ``[1, 0, 0, 1]`` -> mean 0.5, std 0.5774 -> A = ``[0.866, -0.866, -0.866, 0.866]``.
     """
     scores = token_level_rewards.sum(dim=-1)
-    advantages = group_relative_scores(scores, index, epsilon, norm_adv_by_std_in_grpo)
-    advantages = (advantages.unsqueeze(-1) * response_mask).to(token_level_rewards.dtype)
+    advantages = _per_token(
+        group_relative_scores(scores, index, epsilon, norm_adv_by_std_in_grpo), response_mask, token_level_rewards
+    )
     return advantages, advantages
 
 
@@ -233,18 +249,14 @@ def compute_rloo_outcome_advantage(
     accepted for signature compatibility and unused. Returns ``(advantages, returns)`` (identical), both ``[B, L]``.
     """
     del epsilon, config, kwargs
-    scores = token_level_rewards.sum(dim=-1)
-    group_ids, num_groups = index_to_group_ids(index, scores.shape[0])
-    group_ids = group_ids.to(scores.device)
-    values = scores.to(_compute_dtype(scores))
-    counts = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
-        0, group_ids, torch.ones_like(values)
-    )
-    means = torch.zeros_like(counts).index_add_(0, group_ids, values) / counts
+    values = _row_scores(token_level_rewards)
+    group_ids, num_groups = index_to_group_ids(index, values.shape[0])
+    group_ids = group_ids.to(values.device)
+    counts = _group_sums(torch.ones_like(values), group_ids, num_groups)
+    means = _group_sums(values, group_ids, num_groups) / counts
     n = counts[group_ids]
     loo = (values - means[group_ids]) * n / (n - 1).clamp_min(1)
-    advantages = torch.where(n > 1, loo, values)
-    advantages = (advantages.unsqueeze(-1) * response_mask).to(token_level_rewards.dtype)
+    advantages = _per_token(torch.where(n > 1, loo, values), response_mask, token_level_rewards)
     return advantages, advantages
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import AdvantageEstimator, register_adv_est
+from verl.trainer.ppo.core_algos import AdvantageEstimator, _group_sums, _per_token, _row_scores, register_adv_est
 from verl.trainer.ppo.dapo import GroupIndex, group_relative_scores, index_to_group_ids
 from verl.utils.torch_functional import masked_whiten
 
@@ -23,14 +23,6 @@ __all__ = [
     "compute_opo_outcome_advantage",
     "compute_gpg_outcome_advantage",
 ]
-
-
-def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
-    return token_level_rewards.sum(dim=-1).to(torch.promote_types(token_level_rewards.dtype, torch.float32))
-
-
-def _per_token(row_values: torch.Tensor, response_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return (row_values.unsqueeze(-1) * response_mask).to(like.dtype)
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)
@@ -52,7 +44,7 @@ def compute_grpo_passk_outcome_advantage(
     """
     if config is not None:
         norm_adv_by_std_in_grpo = bool(config.get("norm_adv_by_std_in_grpo", True))
-    scores = _scores(token_level_rewards)
+    scores = _row_scores(token_level_rewards)
     group_ids, num_groups = index_to_group_ids(index, scores.shape[0])
     advantages = torch.zeros_like(scores)
     for group in range(num_groups):
@@ -85,7 +77,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     Example: groups ``[1, 0]`` and ``[1, 1]``, one token each: centred ``[0.5, -0.5, 0, 0]``, whitened
     ``[1.2247, -1.2247, 0, 0]``.
     """
-    centred = group_relative_scores(_scores(token_level_rewards), index, epsilon, norm_adv_by_std=False)
+    centred = group_relative_scores(_row_scores(token_level_rewards), index, epsilon, norm_adv_by_std=False)
     per_token = centred.unsqueeze(-1) * response_mask
     result = (masked_whiten(per_token, response_mask) * response_mask).to(token_level_rewards.dtype)
     return result, result
@@ -106,15 +98,13 @@ def compute_opo_outcome_advantage(
 
     Example: one group, scores ``[1, 0]``, lengths ``[1, 3]``: ``b = 0.25``, ``A = [0.75, -0.25]``.
     """
-    scores = _scores(token_level_rewards)
+    scores = _row_scores(token_level_rewards)
     lengths = response_mask.sum(dim=-1).to(scores.dtype)
     group_ids, num_groups = index_to_group_ids(index, scores.shape[0])
     group_ids = group_ids.to(scores.device)
-    counts = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, group_ids, torch.ones_like(scores)
-    )
-    weighted = torch.zeros_like(counts).index_add_(0, group_ids, lengths * scores)
-    total_length = torch.zeros_like(counts).index_add_(0, group_ids, lengths)
+    counts = _group_sums(torch.ones_like(scores), group_ids, num_groups)
+    weighted = _group_sums(lengths * scores, group_ids, num_groups)
+    total_length = _group_sums(lengths, group_ids, num_groups)
     baseline = torch.where(counts > 1, weighted / total_length, torch.zeros_like(counts))
     result = _per_token(scores - baseline[group_ids], response_mask, token_level_rewards)
     return result, result
@@ -138,7 +128,7 @@ def compute_gpg_outcome_advantage(
     Example: groups ``[1, 0]`` and ``[0, 0]``: alpha = 4 / 1, ``A = [2, -2, 0, 0]``.
     """
     del alpha
-    scores = _scores(token_level_rewards)
+    scores = _row_scores(token_level_rewards)
     scale = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
     centred = group_relative_scores(scores, index, epsilon, norm_adv_by_std=False)
     result = _per_token(scale * centred / f_norm, response_mask, token_level_rewards)

@@ -13,7 +13,9 @@ template and tokenised; the tokens of assistant message ``i`` are those between 
 ``MultiTurnSFTDataset`` does the same), so the role header (``<|im_start|>assistant\\n``) is never trained and
 the content and the end-of-turn token are. Tokens after the span's last special token (the ``\\n`` a ChatML
 template writes after ``<|im_end|>``) are not trained either: the model stops at ``<|im_end|>`` and never
-generates them, exactly as a ``{% generation %}`` block marks it. Each prefix must tokenise to a prefix of the
+generates them, exactly as a ``{% generation %}`` block marks it. The conversation is tokenised once: a prefix's
+token count is read off a fast tokenizer's offsets where its text ends on a token boundary (the prefix is
+tokenised on its own only where it does not, or for a slow tokenizer). Each prefix must tokenise to a prefix of the
 whole conversation; a template for which it does not (one that rewrites earlier turns) raises ``ValueError``.
 
 Truncation to ``data.max_length`` tokens (``data.truncation``): ``error`` raises, ``left`` keeps the last
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from verl.utils.dataset.rl_dataset import read_rows
+from verl.utils.torch_functional import compute_position_id_with_mask
 
 __all__ = ["MultiTurnSFTDataset", "SFT_TRUNCATIONS", "sft_collate", "tokenize_with_assistant_mask"]
 
@@ -36,11 +39,28 @@ SFT_TRUNCATIONS = ("error", "left", "right")
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, chat_template: str | None) -> list[int]:
-    text = tokenizer.apply_chat_template(
+def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, chat_template: str | None) -> str:
+    return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
     )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[list[int], dict[int, int] | None]:
+    """Token ids of ``text`` and, for a fast tokenizer, ``{character offset: number of tokens ending there}``."""
+    if not getattr(tokenizer, "is_fast", False):
+        return tokenizer(text, add_special_tokens=False)["input_ids"], None
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return encoded["input_ids"], {end: k + 1 for k, (_, end) in enumerate(encoded["offset_mapping"])}
+
+
+def _prefix_length(tokenizer: Any, ids: list[int], text: str, ends: dict[int, int] | None, prefix: str) -> int | None:
+    """How many leading tokens of ``ids`` (the tokens of ``text``) spell ``prefix``; None when no prefix of ``ids``
+    does. Read off the offsets when ``prefix`` ends on a token boundary of ``text``, so the conversation is
+    tokenised once; otherwise ``prefix`` is tokenised on its own and compared."""
+    if ends is not None and text.startswith(prefix) and len(prefix) in ends:
+        return ends[len(prefix)]
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    return len(prefix_ids) if ids[: len(prefix_ids)] == prefix_ids else None
 
 
 def _special_ids(tokenizer: Any) -> set[int]:
@@ -62,27 +82,25 @@ def tokenize_with_assistant_mask(
         raise ValueError("the conversation has no assistant message: nothing to train on")
     if messages[0]["role"] == "assistant":
         raise ValueError("the conversation starts with an assistant message: it has no prompt")
-    ids = _render(tokenizer, messages, False, chat_template)
+    text = _render(tokenizer, messages, False, chat_template)
+    ids, ends = _encode(tokenizer, text)
     mask = [0] * len(ids)
     special = _special_ids(tokenizer)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        start = _render(tokenizer, messages[:i], True, chat_template)
-        end = _render(tokenizer, messages[: i + 1], False, chat_template)
-        for prefix in (start, end):
-            if ids[: len(prefix)] != prefix:
-                raise ValueError(
-                    f"the chat template renders messages[:{i}] / messages[:{i + 1}] as something that does not "
-                    "tokenise to a prefix of the whole conversation, so the assistant tokens cannot be located; "
-                    "set data.chat_template to a template that renders earlier turns unchanged"
-                )
-        lo, hi = len(start), len(end)
+        lo = _prefix_length(tokenizer, ids, text, ends, _render(tokenizer, messages[:i], True, chat_template))
+        hi = _prefix_length(tokenizer, ids, text, ends, _render(tokenizer, messages[: i + 1], False, chat_template))
+        if lo is None or hi is None:
+            raise ValueError(
+                f"the chat template renders messages[:{i}] / messages[:{i + 1}] as something that does not "
+                "tokenise to a prefix of the whole conversation, so the assistant tokens cannot be located; "
+                "set data.chat_template to a template that renders earlier turns unchanged"
+            )
         last_special = max((k for k in range(lo, hi) if ids[k] in special), default=None)
         if last_special is not None:
             hi = last_special + 1  # content + end-of-turn token; not what the template writes after it
-        for k in range(lo, hi):
-            mask[k] = 1
+        mask[lo:hi] = [1] * (hi - lo)
     return ids, mask
 
 
@@ -195,5 +213,5 @@ def sft_collate(rows: Sequence[dict[str, torch.Tensor]], pad_token_id: int) -> d
         out["input_ids"][k, :n] = row["input_ids"]
         out["attention_mask"][k, :n] = 1
         out["loss_mask"][k, :n] = row["loss_mask"]
-    out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    out["position_ids"] = compute_position_id_with_mask(out["attention_mask"])
     return out

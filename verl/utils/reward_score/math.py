@@ -23,7 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.utils.reward_score.math_normalize import BOXED_BRACE_PREFIX, BOXED_SPACE_PREFIX, last_boxed_only_string
+from verl.utils.reward_score.math_normalize import (
+    BOXED_BRACE_PREFIX,
+    BOXED_SPACE_PREFIX,
+    LATEX_CLEANUPS,
+    last_boxed_only_string,
+)
 
 __all__ = ["compute_score", "is_equiv", "last_boxed_only_string", "remove_boxed", "strip_string"]
 
@@ -98,18 +103,7 @@ def _fix_sqrt(string: str) -> str:
 
 def strip_string(string: str) -> str:
     """Normalise a MATH answer (module docstring, steps 1-5). Raises ``_Malformed`` on malformed input."""
-    for old, new in (
-        ("\n", ""),
-        ("\\!", ""),
-        ("\\\\", "\\"),
-        ("tfrac", "frac"),
-        ("dfrac", "frac"),
-        ("\\left", ""),
-        ("\\right", ""),
-        ("^{\\circ}", ""),
-        ("^\\circ", ""),
-        ("\\$", ""),
-    ):
+    for old, new in LATEX_CLEANUPS:
         string = string.replace(old, new)
     string = _remove_right_units(string)
     string = string.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")

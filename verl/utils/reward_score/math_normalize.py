@@ -23,6 +23,20 @@ FBOX_BRACE_PREFIX = "\\fbox{"
 
 _BRACE = re.compile(r"[{}]")
 
+# Rules 1-7 of ``strip_string`` (shared with the full MATH normalisation in ``math.py``), applied in this order.
+LATEX_CLEANUPS = (
+    ("\n", ""),
+    ("\\!", ""),
+    ("\\\\", "\\"),
+    ("tfrac", "frac"),
+    ("dfrac", "frac"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("^{\\circ}", ""),
+    ("^\\circ", ""),
+    ("\\$", ""),
+)
+
 
 def strip_string(string: str) -> str:
     """Normalise an answer string with the MemAgent/MATH rules (docs/spec.md#training-reward), in order.
@@ -34,16 +48,8 @@ def strip_string(string: str) -> str:
 
     Only ``" "`` and ``"\\n"`` count as whitespace here (tabs survive), as in the original.
     """
-    string = string.replace("\n", "")
-    string = string.replace("\\!", "")
-    string = string.replace("\\\\", "\\")
-    string = string.replace("tfrac", "frac")
-    string = string.replace("dfrac", "frac")
-    string = string.replace("\\left", "")
-    string = string.replace("\\right", "")
-    string = string.replace("^{\\circ}", "")
-    string = string.replace("^\\circ", "")
-    string = string.replace("\\$", "")
+    for old, new in LATEX_CLEANUPS:  # rules 1-7
+        string = string.replace(old, new)
     string = string.replace("\\%", "")
     string = string.replace(" .", " 0.")
     string = string.replace("{.", "{0.")
