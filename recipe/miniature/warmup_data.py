@@ -39,6 +39,7 @@ from typing import Any
 from recurrent.prompts import render_final_prompt
 from taskutils.memory_eval.agents import MEMORY_METHODS
 from taskutils.memory_eval.results import read_meta, read_records
+from taskutils.memory_eval.scoring import gold_as_whole_word
 from verl.utils.reward_score.math_normalize import as_answer_list
 
 logger = logging.getLogger("miniature.warmup")
@@ -88,7 +89,7 @@ def contains_gold(response: str, answers: Iterable[str]) -> str | None:
     ``Castel`` does not match ``Castell``; ``new york`` matches ``New York City``."""
     for answer in answers:
         gold = str(answer).strip()
-        if gold and re.search(rf"(?<!\w){re.escape(gold)}(?!\w)", response, flags=re.IGNORECASE):
+        if gold_as_whole_word(response, gold):  # the report's whole-word score uses the same test
             return gold
     return None
 

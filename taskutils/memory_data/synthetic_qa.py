@@ -81,6 +81,29 @@ _RELATIONS = {
 }
 
 
+MAGIC_NUMBER_RANGE = (100, 9999)
+"""Inclusive range of the magic numbers (niah kinds) and of the variables' values (variable_tracking)."""
+MULTIKEY_NEEDLES = 4
+"""Needles (keys with their numbers) in a niah_multikey document; the question asks for one of them."""
+
+
+def answer_options(kind: str) -> int:
+    """How many different answers a question of ``kind`` can have (the generator draws one uniformly).
+
+    niah_single, niah_multikey and variable_tracking: a number of ``MAGIC_NUMBER_RANGE`` (9,900 values);
+    multidoc_qa: the options of the relation the question names (10 per relation: cities, jobs, colours, pets).
+    A guess uniform over them is right with probability ``1 / answer_options(kind)``, the task's chance floor.
+    """
+    if kind in ("niah_single", "niah_multikey", "variable_tracking"):
+        return MAGIC_NUMBER_RANGE[1] - MAGIC_NUMBER_RANGE[0] + 1
+    if kind == "multidoc_qa":
+        sizes = {len(set(options)) for _, _, options in _RELATIONS.values()}
+        if len(sizes) != 1:  # every relation has the same number of options; otherwise there is no single floor
+            raise ValueError(f"multidoc_qa relations have different numbers of options: {sorted(sizes)}")
+        return sizes.pop()
+    raise ValueError(f"unknown synthetic QA kind {kind!r}; expected one of {DEFAULT_KINDS}")
+
+
 def _people(rng: Any, count: int) -> list[str]:
     names = [f"{first} {last}" for first in _FIRST for last in _LAST]
     return rng.sample(names, count)
@@ -89,9 +112,9 @@ def _people(rng: Any, count: int) -> list[str]:
 def _needles_for(kind: str, rng: Any) -> tuple[list[str], str, str]:
     """(needle sentences, question, answer) of one sample; the first needle holds the answer."""
     if kind in ("niah_single", "niah_multikey"):
-        count = 1 if kind == "niah_single" else 4
+        count = 1 if kind == "niah_single" else MULTIKEY_NEEDLES
         keys = random_key_words(rng, count)
-        values = [str(rng.randint(100, 9999)) for _ in keys]
+        values = [str(rng.randint(*MAGIC_NUMBER_RANGE)) for _ in keys]
         needles = [f"The special magic number for {k} is {v}." for k, v in zip(keys, values)]
         return needles, f"What is the special magic number for {keys[0]}?", values[0]
     if kind == "variable_tracking":
@@ -101,7 +124,7 @@ def _needles_for(kind: str, rng: Any) -> tuple[list[str], str, str]:
             name = random_letters(rng, 5)
             if name not in names:
                 names.append(name)
-        value = str(rng.randint(100, 9999))
+        value = str(rng.randint(*MAGIC_NUMBER_RANGE))
         needles = [f"VAR {names[0]} = {value}."] + [f"VAR {names[j + 1]} = VAR {names[j]}." for j in range(hops)]
         return needles, f"What is the value of VAR {names[-1]}?", value
     if kind == "multidoc_qa":
@@ -283,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "DEFAULT_KINDS",
+    "MAGIC_NUMBER_RANGE",
+    "MULTIKEY_NEEDLES",
+    "answer_options",
     "SYNTHETIC_SCHEMA",
     "make_needle_qa_dataset",
     "make_needle_qa_rows",
