@@ -368,6 +368,8 @@ def test_pipeline_evaluates_an_existing_model_without_training(tmp_path):
     lines = calls.read_text().splitlines()
     assert sum("recipe.miniature.evaluate" in line and "--system rl" in line for line in lines) == 2
     assert any("--shard 1/2" in line for line in lines) and "recipe.miniature.report" in lines[-1]
+    pack = f"recipe.miniature.pack_records --root {root} --out {root}/records.jsonl.gz"
+    assert lines[-2] == f"-m {pack}" and f"--records {root}/records.jsonl.gz --out docs/results" in lines[-1]
     assert not any("main_ppo" in line or "--system untrained" in line or "model_merger" in line for line in lines)
     (root / "rl_model" / "config.json").unlink()  # TRAIN=0 without a model: the run fails at `train`
     failed = subprocess.run(

@@ -15,6 +15,9 @@
 #   TRAIN_OVERRIDES              extra Hydra overrides for run_memory_smollm2.sh
 #   STEPS [40], MAX_WALL [360]   training steps and the training command's wall-clock budget (seconds)
 #   REPORT_OUT [docs/results]    where the report goes
+#   REPORT_RECORDS               packed runs reported with this one (each run = one trained model; several
+#                                training seeds = several runs); this run is packed into $ROOT/records.jsonl.gz
+#   TRAIN_SEED                   the training seed recorded in the pack (else $ROOT/meta/train_seed.txt, if any)
 #   EVAL_PORT [8100]             port of the untrained model's server (the RL model's uses +1)
 #   EVAL_UNTRAINED [1]           0: skip the untrained evaluation (its records already complete, e.g. copied
 #                                from an earlier run's eval/); training then starts right after data_train
@@ -96,9 +99,12 @@ eval_rl() {
     done
     return $rc
 }
-report() {
-    "${PY[@]}" -m recipe.miniature.report --root "$ROOT" --out "${REPORT_OUT:-docs/results}" \
-        ${REPORT_ARGS:-}
+report() {  # pack the run into one file, then report it (with REPORT_RECORDS: other runs' packs, e.g. other seeds)
+    local seed=()
+    [ -n "${TRAIN_SEED:-}" ] && seed=(--train-seed "$TRAIN_SEED")
+    "${PY[@]}" -m recipe.miniature.pack_records --root "$ROOT" --out "$ROOT/records.jsonl.gz" "${seed[@]}" \
+        && "${PY[@]}" -m recipe.miniature.report --records ${REPORT_RECORDS:-} "$ROOT/records.jsonl.gz" \
+            --out "${REPORT_OUT:-docs/results}" ${REPORT_ARGS:-}
 }
 
 wait_file() {  # wait_file PATH SECONDS PID: until PATH exists, PID exits, or SECONDS pass
