@@ -189,6 +189,15 @@ def test_pack_round_trip_is_byte_identical_and_reports_like_the_folder(tmp_path)
     for name in ("results.md", "results.csv", "runs.csv"):
         assert (out_pack / name).read_bytes() == (out_dir / name).read_bytes(), name
     assert pack_records.main(["--root", str(tmp_path / "nope"), "--out", str(tmp_path / "x.jsonl.gz")]) == 2
+    bad = tmp_path / "bad.jsonl.gz"
+    with gzip.open(bad, "wt") as fh:
+        fh.write(json.dumps({"type": "run", "format": 1, "name": "x"}) + "\n" + json.dumps({"type": "oops"}) + "\n")
+    with pytest.raises(ValueError, match="line 2 has unknown type 'oops'"):
+        pack_records.read_pack(bad)
+    with gzip.open(bad, "wt") as fh:
+        fh.write(json.dumps({"type": "run", "format": 99, "name": "x"}) + "\n")
+    with pytest.raises(ValueError, match="pack format 99"):
+        pack_records.read_pack(bad)
 
 
 # --------------------------------------------------------------------------------------------------
