@@ -2,7 +2,8 @@
 
 Upstream is the PyPI wheel ``verl==0.7.1`` installed with ``--no-deps`` into its own folder (scripts/install.sh puts
 it in ``.venv/verl-upstream-0.7.1``; ``$VERL_UPSTREAM_PATH`` or ``$VERL_UPSTREAM_WHEEL`` name another one). Without
-it these tests skip. Each run starts two subprocesses (~15 s each: torch, transformers and a ``verl`` each).
+it these tests skip. Each run starts two subprocesses (torch, transformers and a ``verl`` each): ~40-90 s a test
+on 2 shared cores, hence ``slow``.
 """
 
 from __future__ import annotations
