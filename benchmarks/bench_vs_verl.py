@@ -15,7 +15,9 @@ loss, no entropy bonus, grad clip 1.0, AdamW lr 1e-6 (weight decay 0.01), packed
 one process with FSDP2 (``fully_shard`` per decoder layer, then the root; parameters fp32, compute bf16 and
 gradient reduction fp32 on CUDA, everything fp32 on CPU): ours through ``verl.utils.fsdp_utils.apply_fsdp2``,
 upstream through its own ``verl.utils.fsdp_utils.apply_fsdp2`` after its ``apply_monkey_patch`` (as upstream's
-FSDP worker does; for a model with untied embeddings upstream also shards ``embed_tokens``/``lm_head`` apart).
+FSDP worker does; for a model with untied embeddings upstream also shards ``embed_tokens``/``lm_head`` apart;
+its decoder layer classes are named in its ``wrap_policy`` because transformers 5 gives ``_no_split_modules`` as a
+set, which upstream's default indexes).
 
 Differences that stay (each side's defaults, reported in the JSON):
   * log-prob head: ours uses its fused chunked head (``model.use_fused_kernels``, the project default; off with
@@ -30,6 +32,11 @@ Differences that stay (each side's defaults, reported in the JSON):
   * ours computes entropies (detached, for the metric) in every training micro-batch; upstream only when
     ``entropy_coeff != 0``. Upstream's legacy actor uses ``old_log_prob = log_prob.detach()`` when there is one
     mini-batch and one epoch (on policy); ours uses the batch's ``old_log_probs``.
+  * upstream's packed path takes unpad/pad from ``flash_attn.bert_padding`` and its log-probs from flash-attn's
+    triton cross-entropy when flash-attn is installed. Without flash-attn it would fail on the import, so the
+    upstream subprocess points ``verl.utils.attention_utils`` at upstream's own verbatim copies of those functions
+    (``verl.utils.npu_flash_attn_utils``, pure torch + einops, what it uses on Ascend NPUs); the JSON lists this
+    under ``substitutions`` (``--upstream-no-remove-padding`` runs upstream padded instead). Nothing is stubbed.
 
 Tokens/s and MFU as in ``bench_update_policy.py``: valid tokens per call / seconds per call (mean of ``--steps``
 timed calls after one warm-up call, every call on a fresh batch), MFU = 6 x params (2 x for log-probs) x tokens/s /
@@ -37,19 +44,20 @@ timed calls after one warm-up call, every call on a fresh batch), MFU = 6 x para
 which says little). The first (warm-up) ``update_policy`` call is the "first step" whose losses are compared; the
 log-probs of the first batch are compared token by token (max / mean absolute difference over response tokens).
 
-GPU run (one GPU; the lead's command; flash-attn is used when installed, else sdpa; add ``--attn flex_attention``
-for the flex layout)::
+GPU run (one GPU, each side in turn; attention flash_attention_2 when flash-attn is installed, else sdpa, which
+packs rows with a dense block mask on both sides; ``--attn flex_attention`` for the flex layout)::
 
     pip download --no-deps -d /tmp/verlwhl verl==0.7.1        # or copy the wheel; it needs no other wheel
     python benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda \\
         --upstream-wheel /tmp/verlwhl/verl-0.7.1-py3-none-any.whl --out benchmarks/results/vs_verl_1.5b.json
 
 Extra wheels on an offline GPU machine: only ``verl-0.7.1-py3-none-any.whl`` itself (installed with ``--no-deps``
-into its own folder). Upstream's actor path imports nothing beyond the project's own requirements (torch,
-transformers, tensordict, omegaconf, hydra, ray, codetiming, dill via datasets); torchdata, pylatexenc and pybind11,
-which the wheel's metadata requires, are not imported (``imports_missing`` in the JSON lists any that were needed
-and absent; none is stubbed). Upstream pins ``tensordict<=0.10`` and ``numpy<2``; its actor runs with the project's
-tensordict 0.15 and numpy 2 (the versions are in the JSON).
+into its own folder; flash-attn for the same torch/CUDA is optional and then used by both sides). Upstream's actor
+path imports nothing beyond the project's own requirements (torch, transformers, tensordict, omegaconf, ray,
+codetiming, dill via datasets; einops for the substitution above, a dependency of vllm); torchdata, pylatexenc and
+pybind11, which the wheel's metadata requires, are never imported (``imports_missing`` in the JSON lists those
+absent). Upstream pins ``tensordict<=0.10`` and ``numpy<2``; its actor runs with the project's tensordict 0.15 and
+numpy 2 (the versions are in the JSON).
 
 CPU smoke run (tiny model; says nothing about GPU speed)::
 
@@ -73,7 +81,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 UPSTREAM_VERSION = "0.7.1"
-# Imported by the packages' metadata but not by the actor path; listed in the upstream JSON if absent.
+# Required by the wheel's metadata but not imported on the actor's path; the upstream JSON lists those absent.
 UPSTREAM_OPTIONAL = ("torchdata", "pylatexenc", "pybind11", "dill", "codetiming")
 
 
@@ -331,18 +339,18 @@ def _timed(fn, steps: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def _peak_mem(device: torch.device, reset: bool = True) -> dict:
+def _peak_mem(device: torch.device) -> dict:
+    """Peak device memory since the last call (then reset); on CPU the process's peak RSS so far."""
     if device.type == "cuda":
         out = {"peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-        if reset:
-            torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_peak_memory_stats(device)
         return out
     import resource
 
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
-def _expected_pg_loss(parts: list[list[torch.Tensor]], rule: str) -> float:
+def _expected_pg_loss(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], rule: str) -> float:
     """On-policy (ratio 1) PPO-clip loss is ``-advantage`` per token; aggregate it over mini-batches (``parts``:
     per mini-batch, the (advantages, response_mask) of each micro-batch) by a side's rule."""
     total = []
@@ -362,12 +370,10 @@ def run_this_side(side: str, workdir: Path) -> dict:
     import verl
 
     origin = Path(verl.__file__).resolve()
-    expected_root = REPO if side == "ours" else None
     if side == "ours" and REPO not in origin.parents:
         raise RuntimeError(f"ours side imported verl from {origin}, not from {REPO}")
     if side == "upstream" and REPO in origin.parents:
         raise RuntimeError(f"upstream side imported this repository's verl ({origin}); check PYTHONPATH")
-    del expected_root
     torch.manual_seed(0)
     device = _setup_distributed(spec["device"])
     from verl import DataProto
@@ -508,6 +514,11 @@ def _upstream_padding_functions(spec: dict) -> list[str]:
 
     if not spec["upstream_remove_padding"] or importlib.util.find_spec("flash_attn") is not None:
         return []
+    if importlib.util.find_spec("einops") is None:
+        raise ModuleNotFoundError(
+            "upstream's packed path needs flash_attn or einops (for its verl.utils.npu_flash_attn_utils); "
+            "install einops, or run upstream padded with --upstream-no-remove-padding"
+        )
     from verl.utils import attention_utils
     from verl.utils import npu_flash_attn_utils as npu
 
