@@ -50,6 +50,9 @@ packs rows with a dense block mask on both sides; ``--attn flex_attention`` for 
     pip download --no-deps -d /tmp/verlwhl verl==0.7.1        # or copy the wheel; it needs no other wheel
     python benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda \\
         --upstream-wheel /tmp/verlwhl/verl-0.7.1-py3-none-any.whl --out benchmarks/results/vs_verl_1.5b.json
+    # the same objective on both sides (every mini-batch in one micro-batch): first-step losses comparable
+    python benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda --rows 4 --prompt-len 2048 \
+        --response-len 512 --token-budget 16384 --steps 1 --upstream-wheel /tmp/verlwhl/verl-0.7.1-py3-none-any.whl
 
 Extra wheels on an offline GPU machine: only ``verl-0.7.1-py3-none-any.whl`` itself (installed with ``--no-deps``
 into its own folder; flash-attn for the same torch/CUDA is optional and then used by both sides). Upstream's actor
