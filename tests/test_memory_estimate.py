@@ -74,7 +74,10 @@ def test_parameter_count_equals_a_real_tiny_model(config) -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     real = sum(p.numel() for p in model.parameters())  # tied lm_head counted once, as parameters() does
-    assert ModelShape.from_hf_config(config).num_params == real
+    shape = ModelShape.from_hf_config(config)
+    assert shape.num_params == real
+    # the shapes in module order, which the streamed optimizer's bucket plan follows
+    assert shape.param_shapes() == [tuple(p.shape) for p in model.parameters()]
 
 
 def test_other_architectures_are_counted_exactly_on_the_meta_device() -> None:
@@ -155,9 +158,13 @@ def test_byte_totals_of_a_small_config_match_hand_computed_values() -> None:
     # streamed: the buckets on the GPU (here all of the 8 N / 2 bytes fit in one 256 MiB bucket) + foreach temporary
     assert step["optimizer"] == 809_216
     assert step["adam step temp"] == 4 * n / 2
-    # 1,000-byte buckets: at most three of them on the GPU, the sqrt temporary of one (125 parameters x 4 bytes)
+    # 1,000-byte buckets over this rank's shards (half of dim 0, 8 bytes per element): the worst three neighbours are
+    # the last down_proj (32 x 128 x 8 = 32,768), the three norms after it (3 x 32 x 8 = 768) and the lm_head shard
+    # (500 x 64 x 8 = 256,000); with the sqrt temporary of the computing bucket (half of it) the worst is the embedding
+    # shard computing next to layer 0's q_proj shard (32 x 64 x 8 = 16,384): 1.5 x 256,000 + 16,384
     small_buckets = estimate_memory(SMALL, dataclasses.replace(plan, offload_bucket_bytes=1000), 10**7, 10**9)
-    assert small_buckets.gpu["step"]["optimizer"] == 3000 and small_buckets.gpu["step"]["adam step temp"] == 500
+    assert small_buckets.gpu["step"]["optimizer"] == 32_768 + 768 + 256_000
+    assert small_buckets.gpu["step"]["adam step temp"] == 1.5 * 256_000 + 16_384 - (32_768 + 768 + 256_000)
     resident = estimate_memory(SMALL, dataclasses.replace(plan, optimizer_offload=False), 10**7, 10**9)
     assert resident.gpu["step"]["optimizer"] == resident.gpu["update"]["optimizer"] == 809_216
     assert resident.gpu["rollout"]["optimizer"] == 809_216
@@ -234,11 +241,13 @@ def test_7b_with_optimizer_offload_keeps_adam_on_the_host_and_fits_one_gpu(tmp_p
     n = 7_615_616_512
     assert est.host["steady"]["optimizer (offloaded)"] / GiB == pytest.approx(56.7, abs=0.05)
     assert all(est.gpu[phase]["optimizer"] == 0 for phase in ("rollout", "update", "sync"))
-    # the step streams the states: fp32 params + grads (8 bytes x 7.62B = 56.7 GiB) + three 256 MiB buckets + the
-    # foreach temporary of one bucket + the runtime allowance
-    assert est.gpu["step"]["optimizer"] == 3 * 256 * 2**20
-    assert est.gpu["step"]["adam step temp"] == 128 * 2**20
-    assert est.gpu_total("step") == 8 * n + 3 * 256 * 2**20 + 128 * 2**20 + 2 * GiB
+    # the step streams the states: fp32 params + grads (8 bytes x 7.62B = 56.7 GiB) + three buckets (at most 256 MiB
+    # or one tensor's state: the worst three are the embeddings' 4.06 GiB, layer 0's attention block and its gate_proj)
+    # + the foreach temporary (worst: the embeddings' bucket computing, half of it) + the runtime allowance
+    embed, attention, gate = 8 * 152064 * 3584, 8 * 29_364_736, 8 * 18944 * 3584
+    assert est.gpu["step"]["optimizer"] == embed + attention + gate
+    assert est.gpu["step"]["adam step temp"] == embed // 2 - gate
+    assert est.gpu_total("step") == 8 * n + 1.5 * embed + attention + 2 * GiB
     assert est.problems() == []
     # host: the worker + the states; while the reference model loads (after the optimizer is built) its fp32 copy too
     assert est.host_per_rank == est.host_per_node == 4 * GiB + 8 * n + 4 * n < HOST

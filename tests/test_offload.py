@@ -165,6 +165,10 @@ def _run_worker(offload: bool, model_path: str, data, out_dir: str, events: list
     log["save"] = named()
     moments = None
     if offload:  # the moments are host tensors between steps and survive a checkpoint round trip in place
+        flats = {t.untyped_storage().data_ptr() for t in worker.optimizer._flat.values()}
+        for state in worker.optimizer.state.values():  # DTensors over views of the flat host buffers
+            assert {type(state[k]).__name__ for k in ("exp_avg", "exp_avg_sq")} == {"DTensor"}
+            assert {state[k].to_local().untyped_storage().data_ptr() for k in ("exp_avg", "exp_avg_sq")} <= flats
         moments = _host_moments(worker.optimizer)
         for t in worker.optimizer._flat.values():
             t.zero_()

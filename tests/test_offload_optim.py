@@ -22,7 +22,12 @@ import torch
 
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer, clip_grad_norm
 from verl.utils.model_loading import load_causal_lm
-from verl.utils.offload_optim import OffloadedAdamW, pinned_bytes_of_per_tensor_offload
+from verl.utils.offload_optim import (
+    OffloadedAdamW,
+    pinned_bytes_of_per_tensor_offload,
+    plan_buckets,
+    streamed_peak_bytes,
+)
 
 STEPS = 5
 
@@ -192,67 +197,100 @@ def test_per_tensor_pinned_offload_nearly_doubles_the_7b_adam_state() -> None:
     assert pinned_bytes_of_per_tensor_offload([3, 4]) == 2 * (16 + 16)
 
 
+def test_bucket_plan_closes_before_overflow_and_the_streamed_peak_counts_three_buckets() -> None:
+    # 10-byte buckets: [4, 4] (a third 4 would overflow), [4], [30] alone (larger than a bucket), [2, 3, 5], [6]
+    sizes = [4, 4, 4, 30, 2, 3, 5, 6]
+    assert plan_buckets(sizes, 10) == [(0, 2), (2, 3), (3, 4), (4, 7), (7, 8)]
+    # bucket bytes 8, 4, 30, 10, 6: the worst window is 4 + 30 * 1.5 + 10 around the 30-byte bucket
+    assert streamed_peak_bytes(sizes, 10) == 4 + 45 + 10
+    assert plan_buckets([], 10) == [] and streamed_peak_bytes([], 10) == 0
+
+
 # ---------------------------------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
-def test_gpu_peak_and_host_rss_for_a_half_billion_shape_with_and_without(tmp_path) -> None:
-    """Qwen2.5-0.5B shape, one GPU, no FSDP: plain AdamW's step holds params + grads + 2 moments + the foreach
-    sqrt temporary on the GPU; the offloaded one params + grads + at most three buckets, with the moments in host
-    memory (RSS grows by their size, not twice it). Parameters after 3 steps agree to 1e-7."""
+def test_gpu_peak_and_host_rss_for_a_half_billion_shape_with_and_without(tmp_path, monkeypatch) -> None:
+    """Qwen2.5-0.5B shape, one GPU, FSDP2 over a 1-rank NCCL mesh as the worker runs it (DTensor shards, fp32 master
+    weights, bf16 compute): plain AdamW's step holds params + grads + 2 moments + the foreach sqrt temporary on the
+    GPU; the offloaded one params + grads + at most three buckets, with the moments in host memory (RSS grows by
+    their size, not by a power-of-two rounding of it) as host DTensors over the flat buffers. Parameters after 3
+    steps agree to 1e-7."""
     import gc
 
     import psutil
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
     from transformers import Qwen2Config
 
+    from verl.utils.fsdp_utils import apply_fsdp2, get_full_state_dict, init_dp_mesh
     from verl.utils.model_loading import build_causal_lm_from_config
-    from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES
+    from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES, streamed_peak_bytes
 
-    config = Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    device = torch.device("cuda", 0)
-    gen = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 151936, (1, 256), generator=gen) for _ in range(3)]
-    proc = psutil.Process()
-    results = {}
-    for offload in (False, True):
-        model = build_causal_lm_from_config(config, dtype="float32", attn_implementation="sdpa", seed=0).to(device)
-        n = sum(p.numel() for p in model.parameters())
-        gc.collect()
-        rss0 = proc.memory_info().rss
-        opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, offload=offload)
-        peaks = []
-        for ids in batches:
-            model(input_ids=ids.to(device), labels=ids.to(device)).loss.backward()
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()  # params + grads (activations freed)
-            opt.step()
-            torch.cuda.synchronize()
-            peaks.append(torch.cuda.max_memory_allocated() - base)
-            opt.zero_grad(set_to_none=True)
-        rss = proc.memory_info().rss - rss0
-        results[offload] = dict(
-            n=n,
-            step_extra=max(peaks),
-            resident=torch.cuda.memory_allocated(),
-            rss=rss,
-            params=[p.detach().cpu() for p in model.parameters()],
+    GiB = 2**30
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        torch.cuda.set_device(0)
+        mesh = init_dp_mesh("cuda")
+        config = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
         )
-        print(f"offload={offload}: step extra {max(peaks) / 2**30:.2f} GiB, host RSS +{rss / 2**30:.2f} GiB")
-        del model, opt
-        gc.collect()
-        torch.cuda.empty_cache()
-    n = results[True]["n"]
-    # plain: the moments (8 N) stay on the GPU and the foreach step adds ~4 N; offloaded: at most 3 buckets
-    assert results[False]["step_extra"] >= 3.5 * n
-    assert results[True]["step_extra"] <= 3 * DEFAULT_BUCKET_BYTES * 1.1
-    assert results[False]["resident"] - results[True]["resident"] >= 0.99 * 8 * n
-    assert 0.95 * 8 * n <= results[True]["rss"] <= 1.1 * 8 * n  # the moments once, not power-of-two rounded
-    for a, b in zip(results[False]["params"], results[True]["params"]):
-        assert (a - b).abs().max() <= 1e-7
+        device = torch.device("cuda", 0)
+        gen = torch.Generator().manual_seed(0)
+        batches = [torch.randint(0, 151936, (1, 256), generator=gen) for _ in range(3)]
+        proc = psutil.Process()
+        results = {}
+        for offload in (False, True):
+            model = build_causal_lm_from_config(config, dtype="float32", attn_implementation="sdpa", seed=0)
+            model = apply_fsdp2(model.to(device), mesh=mesh)
+            n = sum(p.numel() for p in model.parameters())
+            gc.collect()
+            rss0 = proc.memory_info().rss
+            opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, offload=offload)
+            peaks = []
+            for ids in batches:
+                model(input_ids=ids.to(device), labels=ids.to(device)).loss.backward()
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()  # params + grads (activations freed)
+                opt.step()
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated() - base)
+                opt.zero_grad(set_to_none=True)
+            rss = proc.memory_info().rss - rss0
+            if offload:
+                assert opt.is_pinned()
+                for p in model.parameters():
+                    value = opt.state[p]["exp_avg"]
+                    assert isinstance(value, DTensor) and value.to_local().device.type == "cpu"
+                    flat = opt._flat[("exp_avg", torch.float32)]
+                    assert value.to_local().untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            sizes = [8 * p.to_local().numel() for p in model.parameters()]
+            results[offload] = dict(
+                n=n, step_extra=max(peaks), resident=torch.cuda.memory_allocated(), rss=rss, sizes=sizes
+            )
+            results[offload]["params"] = get_full_state_dict(model)
+            print(f"offload={offload}: step extra {max(peaks) / 2**30:.2f} GiB, host RSS +{rss / 2**30:.2f} GiB")
+            del model, opt
+            gc.collect()
+            torch.cuda.empty_cache()
+        n = results[True]["n"]
+        # plain: the moments (8 N) stay on the GPU and the foreach step adds ~4 N; offloaded: three buckets and the
+        # sqrt temporary of one (the largest bucket is the tied embedding's: 151936 x 896 x 8 bytes = 1.09 GB)
+        streamed = streamed_peak_bytes(results[True]["sizes"], DEFAULT_BUCKET_BYTES)
+        assert streamed < 2 * GiB < 8 * n
+        assert results[False]["step_extra"] >= 3.5 * n
+        assert results[True]["step_extra"] <= 1.05 * streamed + (32 << 20)
+        assert results[False]["resident"] - results[True]["resident"] >= 0.99 * 8 * n
+        assert 0.95 * 8 * n <= results[True]["rss"] <= 1.1 * 8 * n  # the moments once, not power-of-two rounded
+        for name, value in results[False]["params"].items():
+            assert (results[True]["params"][name] - value).abs().max() <= 1e-7, name
+    finally:
+        dist.destroy_process_group()

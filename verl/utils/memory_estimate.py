@@ -16,7 +16,8 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   worker) and brings them back for each computation. ``optimizer_offload`` builds ``OffloadedAdamW``
   (``verl/utils/offload_optim.py``): the Adam moments live in host buffers of exactly their size for the whole run
   and stream through the GPU one bucket at a time inside the step, so no phase holds them on the GPU; the step
-  holds at most three buckets (``offload_bucket_bytes`` each: one computing, one arriving, one leaving).
+  holds three buckets (one computing, one arriving, one leaving; ``offload_bucket_bytes`` or one large tensor's
+  state each, by the optimizer's own bucket plan ``streamed_peak_bytes``: the embeddings' 4.1 GiB at Qwen2.5-7B).
 * **optimizer step**: ``torch.optim.AdamW`` with the default foreach implementation allocates one full-size
   temporary (``torch._foreach_sqrt(exp_avg_sqs)`` in ``torch/optim/adam.py::_multi_tensor_adam``): 4 more bytes per
   trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``); streamed, one bucket's
@@ -65,7 +66,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES
+from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES, streamed_peak_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,25 @@ class ModelShape:
             n += 2 * self.intermediate_size + self.hidden_size
         n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         return n
+
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """The parameter shapes in module order (embeddings, each layer's attention, MLP and norms, final norm,
+        lm_head when untied; parameters outside the Llama layout as one 1-D tensor at the end)."""
+        h = self.hidden_size
+        layer: list[tuple[int, ...]] = []
+        for name, (fan_in, fan_out) in self.linear_shapes().items():
+            layer.append((fan_out, fan_in))
+            if (self.qkv_bias and name in ("q_proj", "k_proj", "v_proj")) or (self.o_bias and name == "o_proj"):
+                layer.append((fan_out,))
+            if self.mlp_bias and name in ("gate_proj", "up_proj", "down_proj"):
+                layer.append((fan_out,))
+            if self.qk_norm and name == "o_proj":  # Qwen3's q_norm and k_norm
+                layer += [(self.head_dim,), (self.head_dim,)]
+        layer += [(h,), (h,)]
+        shapes = [(self.vocab_size, h), *layer * self.num_layers, (h,)]
+        shapes += [] if self.tie_word_embeddings else [(self.vocab_size, h)]
+        shapes += [(self.extra_params,)] if self.extra_params else []
+        return shapes
 
     @property
     def root_params(self) -> int:
@@ -571,10 +591,18 @@ def estimate_memory(
     resident_params = 0.0 if p.param_offload else params
     resident_adam = 0.0 if p.optimizer_offload else adam
     resident_ref = 0.0 if p.ref_param_offload else ref
-    # streamed (OffloadedAdamW): at most three buckets on the GPU during the step, none outside it
-    streamed = min(adam, 3.0 * p.offload_bucket_bytes) if p.optimizer_offload else 0.0
-    step_adam = streamed if p.optimizer_offload else adam
-    step_temp_params = min(nt / S, p.offload_bucket_bytes / 8.0) if p.optimizer_offload else nt / S
+    # streamed (OffloadedAdamW): three buckets on the GPU during the step (the bucket plan of the optimizer over this
+    # rank's dim-0 shards), none outside it; the foreach temporary is that of the computing bucket only
+    if p.optimizer_offload and p.lora_rank <= 0:
+        sizes = [8 * math.ceil(d[0] / S) * math.prod(d[1:]) for d in shape.param_shapes()]
+        with_temp = streamed_peak_bytes(sizes, p.offload_bucket_bytes, temp_fraction=p.adam_step_temp_bytes / 8.0)
+        streamed = float(streamed_peak_bytes(sizes, p.offload_bucket_bytes, temp_fraction=0.0))
+        step_temp = min(float(with_temp) - streamed, p.adam_step_temp_bytes * nt / S)
+    elif p.optimizer_offload:  # LoRA: small adapters, at most three full buckets
+        streamed = min(adam, 3.0 * p.offload_bucket_bytes)
+        step_temp = p.adam_step_temp_bytes * min(nt / S, p.offload_bucket_bytes / 8.0)
+    else:
+        streamed, step_temp = adam, p.adam_step_temp_bytes * nt / S
     update_act = float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing)
     update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
     no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
@@ -604,8 +632,8 @@ def estimate_memory(
         "step": {
             "actor params": params,
             "grads": grads,
-            "optimizer": step_adam,
-            "adam step temp": p.adam_step_temp_bytes * step_temp_params,
+            "optimizer": streamed,
+            "adam step temp": step_temp,
             "ref params": resident_ref,
         },
         "sync": {

@@ -8,8 +8,8 @@ ever after. ``step()`` walks the parameters in buckets of about ``bucket_bytes``
 slice of the flat buffers to the parameters' device (a side CUDA stream, ``non_blocking``, prefetching bucket
 ``k + 1`` while bucket ``k`` computes), runs torch's own AdamW step (``torch.optim.AdamW.step``: foreach or fused as
 configured) on the bucket's parameters only, and copies the updated moments back. Device memory at the step is the
-parameters and gradients plus at most three buckets (one computing, one arriving, one leaving); host memory is the
-state. The numbers are those of ``torch.optim.AdamW`` on the same gradients (AdamW is element-wise; the bucket only
+parameters and gradients plus at most three buckets (one computing, one arriving, one leaving; a bucket is at most
+``max(bucket_bytes, the largest tensor's state)``, ``streamed_peak_bytes``); host memory is the state. The numbers are those of ``torch.optim.AdamW`` on the same gradients (AdamW is element-wise; the bucket only
 decides which tensors one foreach call sees). On a CPU-only machine the "device" is the host and the copies are
 plain copies, so the code path is the one a GPU run takes.
 
@@ -38,12 +38,47 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "OffloadedAdamW", "pinned_bytes_of_per_tensor_offload", "host_state_bytes"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "OffloadedAdamW",
+    "plan_buckets",
+    "streamed_peak_bytes",
+    "pinned_bytes_of_per_tensor_offload",
+    "host_state_bytes",
+]
 
 logger = logging.getLogger(__name__)
 
 # State bytes (all moments together) per bucket streamed through the device; the device holds up to three.
 DEFAULT_BUCKET_BYTES = 256 << 20
+
+
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
+    """Index ranges ``[start, end)`` of consecutive tensors (state bytes ``sizes``) that form the buckets: a bucket
+    closes before a tensor that would take it past ``bucket_bytes``, so each is at most ``max(bucket_bytes, the
+    largest single tensor)``. Shared by :class:`OffloadedAdamW` and the memory estimate."""
+    out: list[tuple[int, int]] = []
+    start, acc = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and acc + size > bucket_bytes:
+            out.append((start, i))
+            start, acc = i, 0
+        acc += size
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def streamed_peak_bytes(sizes: list[int], bucket_bytes: int, temp_fraction: float = 0.5) -> int:
+    """The most device bytes the step holds for the state: a bucket computing, the next one arriving and the previous
+    one leaving, plus ``temp_fraction`` of the computing bucket (AdamW's foreach ``sqrt(exp_avg_sq)``: half of a
+    two-moment bucket)."""
+    buckets = [sum(sizes[a:b]) for a, b in plan_buckets(sizes, bucket_bytes)]
+    peak = 0.0
+    for k, size in enumerate(buckets):
+        around = (buckets[k - 1] if k > 0 else 0) + (buckets[k + 1] if k + 1 < len(buckets) else 0)
+        peak = max(peak, size * (1 + temp_fraction) + around)
+    return int(peak)
 
 
 def pinned_bytes_of_per_tensor_offload(numels: Iterable[int], bytes_per_element: int = 4, moments: int = 2) -> int:
@@ -63,14 +98,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """``local`` (this rank's shard) as the same kind of tensor as ``param``: a DTensor with the parameter's mesh and
-    placements when the parameter is one (what ``torch.zeros_like(param)`` gives), else ``local`` itself."""
+    """``local`` (this rank's shard) as the same kind of tensor as ``param``: a DTensor with the parameter's spec
+    (mesh, placements, global shape) when the parameter is one, as ``torch.zeros_like(param)`` gives, else ``local``.
+
+    Built with the DTensor constructor as FSDP2 builds its sharded parameters (``_from_local_no_grad``), not with
+    ``DTensor.from_local``, which moves a CPU local tensor to the mesh's device (a CUDA copy of the host state)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
-        return DTensor.from_local(
-            local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
-        )
+        return DTensor(local, param._spec, requires_grad=False)
     return local
 
 
@@ -191,25 +227,19 @@ class OffloadedAdamW(torch.optim.AdamW):
     def _layout(self) -> None:
         params = self._params()
         dtypes = list(dict.fromkeys(_local(p).dtype for p in params))
-        per_key = len(self._keys)
         for dtype in dtypes:
             members = [p for p in params if _local(p).dtype == dtype]
-            offset = 0
-            bucket: list[nn.Parameter] = []
-            start = 0
-            size = torch.empty((), dtype=dtype).element_size()
+            element = torch.empty((), dtype=dtype).element_size() * len(self._keys)
+            offsets = [0]
             for p in members:
                 n = _local(p).numel()
-                self._offset[id(p)] = (dtype, offset, offset + n)
-                offset += n
-                bucket.append(p)
-                if (offset - start) * size * per_key >= self.bucket_bytes:
-                    self._buckets.append(_Bucket(dtype, start, offset, bucket))
-                    bucket, start = [], offset
-            if bucket:
-                self._buckets.append(_Bucket(dtype, start, offset, bucket))
+                self._offset[id(p)] = (dtype, offsets[-1], offsets[-1] + n)
+                offsets.append(offsets[-1] + n)
+            sizes = [(offsets[i + 1] - offsets[i]) * element for i in range(len(members))]
+            for a, b in plan_buckets(sizes, self.bucket_bytes):
+                self._buckets.append(_Bucket(dtype, offsets[a], offsets[b], members[a:b]))
             for key in self._keys:
-                self._flat[(key, dtype)] = self._host_buffers.zeros(offset, dtype)
+                self._flat[(key, dtype)] = self._host_buffers.zeros(offsets[-1], dtype)
 
     def _views(self, flats: dict[str, torch.Tensor], base: int, p: nn.Parameter) -> dict[str, torch.Tensor]:
         """The state tensors of ``p`` as views of ``flats`` (one flat tensor per key starting at offset ``base``)."""
