@@ -322,6 +322,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name))
+        if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
+            torch.cuda.empty_cache()
         self.lr_scheduler.step()
         return metrics
 
