@@ -170,7 +170,7 @@ class _Stager:
     def fetch(self, host: list[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
         if self.stream is None:
             return [h.clone() for h in host], None
-        with torch.cuda.stream(self.stream):  # ordered after this stream's write-backs of the previous step
+        with torch.cuda.stream(self.stream):  # after this stream's earlier write-backs
             staged = [h.to(self.device, non_blocking=True) for h in host]
         return staged, self.stream.record_event()
 
@@ -217,6 +217,7 @@ class OffloadedAdamW(torch.optim.AdamW):
         self._flat: dict[tuple[str, torch.dtype], torch.Tensor] = {}
         self._offset: dict[int, tuple[torch.dtype, int, int]] = {}  # id(param) -> (dtype, start, end)
         self._buckets: list[_Bucket] = []
+        self._stagers: dict[torch.device, _Stager] = {}
         self._layout()
         self._install_host_state()
 
@@ -282,7 +283,10 @@ class OffloadedAdamW(torch.optim.AdamW):
         if not buckets:
             return loss
         adamw_step = _unhooked_adamw_step()
-        stager = _Stager(buckets[0].params[0].device)
+        device = buckets[0].params[0].device
+        stager = self._stagers.get(device)
+        if stager is None:  # one side stream per device for the optimizer's life
+            stager = self._stagers[device] = _Stager(device)
         pending = self._fetch(stager, buckets[0])
         try:
             for index, bucket in enumerate(buckets):
