@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                 "generated_tokens_per_s": generated / step_s,
                 "conversations": conversations,
                 "score_mean": h.get("critic/score/mean"),
+                # the actor worker's peaks after its update (GiB): GPU allocated, host resident set of the process
+                "gpu_peak_allocated_gib": h.get("perf/max_memory_allocated_gb"),
+                "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
             }
         )
     report = {
@@ -169,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     bc.write_json(args.out, report)
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
+    for r in rows:
+        print(
+            f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB, "
+            f"host RSS peak {r['host_peak_rss_gib']} GiB"
+        )
     return 0
 
 

@@ -205,9 +205,11 @@ def test_hf_engine_batch_rows(actor_build, monkeypatch):
 
 
 def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
-    """``{actor,ref}.fsdp_config.param_offload`` and ``actor.fsdp_config.optimizer_offload`` (GPU only): which
-    modules and optimizers ``_resident`` brings in and parks again."""
+    """``{actor,ref}.fsdp_config.param_offload`` (GPU only): which modules ``_resident`` brings in and parks again;
+    ``actor.fsdp_config.optimizer_offload``: the actor's optimizer is the host-resident ``OffloadedAdamW`` (nothing
+    for ``_resident`` to move)."""
     import verl.utils.fsdp_utils as fsdp_utils
+    from verl.utils.offload_optim import OffloadedAdamW
 
     worker, _, _ = actor_build
     moved = []
@@ -228,17 +230,20 @@ def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
         monkeypatch.setitem(cfg.ref.fsdp_config, "param_offload", flags[2])
         worker.__dict__.pop("_conf", None)  # re-read the typed config
         moved.clear()
-        with worker._resident("actor", with_optimizer=True):
+        with worker._resident("actor"):
             pass
         with worker._resident("ref"):
             pass
         names = [(n, obj is worker.actor_module, obj is worker.ref.actor_module) for n, obj in moved]
         expected = {
             (True, False, False): [("load_fsdp_model_to_gpu", True, False), ("offload_fsdp_model_to_cpu", True, False)],
-            (False, True, False): [("load_fsdp_optimizer", False, False), ("offload_fsdp_optimizer", False, False)],
+            (False, True, False): [],
             (False, False, True): [("load_fsdp_model_to_gpu", False, True), ("offload_fsdp_model_to_cpu", False, True)],
         }[flags]
         assert names == expected, flags
+        optimizer, _ = worker._build_optimizer(worker.actor_module)
+        assert isinstance(optimizer, OffloadedAdamW) == flags[1], flags
+        assert type(optimizer) is (OffloadedAdamW if flags[1] else torch.optim.AdamW)
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,20 @@
 """Parameter and optimizer offload (``fsdp_config.param_offload`` / ``optimizer_offload``).
 
-What offload does (``ActorRolloutRefWorker._resident`` with ``verl/utils/fsdp_utils.py``): the actor's FSDP2
-parameter shards (``model.cpu()``, which FSDP2 follows with ``reset_sharded_param``) and the AdamW moments
-(every tensor of ``optimizer.state``) live on the host between computations and come back to the worker's device
-for log-probs, the update, the weight sync and checkpoints; the reference model's parameters likewise.
+What offload does: the actor's FSDP2 parameter shards (``ActorRolloutRefWorker._resident`` with
+``verl/utils/fsdp_utils.py``: ``model.cpu()``, which FSDP2 follows with ``reset_sharded_param``) live on the host
+between computations and come back to the worker's device for log-probs, the update, the weight sync and
+checkpoints; the reference model's parameters likewise. The AdamW moments of ``optimizer_offload`` never leave the
+host: the actor's optimizer is ``OffloadedAdamW`` (``verl/utils/offload_optim.py``, tested in
+``tests/test_offload_optim.py``), which streams them through the device inside ``step()``.
 
-* CPU (the code path): two gloo ranks run the real worker with every offload on and with none; the offload and
-  reload functions are called around each computation in the expected order with the expected targets, and the
-  parameters after two updates (the second one reloading Adam moments created by the first) are bitwise those of
-  the worker without offload. The load direction is observed on the meta device (every tensor moves).
-* GPU (``@pytest.mark.gpu``): the sharded parameters and Adam moments really leave the GPU (allocated memory drops by
-  their size), come back equal, and training with offload gives the parameters of training without.
+* CPU (the code path): two gloo ranks (FSDP2, DTensor shards) run the real worker with every offload on and with
+  none; the parameter offload and reload functions are called around each computation in the expected order with
+  the expected targets, no optimizer state is moved, the Adam moments are host tensors after every update and
+  after a checkpoint round trip, and the parameters after two updates are bitwise those of the worker without
+  offload. The load direction is observed on the meta device (every tensor moves).
+* GPU (``@pytest.mark.gpu``): the sharded parameters and the per-tensor offloaded Adam moments
+  (``offload_fsdp_optimizer``, for optimizers other than the actor's) really leave the GPU (allocated memory drops
+  by their size), come back equal, and training with offload gives the parameters of training without.
 """
 
 from __future__ import annotations
@@ -122,14 +126,24 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, out_d
         dist.destroy_process_group()
 
 
+def _host_moments(optimizer) -> list[torch.Tensor]:
+    from verl.utils.offload_optim import iter_state_tensors
+
+    tensors = list(iter_state_tensors(optimizer))
+    assert tensors and all(t.device.type == "cpu" for t in tensors)
+    return [t.clone() for t in tensors]
+
+
 def _run_worker(offload: bool, model_path: str, data, out_dir: str, events: list[tuple], rank: int) -> dict:
     """Init, old and ref log-probs, two updates and a checkpoint; the offload calls of each, by module name."""
     from verl.utils.fsdp_utils import get_full_state_dict
+    from verl.utils.offload_optim import OffloadedAdamW
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     torch.manual_seed(0)
     worker = ActorRolloutRefWorker(_worker_config(model_path, offload), "cpu")
     worker.init_model()
+    assert isinstance(worker.optimizer, OffloadedAdamW) == offload
     modules = {id(worker.actor_module): "actor", id(worker.ref.actor_module): "ref"}
 
     def named() -> list[tuple]:
@@ -146,8 +160,23 @@ def _run_worker(offload: bool, model_path: str, data, out_dir: str, events: list
     log["update1"] = named()
     worker.update_actor(data)
     log["update2"] = named()
-    worker.save_checkpoint(os.path.join(out_dir, f"ckpt_{offload}"))
+    ckpt = os.path.join(out_dir, f"ckpt_{offload}")
+    worker.save_checkpoint(ckpt)
     log["save"] = named()
+    moments = None
+    if offload:  # the moments are host tensors between steps and survive a checkpoint round trip in place
+        flats = {t.untyped_storage().data_ptr() for t in worker.optimizer._flat.values()}
+        for state in worker.optimizer.state.values():  # DTensors over views of the flat host buffers
+            assert {type(state[k]).__name__ for k in ("exp_avg", "exp_avg_sq")} == {"DTensor"}
+            assert {state[k].to_local().untyped_storage().data_ptr() for k in ("exp_avg", "exp_avg_sq")} <= flats
+        moments = _host_moments(worker.optimizer)
+        for t in worker.optimizer._flat.values():
+            t.zero_()
+        worker.load_checkpoint(ckpt)
+        log["load"] = named()
+        again = _host_moments(worker.optimizer)
+        assert len(again) == len(moments) and all(torch.equal(a, b) for a, b in zip(again, moments))
+        assert any(bool(t.abs().sum() > 0) for t in moments)
     state = get_full_state_dict(worker.actor_module)  # a collective: every rank gathers
     return {"events": log, "state": state if rank == 0 else None, "log_probs": log_probs}
 
@@ -165,36 +194,20 @@ def test_worker_offload_code_path_on_cpu_matches_no_offload(tiny_model_path, tmp
         args=(str(tmp_path / "init"), str(tiny_model_path), str(data_file), str(tmp_path)),
     )
     results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
-    n_params = len(list(base.parameters()))
     for out in results:
         on, off = out[True]["events"], out[False]["events"]
         assert all(not calls for calls in off.values())  # no offload configured: nothing moves
-        # after init: actor (and its still empty optimizer) and ref parked on the host
+        # after init: actor and ref parked on the host; the optimizer state is never moved (it lives there)
         assert on["init"] == [
             ("load_model", "actor", "cpu"),
-            ("load_optimizer", 0),
             ("offload_model", "actor", None),
-            ("offload_optimizer", 0),
             ("load_model", "ref", "cpu"),
             ("offload_model", "ref", None),
         ]
         assert on["log_prob"] == [("load_model", "actor", "cpu"), ("offload_model", "actor", None)]
         assert on["ref_log_prob"] == [("load_model", "ref", "cpu"), ("offload_model", "ref", None)]
-        # the first update creates the Adam moments (step, exp_avg, exp_avg_sq per parameter) and offloads them;
-        # the second brings all of them back before its step
-        assert on["update1"] == [
-            ("load_model", "actor", "cpu"),
-            ("load_optimizer", 0),
-            ("offload_model", "actor", None),
-            ("offload_optimizer", 3 * n_params),
-        ]
-        assert on["update2"] == [
-            ("load_model", "actor", "cpu"),
-            ("load_optimizer", 3 * n_params),
-            ("offload_model", "actor", None),
-            ("offload_optimizer", 3 * n_params),
-        ]
-        assert on["save"][0] == ("load_model", "actor", "cpu") and on["save"][1] == ("load_optimizer", 3 * n_params)
+        for phase in ("update1", "update2", "save", "load"):
+            assert on[phase] == [("load_model", "actor", "cpu"), ("offload_model", "actor", None)], phase
         for got, want in zip(out[True]["log_probs"], out[False]["log_probs"]):
             assert torch.equal(got, want)
     with_offload, without = results[0][True]["state"], results[0][False]["state"]

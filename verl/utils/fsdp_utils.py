@@ -185,7 +185,12 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: Union[str, t
 
 
 def offload_fsdp_optimizer(optimizer: Optional[torch.optim.Optimizer]) -> None:
-    """Move the optimizer state (Adam moments) to CPU."""
+    """Move the optimizer state (Adam moments) to CPU, tensor by tensor.
+
+    From CUDA each ``to("cpu", non_blocking=True)`` allocates pinned memory through torch's caching host allocator,
+    which rounds every allocation up to a power of two: up to twice the state in host memory (nearly 2x at the
+    Qwen2.5-7B shape). The actor's ``optimizer_offload`` therefore uses ``OffloadedAdamW``
+    (``verl/utils/offload_optim.py``), whose state never leaves the host; this function is for other optimizers."""
     if optimizer is None or not optimizer.state:
         return
     _move_optimizer_state(optimizer, "cpu")
@@ -273,13 +278,20 @@ def build_optimizer(
     weight_decay: float = 0.01,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    offload: bool = False,
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters of a module (or over the given parameters)."""
+    """AdamW over the trainable parameters of a module (or over the given parameters); with ``offload`` the
+    :class:`~verl.utils.offload_optim.OffloadedAdamW` whose state stays in host memory and streams through the
+    device bucket by bucket during the step (``fsdp_config.optimizer_offload``)."""
     if isinstance(params, nn.Module):
         params = [p for p in params.parameters() if p.requires_grad]
     params = list(params)
     if not params:
         raise ValueError("build_optimizer: no trainable parameters")
+    if offload:
+        from verl.utils.offload_optim import OffloadedAdamW
+
+        return OffloadedAdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
 
 
@@ -339,15 +351,17 @@ def build_lr_scheduler(
     return LambdaLR(optimizer, warmup_lr_lambda(num_warmup, warmup_style, total_training_steps, min_lr_ratio or 0.0))
 
 
-def build_optim_and_scheduler(module: nn.Module, optim: Any):
+def build_optim_and_scheduler(module: nn.Module, optim: Any, offload: bool = False):
     """AdamW and its LR schedule from an ``optim`` section (:class:`~verl.workers.config.OptimizerConfig`: ``lr``,
     ``weight_decay``, ``betas``, ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``,
     ``warmup_style``, ``min_lr_ratio``; a mapping is read as the actor's section), shared by the actor and the
-    critic workers so that every key reaches both."""
+    critic workers so that every key reaches both. ``offload``: host-resident AdamW state (``build_optimizer``)."""
     from verl.workers.config.optimizer import OptimizerConfig
 
     optim = OptimizerConfig.from_config(optim)
-    optimizer = build_optimizer(module, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas))
+    optimizer = build_optimizer(
+        module, lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas), offload=offload
+    )
     scheduler = build_lr_scheduler(
         optimizer,
         total_training_steps=optim.total_training_steps,

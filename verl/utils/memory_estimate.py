@@ -12,12 +12,16 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   (``exp_avg``, ``exp_avg_sq``) = 16 bytes, the mixed-precision Adam figure of the ZeRO paper (Rajbhandari et al.
   2020, arXiv 1910.02054, section 3.1: "2 + 2 + 12 = 16 bytes" with fp16 copies; here the fp32 master weight *is*
   the parameter and the bf16 copy exists only for the layer being computed), all divided by ``S``.
-* **offload** (``_resident`` in the worker): ``param_offload`` parks the parameter shards on the host between
-  computations and ``optimizer_offload`` the Adam moments; both come back to the GPU for the update (``update_actor``
-  runs under ``_resident("actor", with_optimizer=True)``), so offload lowers the rollout phase, not the update.
+* **offload**: ``param_offload`` parks the parameter shards on the host between computations (``_resident`` in the
+  worker) and brings them back for each computation. ``optimizer_offload`` builds ``OffloadedAdamW``
+  (``verl/utils/offload_optim.py``): the Adam moments live in host buffers of exactly their size for the whole run
+  and stream through the GPU one bucket at a time inside the step, so no phase holds them on the GPU; the step
+  holds three buckets (one computing, one arriving, one leaving; ``offload_bucket_bytes`` or one large tensor's
+  state each, by the optimizer's own bucket plan ``streamed_peak_bytes``: the embeddings' 4.1 GiB at Qwen2.5-7B).
 * **optimizer step**: ``torch.optim.AdamW`` with the default foreach implementation allocates one full-size
   temporary (``torch._foreach_sqrt(exp_avg_sqs)`` in ``torch/optim/adam.py::_multi_tensor_adam``): 4 more bytes per
-  trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``).
+  trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``); streamed, one bucket's
+  worth (half a bucket: the ``exp_avg_sq`` half).
 * **FSDP2 working set**: the bf16 all-gathered parameters of the root unit (embeddings, final norm, lm_head; kept
   for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one), plus one
   unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter; for the
@@ -30,9 +34,11 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   gradient checkpointing only each layer's input stays (2 h per token and layer) plus one layer recomputed.
 * **logits**: only response positions go through ``lm_head`` (``logits_to_keep``); each such token holds a
   ``[vocab]`` row: bf16 output (2) + fp32 cast (4) + saved log-softmax (4) + its gradient (4) + bf16 gradient (2) =
-  16 bytes per element in the update, 10 without grad (log-prob passes). A fused/chunked log-prob path
-  (``fused_logits``) materialises chunks of about ``tokens x hidden / vocab`` rows (liger-kernel's
-  ``fused_linear_cross_entropy`` chunk rule), i.e. ``tokens x hidden`` elements instead of ``tokens x vocab``.
+  16 bytes per element in the update, 10 without grad (log-prob passes). The fused log-prob head
+  (``model.use_fused_kernels``, ``verl/workers/actor/fused_logprob.py``) computes ``fused_kernel_options.chunk_size``
+  tokens at a time: one ``[chunk, vocab]`` block of fp32 logits plus one fp32 temporary of the same size (the
+  exponentials of ``logsumexp`` in the forward, the logits' gradient in the backward), ``FUSED_CHUNK_BYTES`` = 8
+  bytes per element of ``min(chunk_size, tokens) x vocab``, with or without grad.
 * **ref** (``actor.use_kl_loss``): the same float32 load and sharding, no gradients or optimizer; on the host
   between uses with ``ref.fsdp_config.param_offload``.
 * **rollout**: vLLM takes ``gpu_memory_utilization`` x the GPU's memory for its weights (rollout dtype, divided by
@@ -43,7 +49,9 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   ``hf_max_batch_size`` rows of ``max_model_len`` tokens and never sleeps.
 * **host**: the worker process (``host_baseline_bytes``: Python, torch, CUDA and vLLM libraries), the offloaded
   states above, vLLM's sleep-level-1 weight backup, and at load time the full float32 model that
-  ``load_causal_lm`` materialises before moving it to the GPU (``load_host_bytes_per_param``).
+  ``load_causal_lm`` materialises before moving it to the GPU (``load_host_bytes_per_param``); the reference
+  model loads after the optimizer is built, so with ``optimizer_offload`` and a reference model the load phase
+  holds both.
 
 Phases (the GPU holds different things at different times; the peak is the largest): ``init``, ``rollout``
 (generation), ``log-prob`` (old and reference log-probs), ``update`` (forward/backward of one micro-batch),
@@ -57,6 +65,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES, streamed_peak_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +94,8 @@ LOAD_HOST_BYTES_PER_PARAM = 4.0
 # Bytes per [token, vocab] element of the logits (see the module docstring).
 TRAIN_LOGITS_BYTES = 16.0
 NO_GRAD_LOGITS_BYTES = 10.0
+# Bytes per [chunk, vocab] element of the fused log-prob head: fp32 logits + one fp32 temporary of their size.
+FUSED_CHUNK_BYTES = 8.0
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2, "bf16": 2}
 # Model types whose parameters follow the Llama layout (q/k/v/o, gate/up/down, two RMSNorms per layer).
 _LLAMA_LIKE = {"qwen2": (True, False), "qwen3": (None, None), "llama": (None, None), "mistral": (False, False)}
@@ -174,6 +186,25 @@ class ModelShape:
         n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         return n
 
+    def param_shapes(self) -> list[tuple[int, ...]]:
+        """The parameter shapes in module order (embeddings, each layer's attention, MLP and norms, final norm,
+        lm_head when untied; parameters outside the Llama layout as one 1-D tensor at the end)."""
+        h = self.hidden_size
+        layer: list[tuple[int, ...]] = []
+        for name, (fan_in, fan_out) in self.linear_shapes().items():
+            layer.append((fan_out, fan_in))
+            if (self.qkv_bias and name in ("q_proj", "k_proj", "v_proj")) or (self.o_bias and name == "o_proj"):
+                layer.append((fan_out,))
+            if self.mlp_bias and name in ("gate_proj", "up_proj", "down_proj"):
+                layer.append((fan_out,))
+            if self.qk_norm and name == "o_proj":  # Qwen3's q_norm and k_norm
+                layer += [(self.head_dim,), (self.head_dim,)]
+        layer += [(h,), (h,)]
+        shapes = [(self.vocab_size, h), *layer * self.num_layers, (h,)]
+        shapes += [] if self.tie_word_embeddings else [(self.vocab_size, h)]
+        shapes += [(self.extra_params,)] if self.extra_params else []
+        return shapes
+
     @property
     def root_params(self) -> int:
         """Embeddings + final norm + lm_head (when not tied to the embeddings): the FSDP root unit."""
@@ -237,6 +268,8 @@ class MemoryPlan:
     log_prob_tokens: int = 16384
     log_prob_logit_tokens: int = 16384
     fused_logits: bool = False
+    # actor_rollout_ref.model.fused_kernel_options.chunk_size: tokens per [chunk, vocab] block of the fused head
+    fused_chunk_size: int = 1024
     rollout_name: str = "vllm"
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
@@ -246,8 +279,8 @@ class MemoryPlan:
     max_model_len: int = 2048
     hf_max_batch_size: int = 64
     adam_step_temp_bytes: float = 4.0
-    # True: the update brings the offloaded Adam moments back to the GPU (fsdp_workers._resident does)
-    optimizer_on_gpu_for_update: bool = True
+    # state bytes per bucket streamed through the GPU by OffloadedAdamW (optimizer_offload)
+    offload_bucket_bytes: int = DEFAULT_BUCKET_BYTES
     host_baseline_bytes: int = HOST_BASELINE_BYTES
     load_host_bytes_per_param: float = LOAD_HOST_BYTES_PER_PARAM
 
@@ -311,6 +344,7 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         log_prob_logit_tokens=lp_logits,
         # actor_rollout_ref.model.use_fused_kernels: the chunked log-prob head (verl/workers/actor/fused_logprob.py)
         fused_logits=bool(model.get("use_fused_kernels", False)),
+        fused_chunk_size=int((model.get("fused_kernel_options") or {}).get("chunk_size", 1024) or 1024),
         rollout_name=str(rollout.get("name", "vllm")),
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
         tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
@@ -379,9 +413,9 @@ class MemoryEstimate:
         sharded = sum(parts.get(k, 0) for k in ("actor params", "grads", "optimizer", "adam step temp"))
         if phase in ("update", "step") and sharded:
             why = (
-                " (optimizer_offload does not lower this phase: the update brings the Adam states back to the GPU)"
-                if p.optimizer_offload and parts.get("optimizer")
-                else ""
+                ""
+                if p.optimizer_offload or not parts.get("optimizer")
+                else f" or set {actor}.fsdp_config.optimizer_offload=True (the Adam states stream through the GPU)"
             )
             fixes.append(
                 (
@@ -523,8 +557,9 @@ def estimate_memory(
     grad_buffers = 6.0 * max(root, layer) * (nt / n)  # one unit's unsharded bf16 gradient + fp32 reduce-scatter copy
 
     def logits(tokens: int, bytes_per_element: float) -> float:
-        width = shape.hidden_size if p.fused_logits else shape.vocab_size
-        return float(tokens) * width * bytes_per_element
+        if p.fused_logits:  # one [chunk, vocab] block at a time
+            return float(min(tokens, max(1, p.fused_chunk_size))) * shape.vocab_size * FUSED_CHUNK_BYTES
+        return float(tokens) * shape.vocab_size * bytes_per_element
 
     # the rollout engine
     weights = float(p.rollout_dtype_bytes) * n / p.tensor_parallel_size
@@ -556,7 +591,18 @@ def estimate_memory(
     resident_params = 0.0 if p.param_offload else params
     resident_adam = 0.0 if p.optimizer_offload else adam
     resident_ref = 0.0 if p.ref_param_offload else ref
-    update_adam = adam if (p.optimizer_on_gpu_for_update or not p.optimizer_offload) else 0.0
+    # streamed (OffloadedAdamW): three buckets on the GPU during the step (the bucket plan of the optimizer over this
+    # rank's dim-0 shards), none outside it; the foreach temporary is that of the computing bucket only
+    if p.optimizer_offload and p.lora_rank <= 0:
+        sizes = [8 * math.ceil(d[0] / S) * math.prod(d[1:]) for d in shape.param_shapes()]
+        with_temp = streamed_peak_bytes(sizes, p.offload_bucket_bytes, temp_fraction=p.adam_step_temp_bytes / 8.0)
+        streamed = float(streamed_peak_bytes(sizes, p.offload_bucket_bytes, temp_fraction=0.0))
+        step_temp = min(float(with_temp) - streamed, p.adam_step_temp_bytes * nt / S)
+    elif p.optimizer_offload:  # LoRA: small adapters, at most three full buckets
+        streamed = min(adam, 3.0 * p.offload_bucket_bytes)
+        step_temp = p.adam_step_temp_bytes * min(nt / S, p.offload_bucket_bytes / 8.0)
+    else:
+        streamed, step_temp = adam, p.adam_step_temp_bytes * nt / S
     update_act = float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing)
     update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
     no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
@@ -575,7 +621,7 @@ def estimate_memory(
         "update": {
             "actor params": params,
             "grads": grads,
-            "optimizer": update_adam,
+            "optimizer": resident_adam,
             # the root's reduce-scatter buffers exist at the end of backward, when activations and logits are
             # freed: only their excess over those counts
             "fsdp buffers": gathered + max(0.0, grad_buffers - update_act - update_logits),
@@ -586,8 +632,8 @@ def estimate_memory(
         "step": {
             "actor params": params,
             "grads": grads,
-            "optimizer": update_adam,
-            "adam step temp": p.adam_step_temp_bytes * nt / S if update_adam else 0.0,
+            "optimizer": streamed,
+            "adam step temp": step_temp,
             "ref params": resident_ref,
         },
         "sync": {
@@ -604,7 +650,12 @@ def estimate_memory(
             est.gpu[phase].update(training_engine)
         est.gpu[phase].update(runtime)
     est.host = {
-        "load": {"worker": float(p.host_baseline_bytes), "fp32 model while loading": p.load_host_bytes_per_param * n},
+        "load": {
+            "worker": float(p.host_baseline_bytes),
+            "fp32 model while loading": p.load_host_bytes_per_param * n,
+            # the reference model loads after the (host-resident) optimizer is built
+            "optimizer (offloaded)": adam if (p.optimizer_offload and p.use_ref) else 0.0,
+        },
         "steady": {
             "worker": float(p.host_baseline_bytes),
             "actor params (offloaded)": params if p.param_offload else 0.0,

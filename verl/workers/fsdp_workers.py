@@ -87,7 +87,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        from verl.utils.fsdp_utils import apply_fsdp2, build_optim_and_scheduler, init_fsdp_mesh
+        from verl.utils.fsdp_utils import apply_fsdp2, init_fsdp_mesh
         from verl.utils.import_utils import import_external_libs
         from verl.utils.model_loading import load_causal_lm
 
@@ -120,7 +120,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
             actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
-        optimizer, self.lr_scheduler = build_optim_and_scheduler(actor_module, actor_cfg.optim)
+        optimizer, self.lr_scheduler = self._build_optimizer(actor_module)
         actor_settings = {
             **plain_values(actor_cfg),
             "use_remove_padding": model_cfg.use_remove_padding,
@@ -195,19 +195,24 @@ class ActorRolloutRefWorker(TrainingWorker):
             )
 
     # ------------------------------------------------------------------ CPU offload
-    @contextmanager
-    def _resident(self, role: str = "actor", with_optimizer: bool = False):
-        """Bring offloaded parameters (and optimizer state) onto the worker's device for the block, then back.
+    def _build_optimizer(self, module: torch.nn.Module):
+        """AdamW and its LR schedule for the actor; ``actor.fsdp_config.optimizer_offload`` makes it
+        :class:`~verl.utils.offload_optim.OffloadedAdamW`: the Adam state lives in host memory from here on and
+        streams through the device bucket by bucket inside ``optimizer.step()`` (nothing to load or offload)."""
+        from verl.utils.fsdp_utils import build_optim_and_scheduler
 
-        ``actor_rollout_ref.{actor,ref}.fsdp_config.param_offload`` / ``.optimizer_offload``; a no-op when offload
-        is off. On CPU runs the moves are CPU to CPU (nothing moves; the code path is the one GPU runs take).
+        actor_cfg = self.conf.actor
+        return build_optim_and_scheduler(module, actor_cfg.optim, offload=actor_cfg.fsdp_config.optimizer_offload)
+
+    @contextmanager
+    def _resident(self, role: str = "actor"):
+        """Bring offloaded parameters onto the worker's device for the block, then back.
+
+        ``actor_rollout_ref.{actor,ref}.fsdp_config.param_offload``; a no-op when offload is off. On CPU runs the
+        moves are CPU to CPU (nothing moves; the code path is the one GPU runs take). The optimizer state of
+        ``optimizer_offload`` is not moved here: it stays on the host (``_build_optimizer``).
         """
-        from verl.utils.fsdp_utils import (
-            load_fsdp_model_to_gpu,
-            load_fsdp_optimizer,
-            offload_fsdp_model_to_cpu,
-            offload_fsdp_optimizer,
-        )
+        from verl.utils.fsdp_utils import load_fsdp_model_to_gpu, offload_fsdp_model_to_cpu
 
         fsdp = self.conf.actor.fsdp_config if role == "actor" else self.conf.ref.fsdp_config
         module = self.actor_module if role == "actor" else self.ref.actor_module
@@ -215,22 +220,17 @@ class ActorRolloutRefWorker(TrainingWorker):
             torch.device("cuda", torch.cuda.current_device()) if self.device_name == "cuda" else torch.device("cpu")
         )
         params = fsdp.param_offload
-        optim = with_optimizer and role == "actor" and self.conf.actor.fsdp_config.optimizer_offload
         if params:
             load_fsdp_model_to_gpu(module, device)
-        if optim:
-            load_fsdp_optimizer(self.optimizer, device)
         try:
             yield
         finally:
             if params:
                 offload_fsdp_model_to_cpu(module)
-            if optim:
-                offload_fsdp_optimizer(self.optimizer)
 
     def _offload_idle_models(self) -> None:
         """After init: park offloaded models on the CPU until a computation needs them."""
-        with self._resident("actor", with_optimizer=True):
+        with self._resident("actor"):
             pass
         if self.ref is not None:
             with self._resident("ref"):
@@ -318,10 +318,12 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        with self._resident("actor", with_optimizer=True):
+        with self._resident("actor"):
             metrics = self.actor.update_policy(data)
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name))
+        if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
+            torch.cuda.empty_cache()
         self.lr_scheduler.step()
         return metrics
 
@@ -330,7 +332,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def save_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import save_model_shards
 
-        with self._resident("actor", with_optimizer=True):
+        with self._resident("actor"):
             save_model_shards(
                 path,
                 self.actor_module,
@@ -345,7 +347,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def load_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import load_model_shards
 
-        with self._resident("actor", with_optimizer=True):
+        with self._resident("actor"):
             load_model_shards(
                 path, self.actor_module, self.optimizer, self.lr_scheduler, rank=self.rank, world_size=self.world_size
             )

@@ -48,7 +48,7 @@ class FSDPConfig(RewardFSDPConfig):
 
     SECTION = "actor_rollout_ref.actor.fsdp_config"
 
-    # Keep optimizer states on CPU between uses.
+    # Keep the AdamW states in host memory, streamed through the GPU per bucket in each step (OffloadedAdamW).
     optimizer_offload: bool = False
 
     def check(self, c: Checks) -> None:
