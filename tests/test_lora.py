@@ -66,6 +66,8 @@ def test_sync_hands_over_peft_merge_under_base_names(trained_lora, tiny_model_pa
     merged = _peft_merge(trained_lora)
     assert [name for name, _ in pairs] == list(base) == list(merged)
     assert not any(is_adapter_weight(name) for name, _ in pairs)
+    assert rollout_name("base_model.model.lm_head.base_layer.weight") == "lm_head.weight"
+    assert rollout_name("encoder.base_layer.weight") == "encoder.base_layer.weight"  # not a peft name: unchanged
     adapted = {rollout_name(n) for n in lora_merges(trained_lora)}
     assert len(adapted) == 7 * 2  # q, k, v, o, gate, up, down of both layers
     for name, tensor in pairs:

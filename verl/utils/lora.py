@@ -25,19 +25,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-__all__ = ["PEFT_PREFIX", "LoraMerge", "is_adapter_weight", "rollout_name", "lora_merges", "is_peft_model"]
+__all__ = ["PEFT_PREFIX", "LoraMerge", "is_adapter_weight", "rollout_name", "lora_merges"]
 
 PEFT_PREFIX = "base_model.model."
 # Name parts of peft's adapter tensors (LoRA on linears, embeddings, DoRA magnitudes).
 _ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 TARGET_KEY = "actor_rollout_ref.model.target_modules"
-
-
-def is_peft_model(model: nn.Module) -> bool:
-    """True when ``model`` is (or wraps) a peft model with LoRA layers."""
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) for m in model.modules())
 
 
 def is_adapter_weight(name: str) -> bool:
@@ -47,10 +40,11 @@ def is_adapter_weight(name: str) -> bool:
 
 def rollout_name(name: str) -> str:
     """The base model's name of a peft state-dict entry: ``base_model.model.model.layers.0.self_attn.q_proj
-    .base_layer.weight`` -> ``model.layers.0.self_attn.q_proj.weight``; other names are returned unchanged."""
-    if name.startswith(PEFT_PREFIX):
-        name = name[len(PEFT_PREFIX) :]
-    return name.replace(".base_layer.", ".")
+    .base_layer.weight`` -> ``model.layers.0.self_attn.q_proj.weight``; names of other models are returned
+    unchanged."""
+    if not name.startswith(PEFT_PREFIX):
+        return name
+    return name[len(PEFT_PREFIX) :].replace(".base_layer.", ".")
 
 
 def _full(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
