@@ -6,7 +6,9 @@
 ``--local_dir`` may also be the ``global_step_N`` folder (its ``actor/`` is used). The output loads with
 ``AutoModelForCausalLM.from_pretrained(<hf_out>)`` and with vLLM. Config and tokenizer come from the
 checkpoint's ``actor/huggingface/`` (written at save time), or from ``--hf_model_path`` when that is missing.
-Runs on CPU in one process, whatever the number of ranks that wrote the checkpoint.
+Runs on CPU in one process, whatever the number of ranks that wrote the checkpoint. A LoRA checkpoint
+(``actor_rollout_ref.model.lora_rank > 0``) is written merged (``W + lora_alpha / r * B @ A``): a plain model
+of the base architecture, no adapter files.
 """
 
 from __future__ import annotations

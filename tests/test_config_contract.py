@@ -106,9 +106,12 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{M}.enable_gradient_checkpointing": (_loader(f"{M}.enable_gradient_checkpointing"),),
     f"{M}.use_remove_padding": (_actor(f"{M}.use_remove_padding"),),
     f"{M}.attn_implementation": (_loader(f"{M}.attn_implementation"),),
-    f"{M}.lora_rank": (_loader(f"{M}.lora_rank"),),
-    f"{M}.lora_alpha": (_loader(f"{M}.lora_alpha"),),
-    f"{M}.target_modules": (_loader(f"{M}.target_modules"),),
+    f"{M}.lora_rank": (
+        _loader(f"{M}.lora_rank"),
+        "tests/test_lora.py::test_worker_trains_only_the_adapters_under_fsdp2",
+    ),
+    f"{M}.lora_alpha": (_loader(f"{M}.lora_alpha"), "tests/test_lora.py::test_engine_holds_the_merged_actor_weights"),
+    f"{M}.target_modules": (_loader(f"{M}.target_modules"), "tests/test_lora.py::test_target_modules_must_be_names"),
     f"{M}.use_liger": (_loader(f"{M}.use_liger"),),
     f"{M}.trust_remote_code": (OVERRIDES,),
     # actor

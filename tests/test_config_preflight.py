@@ -189,7 +189,7 @@ def test_the_trainers_refuse_with_the_same_rules():
 # ------------------------------------------------------------------------------------------------ parallelism, LoRA
 
 
-def test_tensor_parallel_rollout_and_lora_are_refused(tmp_path):
+def test_tensor_parallel_rollout_is_refused_and_lora_passes(tmp_path):
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     _one(
         _cfg(tmp_path, "actor_rollout_ref.rollout.name=vllm", f"{key}=2"),
@@ -199,12 +199,8 @@ def test_tensor_parallel_rollout_and_lora_are_refused(tmp_path):
     )
     check_config(_cfg(tmp_path, "actor_rollout_ref.rollout.name=vllm", f"{key}=1"))
     check_config(_cfg(tmp_path, f"{key}=2"))  # the HF engine runs one process per rank and ignores TP
-    _one(
-        _cfg(tmp_path, "actor_rollout_ref.model.lora_rank=8"),
-        "actor_rollout_ref.model.lora_rank=8",
-        "first weight sync",
-        "lora_rank=0",
-    )
+    # LoRA trains end to end (merged weight sync, tests/test_lora.py): no longer refused at launch
+    check_config(_cfg(tmp_path, "actor_rollout_ref.model.lora_rank=8"))
 
 
 # ------------------------------------------------------------------------------------------------ paths
@@ -345,7 +341,6 @@ def test_every_problem_in_one_error(tmp_path):
         _cfg(
             tmp_path,
             "algorithm.adv_estimator=remax",
-            "actor_rollout_ref.model.lora_rank=4",
             f"actor_rollout_ref.model.path={tmp_path / 'none'}",
             f"custom_reward_function.path={tmp_path / 'none.py'}",
             train=_parquet(tmp_path, "t", [_row(0, truth=None), _row(1)]),
@@ -353,7 +348,6 @@ def test_every_problem_in_one_error(tmp_path):
     )
     keys = [
         "algorithm.adv_estimator=remax",
-        "actor_rollout_ref.model.lora_rank=4",
         "actor_rollout_ref.model.path=",
         "custom_reward_function.path=",
         "row 0 (data.train_files)",

@@ -241,3 +241,29 @@ def test_weight_sync_of_a_tied_model_gathers_the_embedding_once(engine, hf_model
     assert sent.count("lm_head.weight") == 1 and sent.count("model.embed_tokens.weight") == 1
     _check_greedy_matches(engine, new_model, PROMPTS, max_new=8)
     engine.update_weights(hf_model.state_dict().items())
+
+
+def test_weight_sync_of_a_lora_actor_loads_the_merged_weights(engine, hf_model):
+    """A peft LoRA actor (``actor_rollout_ref.model.lora_rank > 0``): ``iter_rollout_weights`` hands vLLM the merged
+    weights under the base names (vLLM has no ``lora_A``/``lora_B``/``base_layer`` parameters, so unmerged names
+    would fail to load); the engine then generates and scores like peft's merged model."""
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+
+    from verl.utils.rollout_weights import iter_rollout_weights
+
+    lora = get_peft_model(copy.deepcopy(hf_model), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for name, weight in lora.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=gen) * 0.5)
+    merged = copy.deepcopy(lora).merge_and_unload().eval()
+    before = [_hf_greedy(hf_model, p, 8) for p in PROMPTS]
+    assert [_hf_greedy(merged, p, 8) for p in PROMPTS] != before  # precondition: the adapters change the outputs
+    for bucket in iter_rollout_weights(lora):
+        assert not any("lora_" in name or "base_layer" in name for name, _ in bucket)
+        engine.update_weights(bucket)
+    _check_greedy_matches(engine, merged, PROMPTS, max_new=8)
+    engine.update_weights(hf_model.state_dict().items())
+    assert _check_greedy_matches(engine, hf_model, PROMPTS, max_new=8) == before

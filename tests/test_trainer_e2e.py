@@ -395,3 +395,32 @@ def test_every_parameter_changed_and_checkpoint_merges_to_hf(runs, tiny_model_pa
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
     unchanged = [k for k, v in initial.items() if torch.equal(v, trained[k])]
     assert not unchanged
+
+
+def test_lora_training_syncs_the_merged_weights_and_exports_them(runs, tiny_model_path, tmp_path):
+    """``actor_rollout_ref.model.lora_rank=4`` through the real trainer: after the first update the engine scores
+    its samples like the LoRA actor (the weight sync handed it the merged weights), and the step-2 checkpoint
+    exports to a plain HF model in which exactly the adapted linear weights moved (tests/test_lora.py checks the
+    merge itself)."""
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils.checkpoint import merge_checkpoint_to_hf
+
+    out = tmp_path / "lora"
+    extra = [
+        "actor_rollout_ref.model.lora_rank=4",
+        "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.actor.optim.lr=5e-2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+    ]
+    steps = {h["step"]: h for h in main_ppo.run(_cfg(tmp_path, tiny_model_path, str(out), 2, extra=extra))}
+    assert steps[1]["actor/grad_norm"] > 0
+    assert steps[2]["rollout/logprob_abs_diff_max"] < 1e-3
+    trained = AutoModelForCausalLM.from_pretrained(merge_checkpoint_to_hf(out / "global_step_2", tmp_path / "hf"))
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_path).state_dict()
+    changed = {k for k, v in trained.state_dict().items() if not torch.equal(v, initial[k])}
+    attn, mlp = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
+    adapted = {f"model.layers.{i}.self_attn.{n}.weight" for i in range(2) for n in attn}
+    adapted |= {f"model.layers.{i}.mlp.{n}.weight" for i in range(2) for n in mlp}
+    assert changed == adapted  # biases, norms and the embedding are frozen

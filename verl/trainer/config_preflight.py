@@ -10,8 +10,8 @@ workers would refuse only after the models are loaded or after the first rollout
   (:func:`estimator_error`, :func:`kl_in_reward_error`, :func:`filter_groups_error`: the trainers call the same
   functions);
 * settings not implemented: sequence parallelism on the ref model or the critic, KL estimators without an
-  implementation (``full``), a vLLM tensor-parallel size above what the rollout runs, LoRA (the weight sync sends
-  the adapters unmerged);
+  implementation (``full``), a vLLM tensor-parallel size above what the rollout runs (LoRA adapters that do not
+  merge into linear weights are refused when the actor loads: ``verl/utils/lora.py``);
 * paths: ``actor_rollout_ref.model.path`` (and ``critic.model.path`` for ``gae``) a local model folder,
   ``trainer.default_local_dir`` creatable and writable (a probe file is written and removed),
   ``custom_reward_function.path`` / ``.name`` importable and callable;
@@ -192,12 +192,12 @@ def algorithm_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# parallelism, LoRA
+# parallelism
 # ------------------------------------------------------------------------------------------------------------
 
 
 def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
-    """Sequence parallelism of the ref model and the critic, rollout tensor parallelism, LoRA."""
+    """Sequence parallelism of the ref model and the critic, rollout tensor parallelism."""
     errors = []
     # the actor's own size is checked by validate_config; the ref model and the critic have their own keys
     sp_keys = []
@@ -216,13 +216,6 @@ def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
         limit, why = ROLLOUT_MAX_TENSOR_PARALLEL[name]
         errors.append(
             f"{tp_key}={tp} is larger than the {name} rollout supports ({limit}): {why}; set {tp_key}={limit}"
-        )
-    rank = _get(cfg, "actor_rollout_ref.model.lora_rank", 0)
-    if isinstance(rank, int) and rank > 0:
-        errors.append(
-            f"actor_rollout_ref.model.lora_rank={rank}: LoRA training is not supported yet: the weight sync sends the "
-            "unmerged adapter parameters (base_model.model...lora_A/lora_B), which the rollout engine does not have, "
-            "so training would fail at the first weight sync; set actor_rollout_ref.model.lora_rank=0"
         )
     return errors
 

@@ -109,6 +109,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             use_liger=model_cfg.use_liger,
             trust_remote_code=model_cfg.trust_remote_code,
         ).to(device)
+        if model_cfg.lora is not None:
+            self._check_lora(actor_module)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
         self.fsdp_mesh = None
         if self.sharded:  # HSDP when fsdp_size divides the world size (the ref model shares the mesh, as in verl)
@@ -148,6 +150,16 @@ class ActorRolloutRefWorker(TrainingWorker):
             self.ref = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.ref), ref_module, None)
         self._init_rollout()
         self._offload_idle_models()
+
+    def _check_lora(self, actor_module: torch.nn.Module) -> None:
+        """LoRA (``model.lora_rank > 0``): only the adapters train, and every adapter merges into a linear weight
+        the rollout engine has (the weight sync hands over ``W + scaling * B @ A``, ``verl/utils/lora.py``);
+        refused at load time otherwise, naming ``actor_rollout_ref.model.target_modules``."""
+        from verl.utils.lora import lora_merges
+
+        merges = lora_merges(actor_module)  # peft itself refuses target_modules that match nothing
+        trainable, total = actor_module.get_nb_trainable_parameters()
+        logger.info("LoRA: %d adapted linears, %d of %d parameters trainable", len(merges), trainable, total)
 
     def _init_rollout(self) -> None:
         from verl.workers.rollout.base import get_rollout_engine

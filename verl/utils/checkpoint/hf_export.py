@@ -6,6 +6,11 @@ it by path. The checkpoint's shards are read with DCP in single-process mode (no
 into full tensors, whatever the number of ranks that wrote them; the model skeleton is built on the meta device
 from ``huggingface/config.json`` (no random initialisation, no second copy of the weights) and saved with
 ``save_pretrained`` (which writes tied weights once).
+
+A LoRA checkpoint (``actor_rollout_ref.model.lora_rank > 0``: the peft model's state, base weights and adapters,
+plus ``huggingface/adapter_config.json``) is exported **merged**: each adapted weight becomes ``W + scaling * B @ A``
+under the base model's name and the folder is a plain model of the base architecture (no adapter files), exactly
+the weights the rollout engine ran with.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import torch
 
 from verl.utils.checkpoint.manager import CheckpointError
 from verl.utils.checkpoint.model_state import (
+    ADAPTER_CONFIG_FILE,
     DCP_METADATA_FILE,
     HF_SUBDIR,
     MODEL_SUBDIR,
     TOKENIZER_FILES,
     is_model_checkpoint_dir,
 )
+from verl.utils.lora import is_adapter_weight
 
 __all__ = ["find_model_checkpoint_dir", "load_full_model_state_dict", "merge_checkpoint_to_hf"]
 
@@ -96,6 +103,38 @@ def _copy_tokenizer_files(sources: list[Path], target: Path) -> None:
     )
 
 
+def _merge_lora(
+    state: dict[str, torch.Tensor], config: Any, hf_dir: Path, ckpt_dir: Path, trust_remote_code: bool
+) -> dict[str, torch.Tensor]:
+    """The base model's state of a peft LoRA checkpoint: ``W + scaling * B @ A`` for every adapted weight under the
+    base model's names, adapters dropped; the same computation as the rollout weight sync
+    (``verl.utils.rollout_weights.iter_rollout_weights``), on a peft skeleton built on the meta device from the
+    checkpoint's ``huggingface/adapter_config.json``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from verl.utils.rollout_weights import iter_rollout_weights
+
+    if not (hf_dir / ADAPTER_CONFIG_FILE).is_file():
+        raise CheckpointError(
+            f"{ckpt_dir} holds LoRA adapter weights but {hf_dir}/{ADAPTER_CONFIG_FILE} is missing: the adapters' "
+            "scaling (lora_alpha / r) is unknown, so they cannot be merged"
+        )
+    lora_config = LoraConfig.from_pretrained(str(hf_dir))
+    lora_config.base_model_name_or_path = None  # the folder it trained from; the skeleton below has no name
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = get_peft_model(base, lora_config)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{ckpt_dir}: the LoRA checkpoint does not match {hf_dir}/{ADAPTER_CONFIG_FILE} "
+            f"(missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    model.tie_weights()
+    return {name: tensor for bucket in iter_rollout_weights(model) for name, tensor in bucket}
+
+
 def merge_checkpoint_to_hf(
     local_dir: PathLike,
     target_dir: PathLike,
@@ -131,6 +170,8 @@ def merge_checkpoint_to_hf(
     config = AutoConfig.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)
     target_dtype = _resolve_target_dtype(dtype, config)
     state = {clean_param_name(k): v for k, v in load_full_model_state_dict(ckpt_dir).items()}
+    if any(is_adapter_weight(k) for k in state):
+        state = _merge_lora(state, config, hf_dir, ckpt_dir, trust_remote_code)
     state = {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     with torch.device("meta"):
@@ -138,12 +179,8 @@ def merge_checkpoint_to_hf(
     expected = set(model.state_dict().keys())
     unexpected = sorted(set(state) - expected)
     if unexpected:
-        hint = (
-            " (LoRA adapter weights: merge the adapters before saving)" if any("lora_" in k for k in unexpected) else ""
-        )
         raise CheckpointError(
-            f"{ckpt_dir}: {len(unexpected)} tensors do not belong to {type(model).__name__}, "
-            f"e.g. {unexpected[:5]}{hint}"
+            f"{ckpt_dir}: {len(unexpected)} tensors do not belong to {type(model).__name__}, e.g. {unexpected[:5]}"
         )
     model.load_state_dict(state, strict=False, assign=True)
     model.tie_weights()

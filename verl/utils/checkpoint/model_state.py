@@ -7,7 +7,9 @@ Layout of one model checkpoint folder (e.g. ``global_step_N/actor``)::
     lr_scheduler.pt        lr_scheduler.state_dict()                    (rank 0)
     rng_rank<r>.pt         RNG state of rank r                          (every rank)
     checkpoint_meta.json   format, world size, contents                 (rank 0)
-    huggingface/           config.json, generation_config.json, tokenizer files (rank 0; for the merger)
+    huggingface/           config.json, generation_config.json, tokenizer files (rank 0; for the merger);
+                           adapter_config.json for a peft LoRA model (its state in model/ is the peft model's:
+                           frozen base weights and adapters, so a resume restores both exactly)
 
 With a process group (FSDP2 ``fully_shard`` models) every rank calls ``save_model_shards`` /
 ``load_model_shards`` together and writes / reads its own shards; DCP reshards on load, so a checkpoint written
@@ -36,6 +38,7 @@ __all__ = [
     "MODEL_SUBDIR",
     "OPTIM_SUBDIR",
     "HF_SUBDIR",
+    "ADAPTER_CONFIG_FILE",
     "LR_SCHEDULER_FILE",
     "MODEL_META_FILE",
     "TOKENIZER_FILES",
@@ -54,6 +57,7 @@ OPTIM_SUBDIR = "optim"
 HF_SUBDIR = "huggingface"
 LR_SCHEDULER_FILE = "lr_scheduler.pt"
 MODEL_META_FILE = "checkpoint_meta.json"
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's LoraConfig of a LoRA model (lora_alpha, r, target_modules)
 DCP_METADATA_FILE = ".metadata"
 FORMAT_NAME = "dcp-v1"
 # Files a tokenizer / generation setup may consist of (copied from a base model folder when no tokenizer object).
@@ -152,6 +156,16 @@ def save_hf_assets(
     return target
 
 
+def _save_adapter_config(model: nn.Module, target: Path) -> None:
+    """``adapter_config.json`` of a peft model's (single, ``default``) adapter; nothing for other models."""
+    peft_config = getattr(model, "peft_config", None)
+    if not peft_config:
+        return
+    if set(peft_config) != {"default"}:
+        raise ValueError(f"save_model_shards: one peft adapter named 'default' expected, got {sorted(peft_config)}")
+    peft_config["default"].save_pretrained(str(target))
+
+
 def save_model_shards(
     ckpt_dir: PathLike,
     model: nn.Module,
@@ -196,6 +210,7 @@ def save_model_shards(
         generation_config = getattr(model, "generation_config", None)
         if config is not None or tokenizer is not None or hf_source_path is not None:
             save_hf_assets(ckpt_dir / HF_SUBDIR, config, tokenizer, generation_config, hf_source_path)
+        _save_adapter_config(model, ckpt_dir / HF_SUBDIR)
         meta = {
             "format": FORMAT_NAME,
             "world_size": world_size,

@@ -46,11 +46,11 @@ class ModelConfig(BaseConfig):
     use_remove_padding: bool = False
     # Attention kernel; null = flash_attention_2 when installed on CUDA, else sdpa.
     attn_implementation: Optional[str] = None
-    # LoRA rank; 0 = full fine-tuning.
+    # LoRA rank; 0 = full fine-tuning (> 0: peft adapters train, the base is frozen, the rollout gets merged weights).
     lora_rank: int = 0
     # LoRA alpha (scaling = lora_alpha / lora_rank).
     lora_alpha: int = 16
-    # Modules LoRA adapts: "all-linear" or a list of module names.
+    # Modules LoRA adapts: "all-linear" or a list of linear module names (not embeddings nor a tied lm_head).
     target_modules: Any = "all-linear"
     # Use Liger kernels when installed (GPU only).
     use_liger: bool = False
@@ -64,6 +64,13 @@ class ModelConfig(BaseConfig):
     def check(self, c: Checks) -> None:
         c.integer("lora_rank", 0)
         c.integer("lora_alpha", 1)
+        modules = self.target_modules
+        names = [modules] if isinstance(modules, str) else modules
+        if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+            c.error(
+                f"{c.key('target_modules')} must be 'all-linear' or a non-empty list of module names "
+                f"(e.g. [q_proj, v_proj]), got {modules!r}"
+            )
         if not self.path and "path" not in c.bad:
             c.error(f"{c.key('path')} must name the model folder (got {self.path!r})")
 
