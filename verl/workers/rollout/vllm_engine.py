@@ -34,6 +34,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import queue
@@ -189,7 +190,7 @@ class VLLMRolloutEngine(RolloutEngine):
             raise ValueError(
                 f"distributed_executor_backend={EXTERNAL_LAUNCHER!r} needs backend='inproc', got {backend!r}"
             )
-        self._lockstep_calls = 0
+        self._batch_ids = itertools.count()  # request ids of generate_requests: the same sequence on every rank
         model_path = str(model_path)
         _prepare_environment(backend, model_path)
         self.backend = backend
@@ -333,8 +334,7 @@ class VLLMRolloutEngine(RolloutEngine):
                     f"requests {unseeded[:5]} sample without a seed: on a tensor-parallel engine every rank of the "
                     "group must draw the same tokens, so each sampled request needs SamplingParams.seed"
                 )
-        call = self._lockstep_calls
-        self._lockstep_calls += 1
+        call = next(self._batch_ids)
         requests = []
         for i, (prompt_ids, sp) in enumerate(zip(prompts, params)):
             prompt = [int(t) for t in prompt_ids]
