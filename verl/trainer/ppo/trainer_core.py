@@ -53,25 +53,54 @@ class RolloutClient:
 
     With a ``seed`` in the sampling parameters every request gets its own seed
     (``seed + request index``), so the n samples of a prompt differ and a rerun reproduces them.
+
+    Engines shared by a tensor-parallel group of ranks (``rollout.tensor_model_parallel_size > 1``, see
+    ``verl/workers/rollout/tp_layout.py``): the batch is split over the groups, every rank of a group gets its
+    group's prompts and seeds (without ``seed``, random ones drawn here, the same for the whole group), and each
+    group's outputs come from its TP rank 0 after the other ranks' digests are checked against them.
     """
 
     def __init__(self, worker_group):
         self.wg = worker_group
         self.calls = 0
+        self._info: list[tuple[int, bool]] | None = None
+        self._rng = np.random.default_rng()
+
+    def rollout_info(self) -> list[tuple[int, bool]]:
+        """Per-rank ``(dp_rank, is_collect)`` the workers declared for the ``rollout`` mesh (one rank per engine
+        for workers that declare none, or a group without mesh dispatch)."""
+        from verl.workers.rollout.tp_layout import ROLLOUT_MESH
+
+        if self._info is None:
+            info = None
+            if callable(getattr(self.wg, "dispatch_info", None)):
+                try:
+                    info = self.wg.dispatch_info(ROLLOUT_MESH)
+                except KeyError:  # the workers declare no rollout mesh: one engine per rank
+                    info = None
+            self._info = list(info) if info else [(rank, True) for rank in range(self.wg.world_size)]
+        return self._info
 
     def generate_batch(self, prompts: list[list[int]], params) -> list:
+        from verl.workers.rollout.tp_layout import collect_by_dp, split_by_dp
+
+        info = self.rollout_info()
         n = self.wg.world_size
-        parts = np.array_split(np.arange(len(prompts)), n)
+        groups, per_rank = split_by_dp(len(prompts), info)
         p = asdict(params)
         seeds = None
         if params.seed is not None:
             base = params.seed + self.calls * 1_000_003
-            seeds = [[base + int(i) for i in part] for part in parts]
+            seeds = [[base + int(i) for i in part] for part in groups]
+        elif len(groups) < n:  # a tensor-parallel engine: its ranks must sample alike
+            seeds = [[int(s) for s in self._rng.integers(0, 2**31 - 1, len(part))] for part in groups]
         self.calls += 1
         results = self.wg.generate(
-            [[prompts[i] for i in part] for part in parts], [p] * n, seeds if seeds else [None] * n
+            [[prompts[i] for i in part] for part in per_rank],
+            [p] * n,
+            [seeds[dp] for dp, _ in info] if seeds else [None] * n,
         )
-        return [r for part in results for r in part]
+        return collect_by_dp(results, info)
 
 
 def typed_config(config: DictConfig | PPOConfig) -> PPOConfig:
