@@ -1,5 +1,6 @@
 """End to end: one-step-off training of the memory agent (``trainer.rollout_overlap``) through the real trainer
-(CPU, tiny Qwen2, HF engine, in-process worker), against the same run with the overlap off.
+(CPU, tiny Qwen2, HF engine, in-process worker), against the same run with the overlap off; then the async memory
+agent on 2 Ray worker processes (colocated engines: the calls interleave) and the single-turn trainer.
 
 With the overlap on, step k+1's rollout is generated while step k updates the actor, on the engine's pre-update
 weights. Two independent records show it: the policy versions the trainer books (``rollout/policy_version``,
@@ -16,6 +17,7 @@ import ray
 import torch
 
 import verl.trainer.main_ppo as main_ppo
+from tests.test_critic import _cfg as single_turn_cfg
 from tests.test_trainer_e2e import _cfg
 
 pytestmark = pytest.mark.slow
@@ -89,3 +91,81 @@ def test_overlap_off_is_the_synchronous_step(runs):
     assert on[1]["critic/score/mean"] == off[1]["critic/score/mean"]
     assert on[1]["actor/pg_loss"] == pytest.approx(off[1]["actor/pg_loss"], rel=5e-3, abs=1e-5)
     assert off[1]["actor/grad_norm"] > 1e-3  # non-zero advantages: the comparison means something
+
+
+def _staleness_and_drift(hist: list[dict]) -> tuple[list[float], list[float]]:
+    steps = {h["step"]: h for h in hist if h["step"] > 0}
+    return (
+        [steps[s]["rollout/staleness"] for s in sorted(steps)],
+        [steps[s]["rollout/logprob_abs_diff_mean"] for s in sorted(steps)],
+    )
+
+
+def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, runs):
+    """actor_rollout_ref.rollout.mode=async: the agents' coroutines run in the background thread against the
+    engines of 2 Ray worker processes, whose generate calls interleave with the update's in each worker."""
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "async"),
+            2,
+            extra=[
+                *QUIET,
+                "actor_rollout_ref.rollout.mode=async",
+                "trainer.n_gpus_per_node=2",
+                "trainer.rollout_overlap=True",
+            ],
+        )
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0]
+    assert drift[0] < 1e-3 < 1e-2 < drift[1]  # step 2 was sampled by the weights before update 1
+    assert hist[-1]["trajectory/num_conv/min"] >= 4 and hist[-1]["rollout/is_weight_mean"] != 1.0
+
+
+def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path, runs):
+    hist = main_ppo.run(
+        single_turn_cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "st"),
+            3,
+            "grpo",
+            extra=[
+                "critic.model.path=/nonexistent",
+                "trainer.save_freq=-1",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "trainer.rollout_overlap=True",
+            ],
+        )
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0, 1.0]
+    assert drift[0] < 1e-3 and min(drift[1:]) > 1e-2
+    assert all(h["actor/pg_loss"] == h["actor/pg_loss"] for h in hist)
+
+
+def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_model_path, tmp_path, runs, capsys):
+    """``benchmarks/bench_train_step.py --overlap both`` (CPU smoke, tiny): both runs in one process, same data."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_train_step import main
+
+    out = tmp_path / "train_step.json"
+    argv = ["--model", str(tiny_model_path), "--overlap", "both", "--steps", "3", "--batch", "1", "--n", "2"]
+    assert main([*argv, "--chunks", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["staleness"] for r in report["steps"]] == [0.0, 0.0, 0.0]
+    assert [r["staleness"] for r in report["overlap_steps"]] == [0.0, 1.0, 1.0]
+    assert [r["wait_rollout_ahead"] for r in report["steps"]] == [0.0, 0.0, 0.0]
+    summary = report["overlap_summary"]
+    assert summary["steady_steps"] == [2]
+    assert summary["sync_step_s"] == pytest.approx(report["steps"][1]["total"])
+    assert summary["overlap_step_s"] == pytest.approx(report["overlap_steps"][1]["total"])
+    assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
+    printed = capsys.readouterr().out
+    assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
