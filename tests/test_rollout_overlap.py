@@ -202,3 +202,29 @@ def test_fit_hands_each_step_the_next_steps_batch(tmp_path):
     assert [(s, _row(b), _row(u)) for s, b, u in off.steps] == [(1, 0, None), (2, 1, None), (3, 2, None)]
     with open(Path(tmp_path / "off" / "global_step_3" / "trainer_state.pkl"), "rb") as f:
         assert "upcoming" not in pickle.load(f)
+
+
+# ------------------------------------------------------------------------------------------------ memory estimate
+
+
+def test_memory_estimate_keeps_the_engine_awake_during_the_update_with_overlap(tmp_path):
+    """The start-up estimate (trainer.memory_check) counts vLLM's weights and KV cache in the training phases when
+    the next rollout runs during the update, and names the key when that no longer fits."""
+    from transformers import Qwen2Config
+
+    from tests.test_memory_estimate import H200, HOST, QWEN25_7B, _compose
+    from verl.utils.memory_estimate import ModelShape, estimate_memory, plan_from_config
+
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    base = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "trainer.n_gpus_per_node=2"]
+    sync = estimate_memory(shape, plan_from_config(_compose(tmp_path, QWEN25_7B, base)), H200, HOST)
+    plan = plan_from_config(_compose(tmp_path, QWEN25_7B, [*base, "trainer.rollout_overlap=True"]))
+    overlap = estimate_memory(shape, plan, H200, HOST)
+    assert sync.problems() == [] and not sync.gpu["update"].get("KV cache")
+    kv = overlap.gpu["rollout"]["KV cache"]
+    assert kv > 0 and overlap.gpu["update"]["KV cache"] == kv
+    assert overlap.gpu_total("update") == pytest.approx(
+        sync.gpu_total("update") + kv + overlap.gpu["rollout"]["rollout weights"]
+    )
+    problems = "\n".join(overlap.problems())
+    assert "while training; set trainer.rollout_overlap=False" in problems
