@@ -228,3 +228,36 @@ def test_memory_estimate_keeps_the_engine_awake_during_the_update_with_overlap(t
     )
     problems = "\n".join(overlap.problems())
     assert "while training; set trainer.rollout_overlap=False" in problems
+
+
+def test_weight_sync_waits_for_the_rollout_running_ahead():
+    """The engine's weights change only after the rollout launched on them has finished; versions follow."""
+    import time
+    import types
+
+    from verl.trainer.ppo.trainer_core import TrainerCore
+
+    finished = threading.Event()
+    order = []
+
+    def make(questions, step):
+        time.sleep(0.3)  # still generating when the update is done
+        order.append(f"rollout of step {step} done")
+        finished.set()
+        return questions, {}, {}
+
+    wg = types.SimpleNamespace(sync_rollout_weights=lambda: order.append(f"sync (rollout done: {finished.is_set()})"))
+    trainer = TrainerCore(compose_config(["trainer.rollout_overlap=True"]), None, wg, None, None)
+    trainer.global_step = 1
+    first = trainer.step_rollout("batch 1", make)  # step 1: generated now, on version 0
+    assert (first.policy_version, first.ahead, trainer.policy_version) == (0, False, 0)
+    assert trainer.launch_next_rollout("batch 2", make)
+    trainer.policy_version = 1  # the update of step 1
+    timing = {}
+    trainer.sync_rollout_weights(timing)
+    assert order == ["rollout of step 1 done", "rollout of step 2 done", "sync (rollout done: True)"]
+    assert trainer.rollout_version == 1 and timing["wait_rollout_ahead"] > 0.1
+    trainer.global_step = 2
+    second = trainer.step_rollout("batch 2", make)
+    assert (second.result, second.policy_version, second.ahead) == ("batch 2", 0, True)
+    assert trainer.rollout_metrics(second, timing)["rollout/staleness"] == 1.0
