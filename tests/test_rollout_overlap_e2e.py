@@ -1,6 +1,7 @@
 """End to end: one-step-off training of the memory agent (``trainer.rollout_overlap``) through the real trainer
 (CPU, tiny Qwen2, HF engine, in-process worker), against the same run with the overlap off; then the async memory
-agent on 2 Ray worker processes (colocated engines: the calls interleave) and the single-turn trainer.
+agent on 2 Ray worker processes (colocated engines: the calls interleave), the in-process vLLM engine (CPU build) and
+the single-turn trainer; and ``benchmarks/bench_train_step.py --overlap both`` (CPU smoke).
 
 With the overlap on, step k+1's rollout is generated while step k updates the actor, on the engine's pre-update
 weights. Two independent records show it: the policy versions the trainer books (``rollout/policy_version``,
@@ -169,3 +170,21 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
     printed = capsys.readouterr().out
     assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
+
+
+@pytest.mark.vllm
+def test_overlap_with_the_vllm_engine(tiny_model_path, tmp_path, runs):
+    """rollout.name=vllm (in-process vLLM, CPU build): the rollout running ahead uses the engine while the actor
+    updates in the same process; the sync after it loads the new weights."""
+    vllm = [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
+    ]
+    hist = main_ppo.run(
+        _cfg(tmp_path, tiny_model_path, str(tmp_path / "v"), 3, extra=[*QUIET, *vllm, "trainer.rollout_overlap=True"])
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0, 1.0]
+    assert drift[0] < 1e-3 and min(drift[1:]) > 1e-2
