@@ -24,6 +24,8 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.ppo.metric_utils import process_validation_metrics
+from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, rollout_is_metrics
+from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
 
 __all__ = [
     "TrainerCore",
@@ -188,11 +190,17 @@ class TrainerCore:
         self.last_val_samples: list[dict] = []
         # ``algorithm.grpo_use_adv`` (MemAgent's alias), when set, overrides norm_adv_by_std_in_grpo
         self.norm_by_std = self.conf.algorithm.norm_adv_by_std
+        # one-step-off training (verl/trainer/ppo/rollout_overlap.py) and its off-policy correction
+        self.ahead = RolloutAhead(self.conf.trainer.rollout_overlap)
+        rollout_is = self.conf.algorithm.rollout_is
+        self.use_rollout_is = self.conf.trainer.rollout_overlap if rollout_is is None else bool(rollout_is)
+        self.policy_version: int | None = None  # the actor's weights: the step whose update made them
+        self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
 
     # ---------------------------------------------------------------- rollout parameters
-    def sampling(self, validate: bool) -> dict[str, Any]:
-        """Sampling parameters of this step's rollout (see :func:`rollout_sampling`)."""
-        return rollout_sampling(self.conf, self.global_step, validate)
+    def sampling(self, validate: bool, step: int | None = None) -> dict[str, Any]:
+        """Sampling parameters of the rollout of ``step`` (default: this step; see :func:`rollout_sampling`)."""
+        return rollout_sampling(self.conf, self.global_step if step is None else step, validate)
 
     def log_prob_temperature(self) -> float:
         """Log-probs are of the distribution sampled from: logits / rollout temperature (1 for greedy)."""
@@ -201,6 +209,50 @@ class TrainerCore:
     def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
         actor = self.conf.actor_rollout_ref.actor
         return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
+
+    # ---------------------------------------------------------------- rollouts: this step's, the next one's
+    def step_rollout(self, batch: DataProto, make, **kwargs: Any) -> Rollout:
+        """This step's rollout: the one generated ahead during the previous step (``trainer.rollout_overlap``),
+        else ``make(batch, step=global_step, **kwargs) -> (result, timing, metrics)`` run now."""
+        if self.policy_version is None:  # first step of this process: the engine holds the actor's weights
+            self.policy_version = self.rollout_version = self.global_step - 1
+        rollout = self.ahead.take(batch)
+        if rollout is None:
+            rollout = make_rollout(make, batch, self.rollout_version, step=self.global_step, **kwargs)
+        return rollout
+
+    def launch_next_rollout(self, upcoming: DataProto | None, make, **kwargs: Any) -> bool:
+        """``trainer.rollout_overlap``: start the next step's rollout in the background now, on the engine's current
+        (pre-update) weights; False (nothing started) when off or on the last step."""
+        return self.ahead.launch(make, upcoming, self.rollout_version, step=self.global_step + 1, **kwargs)
+
+    def rollout_metrics(self, rollout: Rollout, timing: dict[str, float]) -> dict[str, float]:
+        """The rollout's own metrics and timings (added to ``timing``) plus its staleness."""
+        for name, seconds in rollout.timing.items():
+            timing[name] = timing.get(name, 0.0) + seconds
+        return {**rollout.metrics, **staleness_metrics(rollout, self.policy_version)}
+
+    def sync_rollout_weights(self, timing: dict[str, float]) -> None:
+        """After the actor update: wait for a rollout running ahead (it must finish on the old weights), then push
+        the actor's weights into the engine."""
+        if self.ahead.running:  # timing_s/wait_rollout_ahead: how long the step waited for it
+            with timer("wait_rollout_ahead", timing):
+                self.ahead.wait()
+        with timer("sync_weights", timing):
+            self.wg.sync_rollout_weights()
+        self.rollout_version = self.policy_version
+
+    def off_policy_correction(self, data: DataProto) -> dict[str, float]:
+        """Engine vs actor log-prob metrics and, with TIS on (``algorithm.rollout_is``), the per-token
+        ``rollout_is_weights`` the actor multiplies into the policy loss (``rollout_correction.py``)."""
+        metrics = rollout_actor_mismatch(data)
+        if not self.use_rollout_is or "rollout_log_probs" not in data.batch.keys():
+            return metrics
+        b, cap = data.batch, self.conf.algorithm.rollout_is_threshold
+        weights = compute_rollout_is_weights(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], cap)
+        b["rollout_is_weights"] = weights
+        metrics.update(rollout_is_metrics(weights, b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], cap))
+        return metrics
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_groups(self) -> dict[str, Any]:
