@@ -66,14 +66,18 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
             stop.doing = "loading the checkpoint to resume from"
             upcoming = _resume(trainer, train_loader, ckpt_manager)
             _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started, upcoming)
-        except StepAbandoned:
+        except BaseException as exc:
+            if not (isinstance(exc, StepAbandoned) or stop.abandoned):
+                raise
             latest = ckpt_manager.find_latest()
             print(
                 f"[trainer] abandoned {stop.doing} on a second {stop.signal_name}; nothing new was saved. "
                 f"Latest checkpoint: {latest or 'none'}. " + _resume_hint(latest, ckpt_manager),
                 flush=True,
             )
-            raise
+            if isinstance(exc, StepAbandoned):
+                raise
+            raise StepAbandoned() from exc  # exit code 143 even when a library re-raised it as its own error
     return history
 
 
