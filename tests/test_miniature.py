@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
@@ -546,3 +547,63 @@ def test_seeds_script_runs_each_seed_in_its_own_root_from_the_base_seeds_warmed_
     assert _script("seeds.sh", "report", env=env).returncode == 0
     assert _calls(tmp_path) == [f"-m recipe.miniature.report --records {study}/seed1/records.jsonl.gz "
                                 f"{study}/seed2/records.jsonl.gz --out {study}/report"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pipeline_warmup_data_sft_and_warmed_evaluation_on_the_tiny_model(data_dir, tiny_model_path, tmp_path):
+    """The warm-up's real stages, one pipeline.sh call each (CPU, tiny model): warmup_data keeps the rollouts
+    whose final answer holds the gold and boxes it; sft trains on them and leaves $ROOT/warmed_model, a Hugging
+    Face folder with other weights than the untrained model's; eval_warmed records every cell as warmed-memory."""
+    from safetensors.torch import load_file
+
+    from recurrent.prompts import render_final_prompt
+
+    root = tmp_path / "mini"
+    (root / "warmup" / "rollouts" / "train_all").mkdir(parents=True)
+    (root / "data").symlink_to(data_dir)
+    (data_dir / ".eval_ready").touch()  # make_data's data_eval stage marks the evaluation data ready
+    cell = root / "warmup" / "rollouts" / "train_all"
+    question = "What is the special magic number for sacred-garlic?"
+    records = [{"_id": i, "task": "train", "length": "all", "label": "untrained-memory-s0", "status": "ok",
+                "method": "recurrent-boxed", "question": question, "answers": [str(6230 + i)],
+                "response": f"The number is {6230 + i if i < 4 else 1}.", "num_chunks": 1,
+                "final_prompt": render_final_prompt(question, f"sacred-garlic: {6230 + i}")} for i in range(6)]  # fmt: skip
+    (cell / "untrained-memory-s0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    meta = {"task": "train", "length": "all", "method": "recurrent-boxed", "data_file": str(data_dir / "train.parquet")}
+    (cell / "untrained-memory-s0.meta.json").write_text(json.dumps(meta))
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "ROOT": str(root),
+        "MODEL_PATH": str(tiny_model_path),
+        "PYTHON": sys.executable,
+        "SFT_OVERRIDES": "trainer.device=cpu data.train_batch_size=2 data.micro_batch_size_per_gpu=1 optim.lr=1e-3 "
+        "optim.warmup_steps_ratio=0 trainer.total_epochs=1 trainer.logger=[jsonl]",
+        "EVAL_ARGS": f"--device cpu --engine hf --dtype float32 --seeds 1 --lengths 1 --chunk-tokens {CHUNK} "
+        "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024",
+    }
+    for stage in ("warmup_data", "sft", "eval_warmed"):
+        proc = _script("pipeline.sh", stage, env=env)
+        log = root / "logs" / f"{stage}.log"
+        assert proc.returncode == 0, (stage, log.read_text()[-3000:] if log.exists() else proc.stderr)
+    rows = pd.read_parquet(root / "warmup" / "warmup.parquet")
+    assert [m[1]["content"] for m in rows["messages"]] == [
+        f"The number is {6230 + i}. \\boxed{{{6230 + i}}}" for i in range(4)
+    ]
+    metrics = [json.loads(line) for line in (root / "sft" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # 4 conversations, 2 per step, one epoch
+    warmed, untrained = root / "warmed_model", tiny_model_path
+    assert (root / "meta" / "warmed_checkpoint.txt").read_text().strip() == f"{root}/sft/global_step_2"
+    assert (warmed / "config.json").is_file() and (warmed / "tokenizer.json").is_file()
+    after, before = load_file(warmed / "model.safetensors"), load_file(untrained / "model.safetensors")
+    assert sorted(after) == sorted(before)
+    changed = [k for k in before if not torch.equal(after[k].float(), before[k].float())]
+    assert len(changed) > len(before) // 2, changed
+    for kind in make_data.DEFAULT_KINDS:
+        path = root / "eval" / "seed1" / f"{kind}_1" / "warmed-memory.jsonl"
+        got = [json.loads(line) for line in path.read_text().splitlines()]
+        assert sorted(r["_id"] for r in got) == [0, 1] and {r["status"] for r in got} == {"ok"}, path
+        assert {r["method"] for r in got} == {"recurrent-boxed"}
+    assert not (root / "eval" / "seed2").exists() and not (root / "eval" / "seed1" / "niah_single_4").exists()
+    assert (root / "meta" / "done" / "eval_warmed").is_file()
+    assert json.loads((root / "meta" / "eval_warmed_runs.jsonl").read_text())["model"] == str(warmed)
