@@ -162,6 +162,15 @@ def test_launch_script_seed_steps_and_demo_reward_reach_the_config(tmp_path):
         assert error.value.returncode == 2 and message in error.value.stderr
 
 
+def test_recipe_scripts_parse():
+    scripts = sorted((REPO / "recipe" / "miniature").glob("*.sh"))
+    assert {p.name for p in scripts} >= {"pipeline.sh", "run_memory_smollm2.sh", "seeds.sh"}
+    for script in scripts:  # bash scripts (arrays, here-strings): `bash -n`, not a POSIX sh
+        assert script.read_text().startswith("#!/usr/bin/env bash\n"), script
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, (script, proc.stderr)
+
+
 def test_wall_time_limit_is_validated():
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=["trainer.max_wall_time_s=-5"])
