@@ -507,6 +507,8 @@ def test_pipeline_warms_up_trains_from_the_warmed_model_and_continues_a_paused_r
     assert cfg.custom_reward_function.path is None and cfg.trainer.default_local_dir == f"{root}/train"
     assert (root / "meta" / "train_seed.txt").read_text().strip() == "2"
     assert (root / "meta" / "rl_init.txt").read_text().strip() == str(warmed)
+    assert (root / "meta" / "reward.txt").read_text().startswith("strict: the strict boxed verifier alone")
+    assert (root / "meta" / "train_overrides.txt").read_text().splitlines()[3:] == ppo  # packed with the run
 
     second = _script("pipeline.sh", "all", env=env)  # the next lease: everything finished is skipped
     assert second.returncode == 0 and (root / "DONE").is_file() and not (root / "PAUSED").exists(), second.stderr

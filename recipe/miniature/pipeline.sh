@@ -145,10 +145,19 @@ train() {  # RL from rl_init; refuses to resume checkpoints of another seed or s
         [ -z "$recorded" ] || [ "$recorded" = "$init" ] || {
             echo "$ROOT/train holds checkpoints of a run from $recorded, not $init: use another ROOT" >&2; return 1; }
     fi
+    case "${REWARD:-strict}" in  # meta/reward.txt: the report prints it in its training section
+        strict) echo "strict: the strict boxed verifier alone (verl.utils.reward_score routes synthetic_qa to" \
+            "hotpotqa.compute_score): 1 when the last \\boxed{} holds a gold answer, else 0" >"$ROOT/meta/reward.txt" ;;
+        demo) echo "demo: scripts/demo_reward.py: 1 when the last \\boxed{} holds a gold answer, 0.5 when a gold" \
+            "answer appears unboxed, else 0" >"$ROOT/meta/reward.txt" ;;
+        *) echo "REWARD=$REWARD: expected strict or demo" >&2; return 2 ;;
+    esac
     echo "$TRAIN_SEED_USED" >"$ROOT/meta/train_seed.txt"
     echo "$init" >"$ROOT/meta/rl_init.txt"
-    DATA_DIR="$ROOT/data" MODEL_PATH="$init" OUT_DIR="$ROOT/train" PYTHON="$PYTHON" TRAIN_STEPS="$TRAIN_STEPS" \
-        TRAIN_SEED="$TRAIN_SEED_USED" bash recipe/miniature/run_memory_smollm2.sh "${TRAIN_EXTRA[@]}" || return
+    local run=(env DATA_DIR="$ROOT/data" MODEL_PATH="$init" OUT_DIR="$ROOT/train" PYTHON="$PYTHON"
+        TRAIN_STEPS="$TRAIN_STEPS" TRAIN_SEED="$TRAIN_SEED_USED" bash recipe/miniature/run_memory_smollm2.sh "${TRAIN_EXTRA[@]}")
+    DRY_RUN=1 "${run[@]}" >"$ROOT/meta/train_overrides.txt" || return  # the trainer's exact command, packed
+    "${run[@]}" || return
     echo "training at step $(trained_steps) of $TRAIN_STEPS"
 }
 merged() {  # rl_model/ holds the latest RL checkpoint
