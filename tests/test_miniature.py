@@ -536,6 +536,18 @@ def test_pipeline_warms_up_trains_from_the_warmed_model_and_continues_a_paused_r
 def test_seeds_script_runs_each_seed_in_its_own_root_from_the_base_seeds_warmed_model(tmp_path):
     """seeds.sh: the base seed runs everything; a later seed trains from the base's warmed model on the base's data
     with no baseline evaluations; each report covers every seed packed so far; `report` reports them all."""
+    from recipe.miniature.evaluate import build_parser as eval_parser
+
+    # every seed's evaluation (no --lengths given) covers the study's lengths
+    assert make_data.EVAL_LENGTHS == (1, 2, 8, 32, 128, 512)
+    assert eval_parser().parse_args(["--root", "r", "--system", "warmed", "--model", "m"]).lengths == [
+        1,
+        2,
+        8,
+        32,
+        128,
+        512,
+    ]
     study = tmp_path / "study"
     env = _stub_env(tmp_path, STUDY=str(study), TRAIN_STEPS="4", SEEDS="1 2 3")
     env.pop("TRAIN_SEED", None)
