@@ -216,7 +216,11 @@ def test_memory_estimate_keeps_the_engine_awake_during_the_update_with_overlap(t
     from verl.utils.memory_estimate import ModelShape, estimate_memory, plan_from_config
 
     shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
-    base = ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", "trainer.n_gpus_per_node=2"]
+    base = [
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",  # fits asleep during the update, not awake
+    ]
     sync = estimate_memory(shape, plan_from_config(_compose(tmp_path, QWEN25_7B, base)), H200, HOST)
     plan = plan_from_config(_compose(tmp_path, QWEN25_7B, [*base, "trainer.rollout_overlap=True"]))
     overlap = estimate_memory(shape, plan, H200, HOST)
