@@ -150,15 +150,44 @@ def test_micro_batch_partitions_by_token_budget():
     assert rearrange_micro_batches([5, 1, 4, 2, 7], max_token_len=8) == [[0, 1], [2, 3], [4]]
     # a row longer than the budget gets its own micro-batch instead of failing
     assert rearrange_micro_batches([10, 1], max_token_len=4) == [[0], [1]]
-    # no balance fits 3 bins of 10 for [6, 6, 6, 6, 3, 3] (sum 30) -> needs 4 micro-batches
-    parts = rearrange_micro_batches([6, 6, 6, 6, 3, 3], max_token_len=10)
+    # total 200, budget 100 -> 2 micro-batches; Karmarkar-Karp: {60, 30, 10} | {50, 40, 10}, 100 tokens each
+    assert rearrange_micro_batches([60, 50, 40, 30, 10, 10], max_token_len=100) == [[0, 3, 5], [1, 2, 4]]
+    # total 29, budget 10 -> 3; Karmarkar-Karp puts {2, 9} = 11 together; the search (longest first, emptiest
+    # bin first) finds 9 -> A; 7 -> B; 6 -> C; 3 -> C (9); 2 -> B (9); 2 fits nowhere -> back to 3 -> B (10);
+    # 2 -> C (8); 2 -> C (10)  (the old rule raised the count to 4 instead)
+    assert rearrange_micro_batches([3, 6, 2, 7, 2, 9], max_token_len=10) == [[0, 3], [1, 2, 4], [5]]
+    # no 3 bins of 10 hold [6, 6, 6, 6, 3, 3] (sum 30): still 3 micro-batches, as upstream, the largest over
+    # the budget by less than its longest row (12 = 6 + 6)
+    lengths = [6, 6, 6, 6, 3, 3]
+    parts = rearrange_micro_batches(lengths, max_token_len=10)
     assert sorted(i for p in parts for i in p) == list(range(6))
-    assert all(sum([6, 6, 6, 6, 3, 3][i] for i in p) <= 10 for p in parts) and len(parts) == 4
+    assert sorted(sum(lengths[i] for i in p) for p in parts) == [9, 9, 12]
     assert split_rows_evenly(5, 2) == [[0, 1, 2], [3, 4]]
     assert split_rows_evenly(2, 3) == [[0], [1], []]
     assert get_reverse_idx([2, 0, 1]) == [1, 2, 0]
     with pytest.raises(ValueError, match="permutation"):
         get_reverse_idx([0, 0])
+
+
+def test_micro_batch_count_is_upstreams_and_overshoot_is_bounded():
+    """Over random lengths: exactly upstream 0.7.1's count ``min(rows, ceil(total / budget))``; every row once;
+    a micro-batch over the budget only when no partition into that count fits, and then by less than its
+    longest row (hand-checked by brute force over all assignments for 6 rows)."""
+    import itertools
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        lengths = torch.randint(10, 61, (6,), generator=gen).tolist()
+        parts = rearrange_micro_batches(lengths, max_token_len=100)
+        k = min(6, math.ceil(sum(lengths) / 100))
+        assert len(parts) == k, lengths
+        assert sorted(i for p in parts for i in p) == list(range(6))
+        sums = [sum(lengths[i] for i in p) for p in parts]
+        for total, part in zip(sums, parts):
+            assert total < 100 + max(lengths[i] for i in part), (lengths, parts)
+        if max(sums) > 100:  # only when no assignment of the 6 rows to k micro-batches fits
+            for assign in itertools.product(range(k), repeat=6):
+                assert max(sum(x for x, a in zip(lengths, assign) if a == b) for b in range(k)) > 100, lengths
 
 
 def test_warmup_schedule_values():
