@@ -381,6 +381,39 @@ def test_loss_and_grads_invariant_to_micro_batching(base_model):
             torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=0, msg=str(variant))
 
 
+def test_entropy_only_when_its_coefficient_or_calculate_entropy_asks(base_model, monkeypatch):
+    """entropy_coeff=0: no micro-batch computes entropies and actor/entropy is absent; calculate_entropy=True
+    computes them for the metric only (the global token-mean of the padded forward's entropies) with the same
+    loss and gradients; entropy_coeff != 0 computes them with gradient."""
+    import verl.workers.actor.dp_actor as dp_actor_module
+
+    calls = []
+    forward = dp_actor_module.forward_response_log_probs
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs["calculate_entropy"], kwargs["entropy_with_grad"]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(dp_actor_module, "forward_response_log_probs", recording)
+    data = make_update_data(base_model, num_conv=5, seed=21)
+    loss_off, grads_off, metrics_off = _loss_and_grads(base_model, data)
+    assert calls == [(False, False)] * 3 and "actor/entropy" not in metrics_off  # 5 rows, micro-batches of 2
+    calls.clear()
+    loss_on, grads_on, metrics_on = _loss_and_grads(base_model, data, calculate_entropy=True)
+    assert calls == [(True, False)] * 3
+    _, entropy = padded_reference_log_probs(base_model, data)
+    mask = data.batch["response_mask"].bool()
+    assert metrics_on["actor/entropy"] == pytest.approx(float(entropy[mask].mean()), abs=1e-5)
+    assert loss_on == loss_off
+    for g_on, g_off in zip(grads_on, grads_off):
+        assert torch.equal(g_on, g_off)
+    calls.clear()
+    loss_bonus, _, metrics_bonus = _loss_and_grads(base_model, data, entropy_coeff=0.01)
+    assert calls == [(True, True)] * 3
+    assert metrics_bonus["actor/entropy"] == pytest.approx(metrics_on["actor/entropy"], abs=1e-6)
+    assert loss_bonus == pytest.approx(loss_on, abs=1e-6)  # the reported loss terms exclude the bonus
+
+
 def test_padding_rows_are_dropped(base_model):
     """Rows flagged by protocol padding (is_padding) or MemAgent's no_padding_mask change nothing."""
     from verl.protocol import pad_dataproto_to_divisor
@@ -401,10 +434,10 @@ def test_padding_rows_are_dropped(base_model):
 
 def test_loss_weights_and_seq_mean_mode(base_model):
     data = make_update_data(base_model, num_conv=4, seed=6)
-    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, use_kl_loss=False)
+    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, use_kl_loss=False, calculate_entropy=True)
     weighted = copy.deepcopy(data)
     weighted.batch["loss_weights"] = torch.full_like(data.batch["old_log_probs"], 2.0)
-    loss_2, grads_2, metrics_2 = _loss_and_grads(base_model, weighted, use_kl_loss=False)
+    loss_2, grads_2, metrics_2 = _loss_and_grads(base_model, weighted, use_kl_loss=False, calculate_entropy=True)
     assert loss_2 == pytest.approx(2 * loss_1, abs=1e-6)
     assert metrics_2["actor/grad_norm"] == pytest.approx(2 * metrics_1["actor/grad_norm"], rel=1e-5)
     assert metrics_2["actor/entropy"] == pytest.approx(metrics_1["actor/entropy"], abs=1e-6)  # metric unweighted

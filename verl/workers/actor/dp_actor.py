@@ -16,6 +16,10 @@ Per-token loss (each term aggregated as above, optional per-token ``loss_weights
 ``+ kl_loss_coef * kl_penalty(log_prob, ref_log_prob, kl_loss_type)`` when ``use_kl_loss``
 ``- entropy_coeff * entropy``.
 
+The entropy (an extra pass over the ``[tokens, vocab]`` logits of every micro-batch) is computed only when
+``entropy_coeff != 0`` or ``calculate_entropy`` (upstream verl's rule); the ``actor/entropy`` metric is
+reported only then.
+
 Every rank performs the same number of forward/backward passes (FSDP collectives must line up): the numbers
 of mini-batches and micro-batches are all-reduced (max) and a rank with fewer rows runs zero-weight dummy
 passes.
@@ -231,10 +235,11 @@ class DataParallelPPOActor(DataParallelComponent):
             "actor/pg_clipfrac": values["pg_clipfrac"] / tokens,
             "actor/ppo_kl": values["ppo_kl"] / tokens,
             "actor/pg_clipfrac_lower": values["pg_clipfrac_lower"] / tokens,
-            "actor/entropy": values["entropy"],
             "actor/grad_norm": grad_norm,
             "skipped": float(skipped),
         }
+        if s.entropy_coeff != 0 or s.calculate_entropy:
+            metrics["actor/entropy"] = values["entropy"]
         if s.use_kl_loss:
             metrics["actor/kl_loss"] = values["kl_loss"]
         return metrics
@@ -246,8 +251,9 @@ class DataParallelPPOActor(DataParallelComponent):
         s = self.settings
         mask = micro["response_mask"]
         agg_kwargs = dict(norm_kwargs, weights=micro.get("loss_weights", None))
+        calculate_entropy = s.entropy_coeff != 0 or s.calculate_entropy
         log_prob, entropy = self._forward(
-            micro, temperature, calculate_entropy=True, entropy_with_grad=s.entropy_coeff != 0
+            micro, temperature, calculate_entropy=calculate_entropy, entropy_with_grad=s.entropy_coeff != 0
         )
         policy_loss = get_policy_loss_fn(s.policy_loss_mode)  # core_algos registry (actor.policy_loss.loss_mode)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
@@ -268,8 +274,10 @@ class DataParallelPPOActor(DataParallelComponent):
             entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **agg_kwargs)
             loss = loss - s.entropy_coeff * entropy_loss
         # the entropy metric is not weighted by loss_weights
-        entropy_metric = agg_loss(
-            entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **norm_kwargs
+        entropy_metric = (
+            agg_loss(entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **norm_kwargs)
+            if calculate_entropy
+            else torch.zeros((), device=log_prob.device)
         )
         kl_loss = torch.zeros((), device=loss.device)
         if s.use_kl_loss:
