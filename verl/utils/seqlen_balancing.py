@@ -2,8 +2,8 @@
 
 A micro-batch is a list of row indices. With ``use_dynamic_bsz`` the actor does not use a fixed number of rows
 per micro-batch; instead it packs rows so that the sum of their valid lengths (``attention_mask.sum(-1)``)
-stays within ``max_token_len`` (``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``), and
-balances the token load across micro-batches.
+stays within ``max_token_len`` (``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``) where
+the rules below allow, and balances the token load across micro-batches.
 
 Rules (all tested in ``tests/test_dp_actor.py``):
 
@@ -16,11 +16,12 @@ Rules (all tested in ``tests/test_dp_actor.py``):
 * rows are balanced over the ``k`` micro-batches with the Karmarkar-Karp largest differencing method (as
   upstream's ``get_seqlen_balanced_partitions``; ``greedy_partition`` keeps the simpler longest-first rule);
   when that partition puts more than ``max_token_len`` tokens in a micro-batch, a depth-first search
-  (``pack_within_budget``) looks for ``k`` micro-batches within the budget; when none is found (bin packing can need more than
-  ``ceil(total / max_token_len)`` bins), the micro-batches stay at ``k``, as upstream, and the fuller of the
-  Karmarkar-Karp and longest-first partitions is avoided: the largest then exceeds the budget by less than
-  its longest row (longest-first guarantees ``<= total / k + longest row``). Example: ``[6, 6, 6, 6, 3, 3]``
-  with a budget of 10 gives 3 micro-batches of 12, 9 and 9 tokens, not 4 within the budget;
+  (``pack_within_budget``) looks for ``k`` micro-batches within the budget; when none is found (bin packing
+  can need more than ``ceil(total / max_token_len)`` bins), the count stays ``k``, as upstream, and of the
+  Karmarkar-Karp and longest-first partitions the one with the smaller largest micro-batch is used: it
+  exceeds the budget by less than the longest row (longest-first guarantees ``< total / k + longest row``).
+  Example: ``[6, 6, 6, 6, 3, 3]`` with a budget of 10 gives 3 micro-batches of 12, 9 and 9 tokens, not 4
+  within the budget. Memory estimates must therefore allow ``max_token_len + longest row`` tokens;
 * ``get_reverse_idx`` turns the concatenated micro-batch order back into the original row order.
 
 ``rearrange_micro_batches`` takes either per-row lengths (returns the index lists) or, as upstream verl, a
@@ -295,7 +296,8 @@ def rearrange_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     device: str | torch.device = "cpu",
 ) -> Any:
-    """Partition rows into micro-batches of at most ``max_token_len`` tokens (upstream verl's signature).
+    """Partition rows into ``min(rows, ceil(tokens / max_token_len))`` token-balanced micro-batches, within
+    ``max_token_len`` tokens each whenever such a partition is found (upstream verl's signature and count).
 
     ``batch`` is either the per-row valid lengths (returns the list of index lists) or, as upstream, a
     ``TensorDict`` with ``attention_mask`` (lengths = its row sums; returns ``(micro_batches, indices)`` with
