@@ -10,6 +10,13 @@ old log-probs, ref log-probs, actor update, weight sync, total) and tokens/s (al
 conversations, and generated tokens only); writes the same numbers as JSON to ``--out``. Step 1 includes
 one-off warm-ups (kernel compilation, allocator growth). Extra arguments after ``--`` are Hydra overrides.
 
+``--overlap on`` runs one-step-off training (``trainer.rollout_overlap=True``: step k+1's rollout is generated
+during step k's update); ``--overlap both`` runs the synchronous and the overlapped trainer one after the other in
+this process on the same data and prints them side by side: seconds per step, the generation time, how long each
+overlapped step waited for the rollout running ahead, the staleness, and the steady-state speedup (mean step time
+over steps 2..N-1, where both do one rollout and one update per step; needs ``--steps`` >= 3). The synchronous run
+goes first and so carries the process's one-off warm-ups in its step 1, which the steady state leaves out.
+
 On one GPU (``--device cuda --gpus 1``) the worker runs in a Ray GPU actor (FSDP2 over a 1-rank NCCL
 group, the vLLM engine in-process); every process that builds a vLLM engine needs
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in its environment (Ray workers inherit this process's).
@@ -52,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int, default=3, help="chunks per document")
     p.add_argument("--memory", type=int, default=32, help="max memory tokens")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument(
+        "--overlap",
+        choices=["off", "on", "both"],
+        default="off",
+        help="trainer.rollout_overlap: off, on, or both side by side (one-step-off vs synchronous)",
+    )
     p.add_argument("--out", help="write the JSON report here")
     args, overrides = p.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
@@ -123,37 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         "trainer.val_before_train=False",
         "trainer.logger=[jsonl]",
         "trainer.progress_bar=False",
-        f"trainer.default_local_dir={work / 'ckpt'}",
         "trainer.resume_mode=disable",
-        *overrides,
     ]
-    with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=cfg_overrides)
-    history = main_ppo.run(cfg)
 
-    rows = []
-    for h in history:
-        if h["step"] == 0:
-            continue
-        step_s = max(h.get("timing_s/step", 1e-9), 1e-9)
-        tokens = int(h.get("perf/total_num_tokens", 0))
-        conversations = h.get("trajectory/num_conv/mean", 0.0) * args.batch * args.n
-        generated = h.get("response_length/mean", 0.0) * conversations
-        rows.append(
-            {
-                "step": int(h["step"]),
-                **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
-                "tokens": tokens,
-                "tokens_per_s": tokens / step_s,
-                "generated_tokens": generated,
-                "generated_tokens_per_s": generated / step_s,
-                "conversations": conversations,
-                "score_mean": h.get("critic/score/mean"),
-                # the actor worker's peaks after its update (GiB): GPU allocated, host resident set of the process
-                "gpu_peak_allocated_gib": h.get("perf/max_memory_allocated_gb"),
-                "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
-            }
-        )
+    def run(overlap: bool) -> list[dict]:
+        extra = [
+            f"trainer.default_local_dir={work / ('ckpt_overlap' if overlap else 'ckpt')}",
+            f"trainer.rollout_overlap={overlap}",
+        ]
+        with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=[*cfg_overrides, *extra, *overrides])
+        return step_rows(main_ppo.run(cfg), args.batch * args.n)
+
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
+    results = {overlap: run(overlap) for overlap in modes}
+    rows = results[modes[0]]
     report = {
         "benchmark": "train_step",
         "model": str(model),
@@ -166,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         "chunk": args.chunk,
         "memory": args.memory,
         "overrides": overrides,
+        "rollout_overlap": args.overlap,
         "steps": rows,
         "env": bc.environment(),
     }
+    if args.overlap == "both":
+        report["overlap_steps"] = results[True]
+        report["overlap_summary"] = overlap_summary(results[False], results[True])
     bc.write_json(args.out, report)
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
@@ -177,7 +178,79 @@ def main(argv: list[str] | None = None) -> int:
             f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB, "
             f"host RSS peak {r['host_peak_rss_gib']} GiB"
         )
+    if args.overlap == "both":
+        print("\n" + overlap_table(report))
     return 0
+
+
+def step_rows(history: list[dict], trajectories: int) -> list[dict]:
+    """One row per training step of a run's history: seconds per phase, tokens and tokens/s, staleness."""
+    rows = []
+    for h in history:
+        if h["step"] == 0:
+            continue
+        step_s = max(h.get("timing_s/step", 1e-9), 1e-9)
+        tokens = int(h.get("perf/total_num_tokens", 0))
+        conversations = h.get("trajectory/num_conv/mean", 0.0) * trajectories
+        generated = h.get("response_length/mean", 0.0) * conversations
+        rows.append(
+            {
+                "step": int(h["step"]),
+                **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
+                "wait_rollout_ahead": float(h.get("timing_s/wait_rollout_ahead", 0.0)),
+                "staleness": h.get("rollout/staleness"),
+                "tokens": tokens,
+                "tokens_per_s": tokens / step_s,
+                "generated_tokens": generated,
+                "generated_tokens_per_s": generated / step_s,
+                "conversations": conversations,
+                "score_mean": h.get("critic/score/mean"),
+                # the actor worker's peaks after its update (GiB): GPU allocated, host resident set of the process
+                "gpu_peak_allocated_gib": h.get("perf/max_memory_allocated_gb"),
+                "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
+            }
+        )
+    return rows
+
+
+def overlap_summary(sync: list[dict], overlap: list[dict]) -> dict:
+    """Mean step seconds over the steady state (steps 2..N-1: one rollout and one update per step in both modes;
+    step 1 carries warm-ups, and the last overlapped step has no next rollout), the speedup sync / overlap, and the
+    seconds of the whole runs."""
+
+    def steady(rows: list[dict]) -> float | None:
+        middle = [r["total"] for r in rows[1:-1]]
+        return sum(middle) / len(middle) if middle else None
+
+    s, o = steady(sync), steady(overlap)
+    return {
+        "steady_steps": [r["step"] for r in sync[1:-1]],
+        "sync_step_s": s,
+        "overlap_step_s": o,
+        "speedup": s / o if s and o else None,
+        "sync_total_s": sum(r["total"] for r in sync),
+        "overlap_total_s": sum(r["total"] for r in overlap),
+    }
+
+
+def overlap_table(report: dict) -> str:
+    """The synchronous and the one-step-off steps side by side, and the steady-state speedup."""
+    rows = [
+        [s["step"], s["total"], o["total"], s["gen"], o["gen"], o["wait_rollout_ahead"], o["staleness"]]
+        for s, o in zip(report["steps"], report["overlap_steps"])
+    ]
+    summary = report["overlap_summary"]
+    table = bc.markdown_table(
+        ["step", "sync total", "overlap total", "sync gen", "overlap gen (ahead)", "overlap wait", "staleness"], rows
+    )
+    if summary["speedup"] is None:
+        tail = "steady state: needs --steps >= 3"
+    else:
+        tail = (
+            f"steady state (steps {summary['steady_steps']}): {summary['sync_step_s']:.3g} s/step synchronous, "
+            f"{summary['overlap_step_s']:.3g} s/step one-step-off: speedup x{summary['speedup']:.2f}"
+        )
+    return "One-step-off (trainer.rollout_overlap) vs synchronous, seconds\n\n" + table + "\n\n" + tail
 
 
 def train_step_table(report: dict) -> str:

@@ -373,9 +373,10 @@ def run_this_side(side: str, workdir: Path) -> dict:
     import verl
 
     origin = Path(verl.__file__).resolve()
-    if side == "ours" and REPO not in origin.parents:
-        raise RuntimeError(f"ours side imported verl from {origin}, not from {REPO}")
-    if side == "upstream" and REPO in origin.parents:
+    ours = REPO / "verl"  # the upstream wheel may be installed under the repository (.venv/verl-upstream-0.7.1)
+    if side == "ours" and ours not in origin.parents:
+        raise RuntimeError(f"ours side imported verl from {origin}, not from {ours}")
+    if side == "upstream" and ours in origin.parents:
         raise RuntimeError(f"upstream side imported this repository's verl ({origin}); check PYTHONPATH")
     torch.manual_seed(0)
     device = _setup_distributed(spec["device"])

@@ -623,6 +623,7 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     cfg = compose_config(
         [
             "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one rank here
             "actor_rollout_ref.rollout.cudagraph_max_tokens=4096",
             "+actor_rollout_ref.rollout.engine_kwargs.max_logprobs=7",
         ]

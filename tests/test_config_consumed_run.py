@@ -227,7 +227,7 @@ class ScriptedTrainer:
     def checkpoint_groups(self):
         return self.groups
 
-    def train_step(self, batch, next_batch=None):
+    def train_step(self, batch, next_batch=None, upcoming=None):
         return {"critic/score/mean": 0.5}
 
     def validate(self, val_loader):
@@ -369,7 +369,7 @@ def test_single_turn_trainer_generates_rollout_n_and_val_kwargs_n(tiny_model_pat
         "actor_rollout_ref.rollout.val_kwargs.n=5",
     )
 
-    def generate(batch, n, validate):
+    def generate(batch, n, validate, step=None):
         raise _Generated((n, validate))
 
     monkeypatch.setattr(trainer, "generate", generate)

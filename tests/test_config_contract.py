@@ -58,6 +58,9 @@ ASYNC_BUILD = "tests/test_async_mode.py::test_build_async_manager_from_config"
 N_COUNTS = f"{R}::test_single_turn_trainer_generates_rollout_n_and_val_kwargs_n"
 ENGINE_EXTRA = f"{W}::test_max_model_len_dtype_and_sleep_mode_reach_the_engine"
 OFFLOAD = f"{W}::test_offload_keys_move_the_models_on_gpu"
+OVERLAP = "tests/test_rollout_overlap.py"
+OVERLAP_STALE = "tests/test_rollout_overlap_e2e.py::test_overlap_trains_on_rollouts_one_step_stale"
+OVERLAP_IS = "tests/test_rollout_overlap_e2e.py::test_overlap_corrects_with_truncated_importance_weights"
 
 
 def _actor(key: str) -> str:
@@ -261,6 +264,8 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "algorithm.overlong_buffer.enable": (DAPO,),
     "algorithm.overlong_buffer.len": (DAPO,),
     "algorithm.overlong_buffer.penalty_factor": (DAPO,),
+    "algorithm.rollout_is": (f"{OVERLAP}::test_rollout_is_defaults_to_the_overlap_key", OVERLAP_IS),
+    "algorithm.rollout_is_threshold": (f"{OVERLAP}::test_rollout_is_defaults_to_the_overlap_key", OVERLAP_IS),
     # trainer
     "trainer.total_epochs": (RUN_SIZES,),
     "trainer.total_training_steps": (RUN_SIZES,),
@@ -275,6 +280,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "trainer.force_ray_workers": (RUN_CLUSTER,),
     "trainer.save_freq": (f"{R}::test_fit_follows_save_test_and_validation_keys",),
     "trainer.max_wall_time_s": (f"{R}::test_fit_resume_keys_and_wall_time",),
+    "trainer.rollout_overlap": (f"{OVERLAP}::test_fit_hands_each_step_the_next_steps_batch", OVERLAP_STALE),
     "trainer.resume_mode": (f"{R}::test_fit_resume_keys_and_wall_time",),
     "trainer.resume_from_path": (f"{R}::test_fit_resume_keys_and_wall_time",),
     "trainer.val_before_train": (f"{R}::test_fit_follows_save_test_and_validation_keys",),

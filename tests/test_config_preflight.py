@@ -189,16 +189,48 @@ def test_the_trainers_refuse_with_the_same_rules():
 # ------------------------------------------------------------------------------------------------ parallelism, LoRA
 
 
-def test_tensor_parallel_rollout_is_refused_and_lora_passes(tmp_path):
+def test_tensor_parallel_rollout_is_refused_only_where_it_cannot_run(tmp_path):
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    _one(
-        _cfg(tmp_path, "actor_rollout_ref.rollout.name=vllm", f"{key}=2"),
-        f"{key}=2 is larger than the vllm rollout supports (1)",
-        "cannot start",
-        f"set {key}=1",
-    )
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=4"]
+    # TP groups sharing one engine: allowed when the size divides the ranks and the heads (validate_config owns
+    # the rank rule, check_config the heads and the mode)
+    check_config(_cfg(tmp_path, *vllm, f"{key}=2"))
+    check_config(_cfg(tmp_path, *vllm, f"{key}=4"))
     check_config(_cfg(tmp_path, "actor_rollout_ref.rollout.name=vllm", f"{key}=1"))
     check_config(_cfg(tmp_path, f"{key}=2"))  # the HF engine runs one process per rank and ignores TP
+    with pytest.raises(ConfigError) as refused:
+        validate_config(_cfg(tmp_path, *vllm, f"{key}=3"))
+    assert any(f"{key} (3) must divide trainer.nnodes x trainer.n_gpus_per_node (4)" in e for e in refused.value.errors)
+    _one(
+        _cfg(tmp_path, *vllm, f"{key}=2", "actor_rollout_ref.rollout.mode=async"),
+        f"{key}=2 with actor_rollout_ref.rollout.mode=async",
+        "identical batches",
+        f"set {key}=1 or actor_rollout_ref.rollout.mode=sync",
+    )
+    model = _model(tmp_path)
+
+    def heads(tp: int, **config) -> ConfigError | None:
+        cfg = _cfg(tmp_path, *vllm, f"{key}={tp}")  # (writes a config.json without heads)
+        (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **config}))
+        try:
+            check_config(cfg)
+        except ConfigError as err:
+            return err
+        return None
+
+    assert heads(4, num_attention_heads=6).errors == [
+        f"{key}=4 must divide the model's num_attention_heads (6, {model}/config.json)"
+    ]
+    assert heads(2, num_attention_heads=6) is None  # 3 query and 3 key/value heads per rank
+    assert heads(2, num_attention_heads=12, num_key_value_heads=3).errors == [
+        f"{key}=2 and the model's num_key_value_heads (3, {model}/config.json): one must divide the other for vLLM "
+        "to split or replicate the key/value heads"
+    ]
+    assert heads(4, num_attention_heads=8, num_key_value_heads=2) is None  # each key/value head on 2 ranks
+    assert heads(2, text_config={"num_attention_heads": 3}).errors[0].startswith(f"{key}=2 must divide")
+
+
+def test_lora_passes_the_launch_checks(tmp_path):
     # LoRA trains end to end (merged weight sync, tests/test_lora.py): no longer refused at launch
     check_config(_cfg(tmp_path, "actor_rollout_ref.model.lora_rank=8"))
 

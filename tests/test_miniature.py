@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
@@ -103,33 +104,71 @@ def test_make_data_rejects_unknown_kinds(tiny_model_path, tmp_path):
         make_data.main(["--tokenizer", str(tiny_model_path), "--out", str(tmp_path), "--kinds", "niah_single,bogus"])
 
 
-def test_launch_script_overrides_compose_and_validate(tmp_path):
-    env = {
-        **os.environ,
-        "DRY_RUN": "1",
-        "DATA_DIR": "/data",
-        "MODEL_PATH": "/models/smollm2",
-        "OUT_DIR": str(tmp_path),
-        "STEPS": "7",
-        "MAX_WALL": "300",
-    }
+def _launch_overrides(tmp_path, *extra: str, **env: str) -> list[str]:
+    """The Hydra overrides run_memory_smollm2.sh passes to main_ppo (DRY_RUN), with ``env`` on top."""
+    base = {"DRY_RUN": "1", "DATA_DIR": "/data", "MODEL_PATH": "/models/smollm2", "OUT_DIR": str(tmp_path)}
     out = subprocess.run(
-        ["bash", str(REPO / "recipe" / "miniature" / "run_memory_smollm2.sh"), "trainer.test_freq=3"],
-        env=env,
+        ["bash", str(REPO / "recipe" / "miniature" / "run_memory_smollm2.sh"), *extra],
+        env={**os.environ, **base, **env},
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
     assert out[1:3] == ["-m", "verl.trainer.main_ppo"]
-    overrides = out[3:]
-    assert overrides[-1] == "trainer.test_freq=3"  # extra arguments come last and win
+    return out[3:]
+
+
+def _compose_ppo(overrides: list[str]):
     with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     validate_config(cfg)
+    return cfg
+
+
+def test_launch_script_overrides_compose_and_validate(tmp_path):
+    overrides = _launch_overrides(tmp_path, "trainer.test_freq=3", STEPS="7", MAX_WALL="300")
+    assert overrides[-1] == "trainer.test_freq=3"  # extra arguments come last and win
+    cfg = _compose_ppo(overrides)
     mem = cfg.recurrent.memory.config
     assert (mem.chunk_size, mem.max_memorization_length, mem.max_chunks) == (512, 128, 8)
     assert cfg.trainer.total_training_steps == 7 and cfg.trainer.max_wall_time_s == 300 and cfg.trainer.test_freq == 3
     assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.data.train_files == "/data/train.parquet"
+    # the defaults: the paper's strict verifier alone (the built-in synthetic_qa route), seed 0, 200 steps, no
+    # wall-clock limit, resume from the latest of the two kept checkpoints
+    cfg = _compose_ppo(_launch_overrides(tmp_path))
+    assert cfg.custom_reward_function.path is None
+    from verl.utils.reward_score import default_compute_score
+
+    boxed, unboxed = "The answer is \\boxed{6235}.", "The special magic number is 6235."
+    assert default_compute_score("synthetic_qa", boxed, ["6235"]) == 1.0
+    assert default_compute_score("synthetic_qa", unboxed, ["6235"]) == 0.0  # no partial credit
+    assert (cfg.data.seed, cfg.actor_rollout_ref.actor.seed, cfg.actor_rollout_ref.rollout.seed) == (0, 0, 0)
+    assert cfg.trainer.total_training_steps == 200 and cfg.trainer.max_wall_time_s is None
+    assert (cfg.trainer.resume_mode, cfg.trainer.max_actor_ckpt_to_keep) == ("auto", 2)
+
+
+def test_launch_script_seed_steps_and_demo_reward_reach_the_config(tmp_path):
+    cfg = _compose_ppo(_launch_overrides(tmp_path, TRAIN_SEED="3", TRAIN_STEPS="500", STEPS="7", REWARD="demo"))
+    assert (cfg.data.seed, cfg.actor_rollout_ref.actor.seed, cfg.actor_rollout_ref.rollout.seed) == (3, 3, 3)
+    assert cfg.trainer.total_training_steps == 500  # TRAIN_STEPS wins over the older STEPS
+    assert cfg.custom_reward_function.path == str(REPO / "scripts" / "demo_reward.py")
+    for env, message in (
+        ({"REWARD": "lenient"}, "REWARD=lenient: expected strict"),
+        ({"TRAIN_SEED": "-1"}, "TRAIN_SEED=-1: expected a non-negative integer"),
+        ({"TRAIN_STEPS": "0"}, "TRAIN_STEPS=0: expected a positive integer"),
+    ):
+        with pytest.raises(subprocess.CalledProcessError) as error:
+            _launch_overrides(tmp_path, **env)
+        assert error.value.returncode == 2 and message in error.value.stderr
+
+
+def test_recipe_scripts_parse():
+    scripts = sorted((REPO / "recipe" / "miniature").glob("*.sh"))
+    assert {p.name for p in scripts} >= {"pipeline.sh", "run_memory_smollm2.sh", "seeds.sh"}
+    for script in scripts:  # bash scripts (arrays, here-strings): `bash -n`, not a POSIX sh
+        assert script.read_text().startswith("#!/usr/bin/env bash\n"), script
+        proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert proc.returncode == 0, (script, proc.stderr)
 
 
 def test_wall_time_limit_is_validated():
@@ -354,6 +393,7 @@ def test_pipeline_evaluates_an_existing_model_without_training(tmp_path):
         "RL_SHARDS": "2",
         "TRAIN": "0",
         "EVAL_UNTRAINED": "0",
+        "WARMUP": "0",
     }
     proc = subprocess.run(
         ["bash", str(REPO / "recipe/miniature/pipeline.sh"), "all"],
@@ -381,3 +421,212 @@ def test_pipeline_evaluates_an_existing_model_without_training(tmp_path):
         env=env,
     )
     assert failed.returncode == 0 and (root / "FAILED").read_text().strip() == "train"
+
+
+# A stand-in for the Python interpreter in the orchestration tests below: it logs each command and leaves the
+# files the real command would leave (checkpoints with their COMPLETE marker, the merged models, the warm-up
+# parquet, the pack, the evaluation's ready file), so that pipeline.sh's decisions can be checked in seconds.
+# The RL "training" advances STUB_STEPS steps per command from the latest checkpoint, up to total_training_steps.
+STUB = r"""#!/usr/bin/env bash
+echo "$*" >> "$STUB_CALLS"
+arg() { local key=$1 a; shift; for a; do [ "${a%%=*}" = "$key" ] && echo "${a#*=}"; done; }
+flag() { local key=$1; shift; while [ $# -gt 1 ]; do [ "$1" = "$key" ] && { echo "$2"; return; }; shift; done; }
+checkpoint() { mkdir -p "$1/actor/huggingface" && echo '{}' > "$1/actor/huggingface/config.json" && touch "$1/COMPLETE"; }
+case "$*" in
+    *verl.trainer.main_sft*) checkpoint "$(arg trainer.default_local_dir "$@")/global_step_3" ;;
+    *verl.trainer.main_ppo*)
+        dir=$(arg trainer.default_local_dir "$@"); total=$(arg trainer.total_training_steps "$@")
+        last=$(ls -d "$dir"/global_step_* 2>/dev/null | sort -V | tail -1); last=${last##*_}
+        next=$(( ${last:-0} + STUB_STEPS )); [ "$next" -gt "$total" ] && next=$total
+        checkpoint "$dir/global_step_$next" ;;
+    *recipe.miniature.make_data*) mkdir -p "$(flag --out "$@")" ;;
+    *"warmup_data build"*) out=$(flag --out "$@"); mkdir -p "$(dirname "$out")" && touch "$out" ;;
+    *model_merger*) out=$(flag --target_dir "$@"); mkdir -p "$out" && echo '{}' > "$out/config.json" ;;
+    *pack_records*) touch "$(flag --out "$@")" ;;
+    *recipe.miniature.evaluate*) ready=$(flag --ready-file "$@"); [ -n "$ready" ] && touch "$ready" ;;
+esac
+exit 0
+"""
+
+
+def _stub_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    stub, base = tmp_path / "py", tmp_path / "base"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    base.mkdir(exist_ok=True)
+    (base / "config.json").write_text("{}")
+    return {**os.environ, "PYTHON": str(stub), "MODEL_PATH": str(base), "STUB_CALLS": str(tmp_path / "calls.log"),
+            "STUB_STEPS": "5", **extra}  # fmt: skip
+
+
+def _calls(tmp_path: Path) -> list[str]:
+    log = tmp_path / "calls.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return lines
+
+
+def _script(name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "recipe" / "miniature" / name), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def _one(lines: list[str], *parts: str) -> str:
+    found = [line for line in lines if all(p in line for p in parts)]
+    assert len(found) == 1, (parts, lines)
+    return found[0]
+
+
+def test_pipeline_warms_up_trains_from_the_warmed_model_and_continues_a_paused_run(tmp_path):
+    """pipeline.sh all with the warm-up: untrained evaluation, rollouts on the training split, SFT data, SFT,
+    warmed evaluation, RL from the warmed model with the training seed; MAX_WALL-style early stops leave PAUSED
+    (exit 3) and the same command continues (finished stages skipped, training resumed) until DONE."""
+    root = tmp_path / "mini"
+    env = _stub_env(tmp_path, ROOT=str(root), TRAIN_SEED="2", TRAIN_STEPS="8")
+    first = _script("pipeline.sh", "all", env=env)
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert (root / "PAUSED").read_text().strip() == "train at step 5 of 8"
+    assert not (root / "DONE").exists() and not (root / "FAILED").exists()
+    lines, warmed = _calls(tmp_path), root / "warmed_model"
+    assert _one(lines, "--system untrained").startswith("-m recipe.miniature.evaluate")
+    rollouts = _one(lines, "warmup_data rollouts")
+    assert f"--data {root}/data/train.parquet --model {tmp_path}/base" in rollouts and "--samples 2" in rollouts
+    assert f"build --records {root}/warmup/rollouts --out {root}/warmup/warmup.parquet" in _one(lines, "build")
+    sft = _one(lines, "main_sft").split()
+    assert f"data.train_files={root}/warmup/warmup.parquet" in sft and f"model.partial_pretrain={tmp_path}/base" in sft
+    assert (warmed / "config.json").is_file()
+    assert f"--system warmed --model {warmed}" in _one(lines, "recipe.miniature.evaluate --root", "warmed")
+    order = [next(i for i, line in enumerate(lines) if key in line)
+             for key in ("rollouts", "build", "main_sft", "--system warmed", "main_ppo")]  # fmt: skip
+    assert order == sorted(order)
+    ppo = _one(lines, "main_ppo").split()[2:]
+    assert not any("model_merger" in line or "--system rl" in line or "pack_records" in line for line in lines)
+    cfg = _compose_ppo(ppo)  # the trainer's composed config: the warmed start, the seed, the strict reward
+    assert cfg.actor_rollout_ref.model.path == str(warmed) and cfg.trainer.total_training_steps == 8
+    assert (cfg.data.seed, cfg.actor_rollout_ref.actor.seed, cfg.actor_rollout_ref.rollout.seed) == (2, 2, 2)
+    assert cfg.custom_reward_function.path is None and cfg.trainer.default_local_dir == f"{root}/train"
+    assert (root / "meta" / "train_seed.txt").read_text().strip() == "2"
+    assert (root / "meta" / "rl_init.txt").read_text().strip() == str(warmed)
+    assert (root / "meta" / "reward.txt").read_text().startswith("strict: the strict boxed verifier alone")
+    assert (root / "meta" / "train_overrides.txt").read_text().splitlines()[3:] == ppo  # packed with the run
+
+    second = _script("pipeline.sh", "all", env=env)  # the next lease: everything finished is skipped
+    assert second.returncode == 0 and (root / "DONE").is_file() and not (root / "PAUSED").exists(), second.stderr
+    lines = _calls(tmp_path)
+    assert not any(key in line for line in lines for key in ("--system untrained", "--system warmed", "warmup_data", "main_sft"))  # fmt: skip
+    assert len([line for line in lines if "main_ppo" in line]) == 1
+    assert f"--local_dir {root}/train/global_step_8/actor" in _one(lines, "model_merger")
+    assert f"--hf_model_path {warmed}" in _one(lines, "model_merger")
+    assert f"--system rl --model {root}/rl_model" in _one(lines, "--system rl")
+    assert _one(lines, "pack_records").endswith("--train-seed 2") and "recipe.miniature.report" in lines[-1]
+    log = (root / "logs" / "pipeline.log").read_text()
+    assert "eval_untrained already done" in log and f"sft: {root}/warmed_model exists" in log
+
+    third = _script("pipeline.sh", "all", env=env)  # nothing left but the report
+    lines = _calls(tmp_path)
+    assert third.returncode == 0 and [line.split()[1] for line in lines] == [
+        "recipe.miniature.make_data", "recipe.miniature.make_data", "recipe.miniature.pack_records",
+        "recipe.miniature.report"]  # fmt: skip
+
+    other_seed = _script("pipeline.sh", "train", env={**env, "TRAIN_SEED": "3", "TRAIN_STEPS": "20"})
+    assert other_seed.returncode == 1 and not _calls(tmp_path)
+    assert "holds checkpoints of training seed 2, not TRAIN_SEED=3" in (root / "logs" / "train.log").read_text()
+
+
+def test_seeds_script_runs_each_seed_in_its_own_root_from_the_base_seeds_warmed_model(tmp_path):
+    """seeds.sh: the base seed runs everything; a later seed trains from the base's warmed model on the base's data
+    with no baseline evaluations; each report covers every seed packed so far; `report` reports them all."""
+    from recipe.miniature.evaluate import build_parser as eval_parser
+
+    # every seed's evaluation (no --lengths given) covers the study's lengths
+    assert make_data.EVAL_LENGTHS == (1, 2, 8, 32, 128, 512)
+    assert eval_parser().parse_args(["--root", "r", "--system", "warmed", "--model", "m"]).lengths == [
+        1,
+        2,
+        8,
+        32,
+        128,
+        512,
+    ]
+    study = tmp_path / "study"
+    env = _stub_env(tmp_path, STUDY=str(study), TRAIN_STEPS="4", SEEDS="1 2 3")
+    env.pop("TRAIN_SEED", None)
+    early = _script("seeds.sh", "2", env=env)
+    assert early.returncode == 2 and "run recipe/miniature/seeds.sh 1 first" in early.stderr and not _calls(tmp_path)
+    assert _script("seeds.sh", "1", env=env).returncode == 0 and (study / "seed1" / "DONE").is_file()
+    lines = _calls(tmp_path)
+    assert _one(lines, "pack_records").endswith("--train-seed 1") and any("main_sft" in line for line in lines)
+    assert lines[-1].endswith(f"--records {study}/seed1/records.jsonl.gz --out {study}/report")
+    second = _script("seeds.sh", "2", env=env)
+    assert second.returncode == 0 and (study / "seed2" / "DONE").is_file(), second.stderr
+    lines = _calls(tmp_path)
+    assert (study / "seed2" / "data").resolve() == (study / "seed1" / "data").resolve()
+    assert not any(key in line for line in lines for key in ("--system untrained", "--system warmed", "warmup_data", "main_sft"))  # fmt: skip
+    cfg = _compose_ppo(_one(lines, "main_ppo").split()[2:])
+    assert cfg.actor_rollout_ref.model.path == str(study / "seed1" / "warmed_model")
+    assert cfg.actor_rollout_ref.rollout.seed == 2 and cfg.trainer.default_local_dir == f"{study}/seed2/train"
+    assert _one(lines, "pack_records").endswith("--train-seed 2")
+    assert f"--records {study}/seed1/records.jsonl.gz {study}/seed2/records.jsonl.gz --out {study}/report" in lines[-1]
+    assert _script("seeds.sh", "report", env=env).returncode == 0
+    assert _calls(tmp_path) == [f"-m recipe.miniature.report --records {study}/seed1/records.jsonl.gz "
+                                f"{study}/seed2/records.jsonl.gz --out {study}/report"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pipeline_warmup_data_sft_and_warmed_evaluation_on_the_tiny_model(data_dir, tiny_model_path, tmp_path):
+    """The warm-up's real stages, one pipeline.sh call each (CPU, tiny model): warmup_data keeps the rollouts
+    whose final answer holds the gold and boxes it; sft trains on them and leaves $ROOT/warmed_model, a Hugging
+    Face folder with other weights than the untrained model's; eval_warmed records every cell as warmed-memory."""
+    from safetensors.torch import load_file
+
+    from recurrent.prompts import render_final_prompt
+
+    root = tmp_path / "mini"
+    (root / "warmup" / "rollouts" / "train_all").mkdir(parents=True)
+    (root / "data").symlink_to(data_dir)
+    (data_dir / ".eval_ready").touch()  # make_data's data_eval stage marks the evaluation data ready
+    cell = root / "warmup" / "rollouts" / "train_all"
+    question = "What is the special magic number for sacred-garlic?"
+    records = [{"_id": i, "task": "train", "length": "all", "label": "untrained-memory-s0", "status": "ok",
+                "method": "recurrent-boxed", "question": question, "answers": [str(6230 + i)],
+                "response": f"The number is {6230 + i if i < 4 else 1}.", "num_chunks": 1,
+                "final_prompt": render_final_prompt(question, f"sacred-garlic: {6230 + i}")} for i in range(6)]  # fmt: skip
+    (cell / "untrained-memory-s0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    meta = {"task": "train", "length": "all", "method": "recurrent-boxed", "data_file": str(data_dir / "train.parquet")}
+    (cell / "untrained-memory-s0.meta.json").write_text(json.dumps(meta))
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "ROOT": str(root),
+        "MODEL_PATH": str(tiny_model_path),
+        "PYTHON": sys.executable,
+        "SFT_OVERRIDES": "trainer.device=cpu data.train_batch_size=2 data.micro_batch_size_per_gpu=1 optim.lr=1e-3 "
+        "optim.warmup_steps_ratio=0 trainer.total_epochs=1 trainer.logger=[jsonl]",
+        "EVAL_ARGS": f"--device cpu --engine hf --dtype float32 --seeds 1 --lengths 1 --chunk-tokens {CHUNK} "
+        "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024",
+    }
+    for stage in ("warmup_data", "sft", "eval_warmed"):
+        proc = _script("pipeline.sh", stage, env=env)
+        log = root / "logs" / f"{stage}.log"
+        assert proc.returncode == 0, (stage, log.read_text()[-3000:] if log.exists() else proc.stderr)
+    rows = pd.read_parquet(root / "warmup" / "warmup.parquet")
+    assert [m[1]["content"] for m in rows["messages"]] == [
+        f"The number is {6230 + i}. \\boxed{{{6230 + i}}}" for i in range(4)
+    ]
+    metrics = [json.loads(line) for line in (root / "sft" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # 4 conversations, 2 per step, one epoch
+    warmed, untrained = root / "warmed_model", tiny_model_path
+    assert (root / "meta" / "warmed_checkpoint.txt").read_text().strip() == f"{root}/sft/global_step_2"
+    assert (warmed / "config.json").is_file() and (warmed / "tokenizer.json").is_file()
+    after, before = load_file(warmed / "model.safetensors"), load_file(untrained / "model.safetensors")
+    assert sorted(after) == sorted(before)
+    changed = [k for k in before if not torch.equal(after[k].float(), before[k].float())]
+    assert len(changed) > len(before) // 2, changed
+    for kind in make_data.DEFAULT_KINDS:
+        path = root / "eval" / "seed1" / f"{kind}_1" / "warmed-memory.jsonl"
+        got = [json.loads(line) for line in path.read_text().splitlines()]
+        assert sorted(r["_id"] for r in got) == [0, 1] and {r["status"] for r in got} == {"ok"}, path
+        assert {r["method"] for r in got} == {"recurrent-boxed"}
+    assert not (root / "eval" / "seed2").exists() and not (root / "eval" / "seed1" / "niah_single_4").exists()
+    assert (root / "meta" / "done" / "eval_warmed").is_file()
+    assert json.loads((root / "meta" / "eval_warmed_runs.jsonl").read_text())["model"] == str(warmed)

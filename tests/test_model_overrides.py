@@ -113,6 +113,7 @@ def test_vllm_engine_gets_hf_overrides_and_trust_remote_code(tiny_model_path, mo
     cfg = config_with(
         tiny_model_path,
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one rank here
         "actor_rollout_ref.model.trust_remote_code=True",
         f"+actor_rollout_ref.model.override_config.attention_dropout={DROPOUT}",
     )

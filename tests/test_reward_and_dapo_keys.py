@@ -128,7 +128,7 @@ def _dapo_trainer(*overrides):
     trainer.config, trainer.conf = cfg, from_config(cfg)
     trainer.workflow = types.SimpleNamespace(final_response_length=8)
 
-    def rollout_and_score(batch, n, validate, timing):
+    def rollout_and_score(batch, n, validate, timing, step=None):
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         traj = batch.repeat(n, interleave=True)
         pids = traj.non_tensor_batch["pid"].tolist()

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 from hydra import compose, initialize_config_dir
 
 import verl.trainer.main_ppo as main_ppo
+from tests.test_config import compose_config
 from tests.test_trainer_e2e import _data
 from verl.utils.checkpoint import CheckpointManager
 
@@ -227,3 +229,45 @@ def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step
     assert [s for s, _ in CheckpointManager(out).list_checkpoints()][-1] == 5
     assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_sigterm_re_raised_by_a_library_as_its_own_error_still_exits_143(tmp_path):
+    """torch.distributed.checkpoint catches the handler's StepAbandoned inside a save and raises a
+    CheckpointException: the run must still end as abandoned (exit 143, no new checkpoint), not as a crash."""
+    from tests.test_config_consumed_run import ScriptedTrainer
+    from verl.trainer.ppo.signals import ABANDONED_EXIT_CODE, StepAbandoned
+
+    class SaveInterruptedBySecondSigterm(ScriptedTrainer):
+        def train_step(self, batch, next_batch=None, upcoming=None):
+            if self.global_step == 1:  # the second step: the first SIGTERM, so the step ends with a save ...
+                os.kill(os.getpid(), signal.SIGTERM)
+            return {"critic/score/mean": 0.5}
+
+    def interrupted_save(path):  # ... during which the second SIGTERM arrives inside a library that wraps it
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        except StepAbandoned as exc:
+            raise RuntimeError("CheckpointException ranks: dict_keys([0])") from exc
+
+    from verl.trainer.ppo.fit import fit
+    from verl.utils.dataset.sampler import ResumableDataLoader
+
+    cfg = compose_config([f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=-1", "trainer.test_freq=-1"])
+    rows = [{"x": torch.tensor([i])} for i in range(4)]
+    loader = ResumableDataLoader(
+        rows,
+        batch_size=1,
+        shuffle=False,
+        seed=0,
+        collate_fn=lambda items: {"x": torch.stack([it["x"] for it in items])},
+    )
+    trainer = SaveInterruptedBySecondSigterm(cfg)
+    trainer.groups["actor"].save_checkpoint = interrupted_save
+    ckpt = CheckpointManager(str(tmp_path), max_ckpt_to_keep=None)
+    with pytest.raises(StepAbandoned) as abandoned:
+        fit(trainer, loader, [], ckpt, 4)
+    assert abandoned.value.code == ABANDONED_EXIT_CODE
+    assert isinstance(abandoned.value.__cause__, RuntimeError)  # the library's error is kept as the cause
+    assert trainer.global_step == 1 and ckpt.find_latest() is None  # step 1 finished; its save was abandoned
+    assert signal.getsignal(signal.SIGTERM) is not None  # the previous handler is back

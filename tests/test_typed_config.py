@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -168,7 +169,14 @@ def test_rollout_worker_uses_the_yaml_engine_defaults(monkeypatch: pytest.Monkey
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     seen: dict = {}
-    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
+
+    def engine(name, **kw):
+        seen.update(name=name, **kw)
+        return SimpleNamespace(tp_group_ranks=[0, 1])
+
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", engine)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the YAML's tp=2: one engine shared by ranks 0 and 1
+    monkeypatch.setenv("RANK", "0")
     partial = OmegaConf.create({"rollout": {"prompt_length": 8, "response_length": 8}})
     for config in (compose_config([]).actor_rollout_ref, partial):
         seen.clear()
@@ -177,3 +185,4 @@ def test_rollout_worker_uses_the_yaml_engine_defaults(monkeypatch: pytest.Monkey
         worker._init_rollout()
         assert seen["name"] == "vllm" and seen["max_num_seqs"] == 1024 and seen["tensor_parallel_size"] == 2
         assert seen["max_num_batched_tokens"] == 8192 and seen["gpu_memory_utilization"] == 0.5
+        assert seen["distributed_executor_backend"] == "external_launcher"

@@ -1,6 +1,7 @@
 """Evaluate one model of the miniature experiment on the whole grid (docs/results/).
 
     python -m recipe.miniature.evaluate --root runs/miniature --system untrained --model MODEL_DIR
+    python -m recipe.miniature.evaluate --root runs/miniature --system warmed --model runs/miniature/warmed_model
     python -m recipe.miniature.evaluate --root runs/miniature --system rl --model runs/miniature/rl_model
 
 Systems and what they run (the evaluation harness, ``taskutils.memory_eval``):
@@ -8,6 +9,8 @@ Systems and what they run (the evaluation harness, ``taskutils.memory_eval``):
 * ``untrained``: ``untrained-memory`` (the memory workflow, method ``recurrent-boxed``: the training
   prompts, 512-token chunks, 128-token memory) and ``untrained-direct`` (the whole document in one
   prompt, middle-truncated to the model's window, method ``boxed``);
+* ``warmed``: ``warmed-memory`` (the format-warmed model, ``recipe/miniature/warmup_data.py`` + SFT, in the same
+  memory workflow: the baseline of the report's claims);
 * ``rl``: ``rl-memory`` (the RL-trained model in the same memory workflow).
 
 Two runners, same prompts, sampling, scoring and record files:
@@ -47,6 +50,7 @@ logger = logging.getLogger("miniature.eval")
 
 SYSTEMS = {
     "untrained": [("untrained-memory", "recurrent-boxed"), ("untrained-direct", "boxed")],
+    "warmed": [("warmed-memory", "recurrent-boxed")],
     "rl": [("rl-memory", "recurrent-boxed")],
 }
 """System -> (result label, harness method) pairs."""

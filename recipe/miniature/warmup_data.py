@@ -189,7 +189,8 @@ def rollouts(args: argparse.Namespace) -> int:
     engine = build_engine(
         argparse.Namespace(engine=args.engine, model=str(args.model), dtype=args.dtype,
                            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, enforce_eager=False, seed=0)
+                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=4096, enforce_eager=False, seed=0,
+                           cudagraph_max_tokens=4096)  # CUDA graphs up to the step budget, as recipe.miniature.evaluate
     )  # fmt: skip
     cells = [
         BatchCell(

@@ -10,8 +10,9 @@ workers would refuse only after the models are loaded or after the first rollout
   (:func:`estimator_error`, :func:`kl_in_reward_error`, :func:`filter_groups_error`: the trainers call the same
   functions);
 * settings not implemented: sequence parallelism on the ref model or the critic, KL estimators without an
-  implementation (``full``), a vLLM tensor-parallel size above what the rollout runs (LoRA adapters that do not
-  merge into linear weights are refused when the actor loads: ``verl/utils/lora.py``);
+  implementation (``full``), a vLLM tensor-parallel size the rollout cannot run (:func:`rollout_tp_errors`: it must
+  divide the number of ranks and the model's attention heads, and async mode has no TP engine); LoRA adapters that do
+  not merge into linear weights are refused when the actor loads (``verl/utils/lora.py``);
 * paths: ``actor_rollout_ref.model.path`` (and ``critic.model.path`` for ``gae``) a local model folder,
   ``trainer.default_local_dir`` creatable and writable (a probe file is written and removed),
   ``custom_reward_function.path`` / ``.name`` importable and callable;
@@ -47,7 +48,7 @@ __all__ = [
     "SINGLE_TURN_ESTIMATORS",
     "MULTI_TURN_ONLY_ESTIMATORS",
     "NOT_IMPLEMENTED_ESTIMATORS",
-    "ROLLOUT_MAX_TENSOR_PARALLEL",
+    "rollout_tp_errors",
 ]
 
 # Built-in ``algorithm.adv_estimator`` values the single-turn trainer runs (gae with the critic group); it runs
@@ -59,15 +60,6 @@ MULTI_TURN_ONLY_ESTIMATORS = ("grpo_multiconv",)
 # Registered estimators that no trainer can feed, with the reason.
 NOT_IMPLEMENTED_ESTIMATORS = {
     "remax": "needs a greedy baseline rollout per prompt, which the single-turn trainer does not run",
-}
-# Largest ``actor_rollout_ref.rollout.tensor_model_parallel_size`` each engine can start with, and why. Every
-# rollout worker sees one GPU and builds its own in-process vLLM engine, so a TP group across workers cannot form.
-ROLLOUT_MAX_TENSOR_PARALLEL = {
-    "vllm": (
-        1,
-        "each rollout worker builds its own vLLM engine on its one GPU; a tensor-parallel engine shared "
-        "by several workers is not implemented, so TP > 1 cannot start",
-    ),
 }
 # Rows named per problem before "and N more".
 _MAX_ROWS_NAMED = 5
@@ -209,15 +201,56 @@ def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
         size = _get(cfg, key, 1)
         if size not in (None, 1):
             errors.append(f"{key} must be 1: sequence parallelism is not implemented (got {size!r})")
-    name = _get(cfg, "actor_rollout_ref.rollout.name")
+    errors += rollout_tp_errors(cfg)
+    return errors
+
+
+def rollout_tp_errors(cfg: DictConfig) -> list[str]:
+    """``actor_rollout_ref.rollout.tensor_model_parallel_size`` > 1 with vLLM: the ranks form TP groups sharing one
+    engine (``verl/workers/rollout/tp_layout.py``). Refused when the model's attention heads cannot be split that many
+    ways (vLLM would fail at engine start), or in async mode (its agents send requests one at a time to each rank; a
+    TP engine needs identical batches on all its ranks). That the size divides the number of ranks is
+    ``validate_config``'s rule (``config_schema.py``). The ``hf`` engine runs one process per rank and ignores the
+    key."""
     tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     tp = _get(cfg, tp_key, 1)
-    if name in ROLLOUT_MAX_TENSOR_PARALLEL and isinstance(tp, int) and tp > ROLLOUT_MAX_TENSOR_PARALLEL[name][0]:
-        limit, why = ROLLOUT_MAX_TENSOR_PARALLEL[name]
+    if _get(cfg, "actor_rollout_ref.rollout.name") != "vllm" or not isinstance(tp, int) or tp <= 1:
+        return []
+    errors = []
+    mode = _get(cfg, "actor_rollout_ref.rollout.mode")
+    if mode == "async":
         errors.append(
-            f"{tp_key}={tp} is larger than the {name} rollout supports ({limit}): {why}; set {tp_key}={limit}"
+            f"{tp_key}={tp} with actor_rollout_ref.rollout.mode=async: async agents send requests to each rank on "
+            f"their own, but the {tp} ranks sharing a tensor-parallel engine must run identical batches; set "
+            f"{tp_key}=1 or actor_rollout_ref.rollout.mode=sync"
         )
+    errors += _attention_heads_errors(tp_key, tp, _get(cfg, "actor_rollout_ref.model.path"))
     return errors
+
+
+def _attention_heads_errors(tp_key: str, tp: int, model_path: Any) -> list[str]:
+    """vLLM splits the query heads evenly over the TP ranks, and the key/value heads too (or replicates them when
+    there are fewer than ranks): read from the model's config.json where it is readable."""
+    import json
+
+    try:
+        with open(os.path.join(str(model_path), "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError, TypeError):
+        return []  # model_path_errors reports a missing or unreadable model
+    config = config.get("text_config", config)
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
+        return []
+    if heads % tp:
+        return [f"{tp_key}={tp} must divide the model's num_attention_heads ({heads}, {model_path}/config.json)"]
+    if kv_heads % tp and tp % kv_heads:
+        return [
+            f"{tp_key}={tp} and the model's num_key_value_heads ({kv_heads}, {model_path}/config.json): one must "
+            "divide the other for vLLM to split or replicate the key/value heads"
+        ]
+    return []
 
 
 # ------------------------------------------------------------------------------------------------------------

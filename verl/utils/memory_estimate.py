@@ -275,6 +275,8 @@ class MemoryPlan:
     tensor_parallel_size: int = 1
     rollout_dtype_bytes: int = 2
     free_cache_engine: bool = True
+    # trainer.rollout_overlap: the next step's rollout runs during the update, so the engine stays awake then
+    rollout_overlap: bool = False
     sleep_level: int = 2
     max_model_len: int = 2048
     hf_max_batch_size: int = 64
@@ -349,7 +351,8 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
         tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
         rollout_dtype_bytes=_DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2),
-        free_cache_engine=bool(rollout.get("free_cache_engine", True)),
+        free_cache_engine=bool(rollout.get("free_cache_engine", True)) and not trainer.get("rollout_overlap", False),
+        rollout_overlap=bool(trainer.get("rollout_overlap", False)),
         sleep_level=int(rollout.get("sleep_level", 2) or 2),
         max_model_len=max_model_len,
         hf_max_batch_size=hf_batch,
@@ -446,9 +449,8 @@ class MemoryEstimate:
                     )
                 )
             elif name in ("rollout weights", "KV cache") and training and p.rollout_name == "vllm":
-                fixes.append(
-                    (size, f"vLLM keeps its {name} ({_gib(size)}) while training; set {ro}.free_cache_engine=True")
-                )
+                knob = "trainer.rollout_overlap=False" if p.rollout_overlap else f"{ro}.free_cache_engine=True"
+                fixes.append((size, f"vLLM keeps its {name} ({_gib(size)}) while training; set {knob}"))
             elif name == "KV cache" and p.rollout_name == "vllm":
                 fixes.append(
                     (

@@ -4,7 +4,10 @@
   AdamW + warm-up scheduler, :class:`DataParallelPPOActor` for log-probs and updates;
 * **ref**: a frozen copy of the initial policy for the KL loss (only when ``use_kl_loss``);
 * **rollout**: a token-in/token-out engine (``vllm`` or ``hf``) that receives the actor's
-  weights after every update (``sync_rollout_weights``), in buckets.
+  weights after every update (``sync_rollout_weights``), in buckets. With vLLM and
+  ``rollout.tensor_model_parallel_size = tp > 1`` the ranks form TP groups of ``tp`` consecutive ranks, each group
+  sharing one engine sharded across its ranks (``verl/workers/rollout/tp_layout.py``); every rank still loads the
+  full weights and vLLM keeps its shard.
 
 The driver talks to a group of these through ``verl.single_controller`` (see ``ray_trainer``).
 """
@@ -23,6 +26,7 @@ from verl.single_controller import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.settings import plain_values
 from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from verl.workers.rollout.tp_layout import ROLLOUT_MESH, RolloutLayout, outputs_digest
 from verl.workers.training_worker import TrainingWorker
 
 logger = logging.getLogger(__name__)
@@ -173,6 +177,10 @@ class ActorRolloutRefWorker(TrainingWorker):
                 "actor_rollout_ref.rollout.max_model_len or prompt_length and response_length must be set "
                 f"(got {rc.max_model_len}, {rc.prompt_length}, {rc.response_length})"
             )
+        tp = rc.tensor_model_parallel_size if rc.name == "vllm" else 1  # the HF engine runs one process per rank
+        self.rollout_layout = RolloutLayout(self.world_size, tp)
+        layout, rank = self.rollout_layout, self.rank
+        self.set_dispatch_info(ROLLOUT_MESH, dp_rank=layout.dp_rank(rank), is_collect=layout.is_collect(rank))
         if rc.name == "hf":
             # The HF engine preallocates its KV cache for max_batch_size rows (vLLM's max_num_seqs is
             # a scheduler limit, far too large to preallocate): cap it. bf16 is slow on CPUs without
@@ -203,8 +211,14 @@ class ActorRolloutRefWorker(TrainingWorker):
                 seed=rc.seed or 0,
                 trust_remote_code=model_cfg.trust_remote_code,
                 hf_overrides=overrides,
+                distributed_executor_backend="external_launcher" if tp > 1 else None,
                 **vllm_extra_options(rc),
             )
+            if tp > 1 and self.rollout.tp_group_ranks != layout.group(layout.dp_rank(rank)):
+                raise RuntimeError(
+                    f"vLLM formed the tensor-parallel group {self.rollout.tp_group_ranks} for rank {rank}, expected "
+                    f"{layout.group(layout.dp_rank(rank))} (groups of {tp} consecutive ranks)"
+                )
 
     # ------------------------------------------------------------------ CPU offload
     def _build_optimizer(self, module: torch.nn.Module):
@@ -251,12 +265,20 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None = None):
-        """Generate for this rank's prompts; ``seeds`` gives each request its own seed."""
+        """Generate for this rank's prompts; ``seeds`` gives each request its own seed.
+
+        With a tensor-parallel engine every rank of a TP group gets the same prompts and seeds; TP rank 0 returns
+        the outputs, the others a :class:`GroupDigest` of theirs (``RolloutClient`` checks that they agree)."""
         from verl.workers.rollout.base import SamplingParams
 
+        sp = SamplingParams.from_dict(params)
+        layout = getattr(self, "rollout_layout", None)
+        if layout is not None and layout.tp_size > 1:
+            per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
+            outputs = self.rollout.generate_requests(prompts, per_request) if prompts else []
+            return outputs if layout.is_collect(self.rank) else outputs_digest(outputs)
         if not prompts:
             return []
-        sp = SamplingParams.from_dict(params)
         if seeds is None:
             return self.rollout.generate_batch(prompts, sp)
 

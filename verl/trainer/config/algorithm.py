@@ -108,6 +108,10 @@ class AlgoConfig(BaseConfig):
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     # DAPO soft overlong punishment on the response length.
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # Truncated importance sampling of the policy loss (null = exactly when trainer.rollout_overlap is on).
+    rollout_is: Optional[bool] = None
+    # TIS cap C: per-token weight min(exp(old_log_prob - rollout_log_prob), C).
+    rollout_is_threshold: float = 2.0
 
     def check(self, c: Checks) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
@@ -122,6 +126,7 @@ class AlgoConfig(BaseConfig):
         c.number("gamma", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.number("lam", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.choice("kl_penalty", KL_PENALTY_TYPES)
+        c.number("rollout_is_threshold", lambda v: 0 < v < float("inf"), "> 0 (the cap C of the TIS weight)")
 
     def _import_estimator_modules(self, c: Checks) -> None:
         """Import ``adv_estimator_module`` (a dotted name, a ``.py`` path or a list; each file runs once)."""

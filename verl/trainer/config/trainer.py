@@ -51,6 +51,8 @@ class TrainerConfig(BaseConfig):
     save_freq: int = -1
     # Stop cleanly after the first step that ends past this many seconds; null = no limit.
     max_wall_time_s: Optional[float] = None
+    # One-step-off: generate step k+1's rollout during step k's update on the pre-update weights (staleness 1).
+    rollout_overlap: bool = False
     # Resume: auto | disable | resume_path.
     resume_mode: str = "auto"
     # Checkpoint folder to resume from when resume_mode=resume_path.

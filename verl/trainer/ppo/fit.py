@@ -28,7 +28,7 @@ class Trainer(Protocol):
     global_step: int
     last_val_samples: list[dict]
 
-    def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]: ...
+    def train_step(self, batch: DataProto, next_batch=None, upcoming: DataProto | None = None) -> dict[str, float]: ...
 
     def validate(self, val_loader) -> dict[str, float]: ...
 
@@ -64,28 +64,36 @@ def fit(trainer: Trainer, train_loader, val_loader, ckpt_manager, total_steps: i
     with GracefulStop() as stop:  # installed before the resume: a SIGTERM while loading is a stop, too
         try:
             stop.doing = "loading the checkpoint to resume from"
-            _resume(trainer, train_loader, ckpt_manager)
-            _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started)
-        except StepAbandoned:
+            upcoming = _resume(trainer, train_loader, ckpt_manager)
+            _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started, upcoming)
+        except BaseException as exc:
+            if not (isinstance(exc, StepAbandoned) or stop.abandoned):
+                raise
             latest = ckpt_manager.find_latest()
             print(
                 f"[trainer] abandoned {stop.doing} on a second {stop.signal_name}; nothing new was saved. "
                 f"Latest checkpoint: {latest or 'none'}. " + _resume_hint(latest, ckpt_manager),
                 flush=True,
             )
-            raise
+            if isinstance(exc, StepAbandoned):
+                raise
+            raise StepAbandoned() from exc  # exit code 143 even when a library re-raised it as its own error
     return history
 
 
-def _resume(trainer, train_loader, ckpt_manager) -> None:
+def _resume(trainer, train_loader, ckpt_manager) -> DataProto | None:
+    """Load the latest checkpoint (per ``trainer.resume_mode``); returns the next step's batch when the checkpoint
+    holds one (drawn ahead for ``trainer.rollout_overlap``; its rollout is generated again)."""
     tc = trainer.conf.trainer
     resume_dir = ckpt_manager.resolve_resume(tc.resume_mode, tc.resume_from_path)
+    upcoming = None
     if resume_dir is not None:
         with open(os.path.join(resume_dir, "trainer_state.pkl"), "rb") as f:
             state = pickle.load(f)
         trainer.global_step = state["global_step"]
         train_loader.load_state_dict(state["dataloader"])
         _set_rng_state(state["rng"])
+        upcoming = state.get("upcoming")
         for name, group in trainer.checkpoint_groups().items():
             group.load_checkpoint(os.path.join(resume_dir, name))
         trainer.wg.sync_rollout_weights()
@@ -94,6 +102,7 @@ def _resume(trainer, train_loader, ckpt_manager) -> None:
     resume_at = getattr(trainer.tracker, "resume_at", None)
     if callable(resume_at):  # drop logged lines of steps this run redoes (verl.utils.tracking)
         resume_at(trainer.global_step if resume_dir is not None else None)
+    return upcoming
 
 
 def _resume_hint(latest, ckpt_manager) -> str:
@@ -104,12 +113,12 @@ def _resume_hint(latest, ckpt_manager) -> str:
     )
 
 
-def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int, saved_step: int) -> None:
+def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int, saved_step: int, upcoming) -> None:
     """The loop got SIGTERM: checkpoint the last finished step unless it is already saved, say how to resume."""
     step = trainer.global_step
     if step > saved_step:
         stop.doing = f"the checkpoint of step {step}"
-        _save(trainer, train_loader, ckpt_manager, step)
+        _save(trainer, train_loader, ckpt_manager, step, upcoming)
         print(
             f"[trainer] {stop.signal_name}: stopped after step {step}/{total_steps}; checkpoint written to "
             f"{ckpt_manager.find_latest()}. " + _resume_hint(ckpt_manager.find_latest(), ckpt_manager),
@@ -123,7 +132,9 @@ def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int,
     )
 
 
-def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started) -> None:
+def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history, stop, started, upcoming) -> None:
+    """The steps. With ``trainer.rollout_overlap`` each step also gets the next step's batch (``upcoming``), drawn
+    before the step so its rollout can run during the update; a checkpoint keeps it (the loader is past it)."""
     tc = trainer.conf.trainer
     max_wall = tc.max_wall_time_s
     test_freq, save_freq = tc.test_freq, tc.save_freq
@@ -148,13 +159,14 @@ def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history,
 
     while trainer.global_step < total_steps:
         if stop.requested:  # SIGTERM during the last step (or before the first): save it, then stop
-            _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps, saved_step)
+            _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps, saved_step, upcoming)
             break
-        batch = next_batch()
+        batch = upcoming if upcoming is not None else next_batch()
         trainer.global_step += 1
         step = trainer.global_step
+        upcoming = next_batch() if tc.rollout_overlap and step < total_steps else None
         stop.doing = f"step {step}/{total_steps}"
-        metrics = trainer.train_step(batch, next_batch=next_batch)
+        metrics = trainer.train_step(batch, next_batch=next_batch, upcoming=upcoming)
         metrics["training/global_step"] = step
         last = step == total_steps
         out_of_time = max_wall is not None and not last and time.monotonic() - started > float(max_wall)
@@ -165,7 +177,7 @@ def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history,
         history.append({"step": step, **metrics})
         if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
             stop.doing = f"the checkpoint of step {step}"
-            _save(trainer, train_loader, ckpt_manager, step)
+            _save(trainer, train_loader, ckpt_manager, step, upcoming)
             saved_step = step
         bar.update(1)
         bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
@@ -179,11 +191,13 @@ def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history,
     bar.close()
 
 
-def _save(trainer, train_loader, ckpt_manager, step: int) -> None:
+def _save(trainer, train_loader, ckpt_manager, step: int, upcoming: DataProto | None = None) -> None:
     def write(tmp_dir: str) -> None:
         for name, group in trainer.checkpoint_groups().items():
             group.save_checkpoint(os.path.join(tmp_dir, name))
         state = {"global_step": step, "dataloader": train_loader.state_dict(), "rng": _rng_state()}
+        if upcoming is not None:  # drawn ahead (trainer.rollout_overlap): the loader's state is already past it
+            state["upcoming"] = upcoming
         with open(os.path.join(tmp_dir, "trainer_state.pkl"), "wb") as f:
             pickle.dump(state, f)
 

@@ -81,17 +81,20 @@ class MultiConvTrainer(TrainerCore):
         self.advantage_fn = get_adv_estimator_fn(MULTICONV_ESTIMATORS[estimator])
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]:
-        """One training step. ``next_batch()`` supplies more questions for DAPO dynamic sampling."""
+    def train_step(self, batch: DataProto, next_batch=None, upcoming: DataProto | None = None) -> dict[str, float]:
+        """One training step. ``next_batch()`` supplies more questions for DAPO dynamic sampling; ``upcoming`` (with
+        ``trainer.rollout_overlap``) is the next step's batch, whose rollout runs during this step's update."""
         cfg, timing, metrics = self.conf, {}, {}
-        n = cfg.actor_rollout_ref.rollout.n
-        self.rollout.calls = 0  # seeds depend on (step, turn, request) only, not on earlier validation
         with timer("step", timing):
-            # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level),
-            #      optional DAPO overlong shaping and dynamic sampling (refill until the batch is full)
-            traj, conv, final_mask, sample_index, scores = self.collect_rollouts(batch, n, next_batch, timing, metrics)
+            # 1-3. rollout through the workflow, strict verifier on final answers (trajectory level), optional DAPO
+            #      shaping and dynamic sampling; with trainer.rollout_overlap it ran during the previous step
+            rollout = self.step_rollout(batch, self.rollouts, next_batch=next_batch)
+            traj, conv, final_mask, sample_index, scores = rollout.result
+            metrics.update(self.rollout_metrics(rollout, timing))  # incl. rollout/staleness
+            # one-step-off: the next step's rollout starts now, on the engine's pre-update weights
+            if not self.launch_next_rollout(upcoming, self.rollouts, next_batch=next_batch):
+                self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             conv.meta_info["temperature"] = self.log_prob_temperature()
-            self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             metrics.update(conv.meta_info.get("metrics", {}))  # workflow metrics (async mode)
             # 4. group-relative advantages on trajectory rewards, broadcast to every turn
             adv, returns, _ = self.advantage_fn(
@@ -109,29 +112,39 @@ class MultiConvTrainer(TrainerCore):
                 weights = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
                 conv.batch["loss_weights"] = weights
             conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
-            # 5. old and reference log-probs, actor update, weight sync
+            # 5. old and reference log-probs, off-policy correction (TIS), actor update, weight sync
             with timer("old_log_prob", timing):
                 conv = conv.union(self.wg.compute_log_prob(conv))
-            metrics.update(rollout_actor_mismatch(conv))
+            metrics.update(self.off_policy_correction(conv))
             if cfg.actor_rollout_ref.actor.use_kl_loss:
                 with timer("ref", timing):
                     conv = conv.union(self.wg.compute_ref_log_prob(conv))
             with timer("update_actor", timing):
                 metrics.update(self.wg.update_actor(conv))  # globally reduced metrics
-            with timer("sync_weights", timing):
-                self.wg.sync_rollout_weights()
+            self.policy_version = self.global_step
+            self.sync_rollout_weights(timing)  # after the rollout running ahead has finished
         metrics.update(compute_data_metrics(conv, sample_index=sample_index, final_mask=final_mask))
         metrics.update(compute_timing_metrics(conv, timing))
         metrics.update(compute_throughout_metrics(conv, timing, n_gpus=max(int(self.wg.world_size), 1)))
         return metrics
 
-    def rollout_and_score(self, batch: DataProto, n: int, validate: bool, timing: dict):
-        """uid per question, repeat n, run the workflow, score final answers (trajectory level)."""
+    def rollouts(self, batch: DataProto, step: int, next_batch=None):
+        """Step ``step``'s training rollouts of ``batch``: ``((traj, conv, final_mask, sample_index, scores), timing,
+        metrics)``. Seeds depend on (step, turn, request) only, not on earlier validation or other steps."""
+        timing, metrics = {}, {}
+        self.rollout.calls = 0
+        n = self.conf.actor_rollout_ref.rollout.n
+        result = self.collect_rollouts(batch, n, next_batch, timing, metrics, step)
+        return result, timing, metrics
+
+    def rollout_and_score(self, batch: DataProto, n: int, validate: bool, timing: dict, step: int | None = None):
+        """uid per question, repeat n, run the workflow, score final answers (trajectory level); sampling seeds of
+        ``step`` (default: this step)."""
         batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
         batch = batch.repeat(n, interleave=True)
         tensor_keys, non_tensor_keys = self.train_dataset.get_batch_keys()
         gen_batch = batch.pop(batch_keys=tensor_keys, non_tensor_batch_keys=non_tensor_keys)
-        gen_batch.meta_info["sampling"] = self.sampling(validate)
+        gen_batch.meta_info["sampling"] = self.sampling(validate, step)
         with timer("gen", timing):
             conv, final_mask, sample_index = self.manager.run_llm_loop(gen_batch, timing)
         kept = conv.meta_info.get("kept_sample_index")  # async mode may drop failed samples (flagged)
@@ -145,7 +158,7 @@ class MultiConvTrainer(TrainerCore):
         return batch, conv, final_mask, sample_index, scores, finals
 
     # ---------------------------------------------------------------- rollouts, shaping, DAPO filter
-    def collect_rollouts(self, batch, n, next_batch, timing, metrics):
+    def collect_rollouts(self, batch, n, next_batch, timing, metrics, step=None):
         dapo = self.conf.algorithm.filter_groups
         dapo_filter = dapo.enable
         want_groups = self.conf.data.train_batch_size  # a generation batch has data.gen_batch_size prompts
@@ -153,7 +166,7 @@ class MultiConvTrainer(TrainerCore):
         parts, num_gen = [], 0
         while True:
             num_gen += 1
-            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing)
+            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, False, timing, step)
             rewards = self._shape_rewards(scores, finals, metrics)
             part = (traj, conv, final_mask, sample_index, rewards)
             if dapo_filter:

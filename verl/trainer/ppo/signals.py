@@ -56,6 +56,13 @@ class GracefulStop:
         return self.received > 0
 
     @property
+    def abandoned(self) -> bool:
+        """The second signal came: whatever exception unwinds the loop now was caused by it, even when a library
+        caught :class:`StepAbandoned` and raised its own (``torch.distributed.checkpoint`` wraps it in a
+        ``CheckpointException``)."""
+        return self.received > 1
+
+    @property
     def signal_name(self) -> str:
         return signal.Signals(self.signum).name
 

@@ -37,7 +37,6 @@ from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_througho
 from verl.trainer.ppo.trainer_core import (
     TrainerCore,
     mini_batch_ids,
-    rollout_actor_mismatch,
     rollout_sampling,
     scores_at_last_token,
     timer,
@@ -128,7 +127,7 @@ class SingleTurnPPOTrainer(TrainerCore):
         return groups
 
     # ---------------------------------------------------------------- rollout
-    def generate(self, batch: DataProto, n: int, validate: bool) -> DataProto:
+    def generate(self, batch: DataProto, n: int, validate: bool, step: int | None = None) -> DataProto:
         """uid per prompt, repeat ``n`` (interleaved), one response per row; returns the batch with verl's tensors
         (``prompts, responses, input_ids, attention_mask, position_ids, response_mask``; responses padded to
         ``rollout.response_length``) and ``finish_reason``."""
@@ -143,7 +142,8 @@ class SingleTurnPPOTrainer(TrainerCore):
         except (TypeError, ValueError) as err:
             first = batch.non_tensor_batch["raw_prompt_ids"][0]
             raise TypeError(f"raw_prompt_ids must hold lists of token ids; row 0 holds {first!r}") from err
-        params = SamplingParams.from_dict(single_turn_sampling(self.conf, self.global_step, validate))
+        step = self.global_step if step is None else step
+        params = SamplingParams.from_dict(single_turn_sampling(self.conf, step, validate))
         outputs = [result[0] for result in self.rollout.generate_batch(prompts, params)]
         response_width = int(self.conf.actor_rollout_ref.rollout.response_length)
         tensors = build_conversation_batch(
@@ -158,25 +158,27 @@ class SingleTurnPPOTrainer(TrainerCore):
         return batch
 
     # ---------------------------------------------------------------- one step
-    def train_step(self, batch: DataProto, next_batch=None) -> dict[str, float]:
-        """One PPO step on ``batch`` (prompts). ``next_batch`` is accepted for ``fit`` and unused."""
+    def train_step(self, batch: DataProto, next_batch=None, upcoming: DataProto | None = None) -> dict[str, float]:
+        """One PPO step on ``batch`` (prompts). ``next_batch`` is accepted for ``fit`` and unused; ``upcoming`` (with
+        ``trainer.rollout_overlap``) is the next step's batch, whose rollout runs during this step's update."""
         del next_batch
         cfg, timing, metrics = self.conf, {}, {}
-        n = cfg.actor_rollout_ref.rollout.n
-        self.rollout.calls = 0  # seeds depend on (step, request) only
         with timer("step", timing):
-            # 1. rollout: one response per row, then free the engine's KV cache for training
-            with timer("gen", timing):
-                batch = self.generate(batch, n, validate=False)
-            self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
+            # 1. rollout: one response per row (with trainer.rollout_overlap it ran during the previous step), then
+            #    the next step's rollout starts on the pre-update weights, or the engine's KV cache is freed
+            rollout = self.step_rollout(batch, self.rollouts)
+            batch = rollout.result
+            metrics.update(self.rollout_metrics(rollout, timing))  # incl. rollout/staleness
+            if not self.launch_next_rollout(upcoming, self.rollouts):
+                self.wg.sleep_rollout()  # free the rollout's KV cache for training (woken by the weight sync)
             # 2. reward: the sequence score sits on the last response token
             with timer("reward", timing):
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores_at_last_token(scores, batch.batch["response_mask"])
-            # 3. old (and reference) log-probs, values
+            # 3. old (and reference) log-probs, off-policy correction (TIS), values
             with timer("old_log_prob", timing):
                 batch = batch.union(self.wg.compute_log_prob(batch))
-            metrics.update(rollout_actor_mismatch(batch))
+            metrics.update(self.off_policy_correction(batch))
             if self.use_kl_loss or self.use_kl_in_reward:
                 with timer("ref", timing):
                     batch = batch.union(self.wg.compute_ref_log_prob(batch))
@@ -195,14 +197,24 @@ class SingleTurnPPOTrainer(TrainerCore):
                 batch.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(batch))
                 with timer("update_actor", timing):
                     metrics.update(self.wg.update_actor(batch))  # globally reduced metrics
-                with timer("sync_weights", timing):
-                    self.wg.sync_rollout_weights()
+                self.policy_version = self.global_step
+                self.sync_rollout_weights(timing)  # after the rollout running ahead has finished
             else:
+                self.ahead.wait()
                 self.wg.wake_up_rollout()  # weights unchanged: only re-allocate what sleep_rollout freed
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughout_metrics(batch, timing, n_gpus=max(int(self.wg.world_size), 1)))
         return metrics
+
+    def rollouts(self, batch: DataProto, step: int):
+        """Step ``step``'s training rollout of ``batch``: ``(batch with responses, timing, metrics)``; seeds depend on
+        (step, request) only."""
+        timing: dict[str, float] = {}
+        self.rollout.calls = 0
+        with timer("gen", timing):
+            batch = self.generate(batch, self.conf.actor_rollout_ref.rollout.n, validate=False, step=step)
+        return batch, timing, {}
 
     def _apply_rewards(self, batch: DataProto) -> dict[str, float]:
         """``token_level_rewards`` = scores, or scores - beta * KL(old || ref) per token with ``use_kl_in_reward``."""

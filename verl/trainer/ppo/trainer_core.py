@@ -24,6 +24,8 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.ppo.metric_utils import process_validation_metrics
+from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, rollout_is_metrics
+from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
 
 __all__ = [
     "TrainerCore",
@@ -53,25 +55,54 @@ class RolloutClient:
 
     With a ``seed`` in the sampling parameters every request gets its own seed
     (``seed + request index``), so the n samples of a prompt differ and a rerun reproduces them.
+
+    Engines shared by a tensor-parallel group of ranks (``rollout.tensor_model_parallel_size > 1``, see
+    ``verl/workers/rollout/tp_layout.py``): the batch is split over the groups, every rank of a group gets its
+    group's prompts and seeds (without ``seed``, random ones drawn here, the same for the whole group), and each
+    group's outputs come from its TP rank 0 after the other ranks' digests are checked against them.
     """
 
     def __init__(self, worker_group):
         self.wg = worker_group
         self.calls = 0
+        self._info: list[tuple[int, bool]] | None = None
+        self._rng = np.random.default_rng()
+
+    def rollout_info(self) -> list[tuple[int, bool]]:
+        """Per-rank ``(dp_rank, is_collect)`` the workers declared for the ``rollout`` mesh (one rank per engine
+        for workers that declare none, or a group without mesh dispatch)."""
+        from verl.workers.rollout.tp_layout import ROLLOUT_MESH
+
+        if self._info is None:
+            info = None
+            if callable(getattr(self.wg, "dispatch_info", None)):
+                try:
+                    info = self.wg.dispatch_info(ROLLOUT_MESH)
+                except KeyError:  # the workers declare no rollout mesh: one engine per rank
+                    info = None
+            self._info = list(info) if info else [(rank, True) for rank in range(self.wg.world_size)]
+        return self._info
 
     def generate_batch(self, prompts: list[list[int]], params) -> list:
+        from verl.workers.rollout.tp_layout import collect_by_dp, split_by_dp
+
+        info = self.rollout_info()
         n = self.wg.world_size
-        parts = np.array_split(np.arange(len(prompts)), n)
+        groups, per_rank = split_by_dp(len(prompts), info)
         p = asdict(params)
         seeds = None
         if params.seed is not None:
             base = params.seed + self.calls * 1_000_003
-            seeds = [[base + int(i) for i in part] for part in parts]
+            seeds = [[base + int(i) for i in part] for part in groups]
+        elif len(groups) < n:  # a tensor-parallel engine: its ranks must sample alike
+            seeds = [[int(s) for s in self._rng.integers(0, 2**31 - 1, len(part))] for part in groups]
         self.calls += 1
         results = self.wg.generate(
-            [[prompts[i] for i in part] for part in parts], [p] * n, seeds if seeds else [None] * n
+            [[prompts[i] for i in part] for part in per_rank],
+            [p] * n,
+            [seeds[dp] for dp, _ in info] if seeds else [None] * n,
         )
-        return [r for part in results for r in part]
+        return collect_by_dp(results, info)
 
 
 def typed_config(config: DictConfig | PPOConfig) -> PPOConfig:
@@ -159,11 +190,17 @@ class TrainerCore:
         self.last_val_samples: list[dict] = []
         # ``algorithm.grpo_use_adv`` (MemAgent's alias), when set, overrides norm_adv_by_std_in_grpo
         self.norm_by_std = self.conf.algorithm.norm_adv_by_std
+        # one-step-off training (verl/trainer/ppo/rollout_overlap.py) and its off-policy correction
+        self.ahead = RolloutAhead(self.conf.trainer.rollout_overlap)
+        rollout_is = self.conf.algorithm.rollout_is
+        self.use_rollout_is = self.conf.trainer.rollout_overlap if rollout_is is None else bool(rollout_is)
+        self.policy_version: int | None = None  # the actor's weights: the step whose update made them
+        self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
 
     # ---------------------------------------------------------------- rollout parameters
-    def sampling(self, validate: bool) -> dict[str, Any]:
-        """Sampling parameters of this step's rollout (see :func:`rollout_sampling`)."""
-        return rollout_sampling(self.conf, self.global_step, validate)
+    def sampling(self, validate: bool, step: int | None = None) -> dict[str, Any]:
+        """Sampling parameters of the rollout of ``step`` (default: this step; see :func:`rollout_sampling`)."""
+        return rollout_sampling(self.conf, self.global_step if step is None else step, validate)
 
     def log_prob_temperature(self) -> float:
         """Log-probs are of the distribution sampled from: logits / rollout temperature (1 for greedy)."""
@@ -172,6 +209,50 @@ class TrainerCore:
     def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
         actor = self.conf.actor_rollout_ref.actor
         return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
+
+    # ---------------------------------------------------------------- rollouts: this step's, the next one's
+    def step_rollout(self, batch: DataProto, make, **kwargs: Any) -> Rollout:
+        """This step's rollout: the one generated ahead during the previous step (``trainer.rollout_overlap``),
+        else ``make(batch, step=global_step, **kwargs) -> (result, timing, metrics)`` run now."""
+        if self.policy_version is None:  # first step of this process: the engine holds the actor's weights
+            self.policy_version = self.rollout_version = self.global_step - 1
+        rollout = self.ahead.take(batch)
+        if rollout is None:
+            rollout = make_rollout(make, batch, self.rollout_version, step=self.global_step, **kwargs)
+        return rollout
+
+    def launch_next_rollout(self, upcoming: DataProto | None, make, **kwargs: Any) -> bool:
+        """``trainer.rollout_overlap``: start the next step's rollout in the background now, on the engine's current
+        (pre-update) weights; False (nothing started) when off or on the last step."""
+        return self.ahead.launch(make, upcoming, self.rollout_version, step=self.global_step + 1, **kwargs)
+
+    def rollout_metrics(self, rollout: Rollout, timing: dict[str, float]) -> dict[str, float]:
+        """The rollout's own metrics and timings (added to ``timing``) plus its staleness."""
+        for name, seconds in rollout.timing.items():
+            timing[name] = timing.get(name, 0.0) + seconds
+        return {**rollout.metrics, **staleness_metrics(rollout, self.policy_version)}
+
+    def sync_rollout_weights(self, timing: dict[str, float]) -> None:
+        """After the actor update: wait for a rollout running ahead (it must finish on the old weights), then push
+        the actor's weights into the engine."""
+        if self.ahead.running:  # timing_s/wait_rollout_ahead: how long the step waited for it
+            with timer("wait_rollout_ahead", timing):
+                self.ahead.wait()
+        with timer("sync_weights", timing):
+            self.wg.sync_rollout_weights()
+        self.rollout_version = self.policy_version
+
+    def off_policy_correction(self, data: DataProto) -> dict[str, float]:
+        """Engine vs actor log-prob metrics and, with TIS on (``algorithm.rollout_is``), the per-token
+        ``rollout_is_weights`` the actor multiplies into the policy loss (``rollout_correction.py``)."""
+        metrics = rollout_actor_mismatch(data)
+        if not self.use_rollout_is or "rollout_log_probs" not in data.batch.keys():
+            return metrics
+        b, cap = data.batch, self.conf.algorithm.rollout_is_threshold
+        weights = compute_rollout_is_weights(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], cap)
+        b["rollout_is_weights"] = weights
+        metrics.update(rollout_is_metrics(weights, b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], cap))
+        return metrics
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_groups(self) -> dict[str, Any]:

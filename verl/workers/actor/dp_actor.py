@@ -12,7 +12,8 @@ averages gradients over ranks. The accumulated gradient is therefore the gradien
 token-mean, and it does not change with the micro-batch size, dynamic batching or the number of ranks.
 
 Per-token loss (each term aggregated as above, optional per-token ``loss_weights`` multiplied into all terms):
-``pg_loss`` (PPO clip with ``clip_ratio_low/high`` and dual clip ``clip_ratio_c``)
+``pg_loss`` (PPO clip with ``clip_ratio_low/high`` and dual clip ``clip_ratio_c``; times the optional per-token
+``rollout_is_weights``, the driver's truncated importance weights: ``verl/trainer/ppo/rollout_correction.py``)
 ``+ kl_loss_coef * kl_penalty(log_prob, ref_log_prob, kl_loss_type)`` when ``use_kl_loss``
 ``- entropy_coeff * entropy``.
 
@@ -220,13 +221,13 @@ class DataParallelPPOActor(DataParallelComponent):
         keys = [*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if self.settings.use_kl_loss:
             keys.append("ref_log_prob")
-        return self._select_update_rows(data, keys, ("loss_weights",), "update_policy")
+        return self._select_update_rows(data, keys, ("loss_weights", "rollout_is_weights"), "update_policy")
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """Run ``ppo_epochs`` passes of mini-batch updates on this rank's rows; return averaged metrics.
 
         Needs ``input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs, advantages``
-        (+ ``ref_log_prob`` with ``use_kl_loss``; optional per-token ``loss_weights``). Rows flagged as padding
+        (+ ``ref_log_prob`` with ``use_kl_loss``; optional per-token ``loss_weights`` and ``rollout_is_weights``). Rows flagged as padding
         (``no_padding_mask == False`` or ``is_padding == True``) and rows without valid tokens are dropped first.
         Metric values are global over all ranks (token-weighted means; losses are the mini-batch objective
         terms), averaged over mini-batches and epochs.
@@ -311,6 +312,8 @@ class DataParallelPPOActor(DataParallelComponent):
             micro, temperature, calculate_entropy=calculate_entropy, entropy_with_grad=s.entropy_coeff != 0, plan=plan
         )
         policy_loss = get_policy_loss_fn(s.policy_loss_mode)  # core_algos registry (actor.policy_loss.loss_mode)
+        # truncated importance weights of the rollout policy (the driver's algorithm.rollout_is), policy loss only
+        is_weights = micro.get("rollout_is_weights", None)
         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
             micro["old_log_probs"],
             log_prob,
@@ -322,6 +325,7 @@ class DataParallelPPOActor(DataParallelComponent):
             clip_ratio_c=s.clip_ratio_c,
             loss_agg_mode=s.loss_agg_mode,
             loss_scale_factor=s.loss_scale_factor,
+            **({} if is_weights is None else {"rollout_is_weights": is_weights}),
             **agg_kwargs,
         )
         loss = pg_loss

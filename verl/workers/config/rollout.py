@@ -80,7 +80,7 @@ class RolloutConfig(BaseConfig):
     sleep_level: int = 2
     # How vLLM initialises weights before the first sync.
     load_format: str = "dummy_dtensor"
-    # vLLM tensor parallel size.
+    # vLLM tensor parallel size: groups of this many consecutive ranks share one engine.
     tensor_model_parallel_size: int = 2
     # vLLM token budget per scheduler step.
     max_num_batched_tokens: int = 8192

