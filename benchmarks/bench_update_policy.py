@@ -87,6 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="model.use_fused_kernels=False: full-vocabulary logits (the fused head is the default)",
     )
+    p.add_argument(
+        "--calculate-entropy",
+        action="store_true",
+        help="actor.calculate_entropy=True: entropies in every update micro-batch (the behaviour before; off: none)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
@@ -305,6 +310,7 @@ def main(argv=None) -> dict:
         grad_clip=1.0,
         loss_agg_mode="token-mean",
         use_fused_kernels=not args.no_fused_kernels,
+        calculate_entropy=args.calculate_entropy,
     )
     actor = DataParallelPPOActor(config, model, optimizer)
     # a fresh batch (new lengths) for every call: shape changes are part of what is measured
@@ -348,6 +354,7 @@ def main(argv=None) -> dict:
         "remove_padding": not args.no_remove_padding,
         "grad_ckpt": args.grad_ckpt,
         "fused_kernels": actor.use_fused_kernels,
+        "calculate_entropy": args.calculate_entropy,
         "param_dtype": args.param_dtype,
         "rows_per_gpu": args.rows,
         "tokens_global_per_call": tokens,
