@@ -43,9 +43,9 @@ from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, grad_acc_m
 from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import (
     HostPlan,
-    _to_device,
     forward_response_log_probs,
     host_plan,
+    host_to_device,
     packed_length_multiple,
     supports_logits_to_keep,
 )
@@ -123,7 +123,7 @@ class DataParallelPPOActor(DataParallelComponent):
             host = host.to("cpu")  # one device -> host copy per call, not one per micro-batch
         device_batch = batch.to(self.device)
         flat = torch.tensor([i for rows in micro_rows for i in rows], dtype=torch.long)
-        device_index = _to_device(flat, self.device).split([len(rows) for rows in micro_rows])
+        device_index = host_to_device(flat, self.device).split([len(rows) for rows in micro_rows])
         for rows, index in zip(micro_rows, device_index):
             if rows:
                 yield index, device_batch[index], self._host_plan(host[torch.tensor(rows, dtype=torch.long)])
@@ -201,7 +201,7 @@ class DataParallelPPOActor(DataParallelComponent):
         log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
         entropys = torch.zeros_like(log_probs) if calculate_entropy else None
         dummy = self._dummy_row(batch) if num_rows else None
-        active_device = _to_device(active, self.device)
+        active_device = host_to_device(active, self.device)
         for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
             if index is None:
                 self._forward(micro, temperature, calculate_entropy=False, plan=plan)

@@ -57,6 +57,7 @@ __all__ = [
     "pack_rows",
     "HostPlan",
     "host_plan",
+    "host_to_device",
     "forward_response_log_probs",
 ]
 
@@ -110,16 +111,16 @@ class PackedRows:
     target_index: Optional[torch.Tensor] = None
 
     def to(self, device: torch.device) -> PackedRows:
-        """The same rows on ``device`` (see ``_to_device``)."""
+        """The same rows on ``device`` (see ``host_to_device``)."""
         moved = {
-            name: _to_device(getattr(self, name), device)
+            name: host_to_device(getattr(self, name), device)
             for name in ("input_ids", "position_ids", "predictor_index", "label_index", "target_mask")
         }
-        index = None if self.target_index is None else _to_device(self.target_index, device)
+        index = None if self.target_index is None else host_to_device(self.target_index, device)
         return PackedRows(**moved, num_padding=self.num_padding, target_index=index)
 
 
-def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host -> device copy that does not wait for the device: from pinned memory, non-blocking (a copy from
     pageable memory synchronises the CUDA stream first)."""
     if tensor.device == device:
@@ -161,7 +162,7 @@ def host_plan(
         _warn_fallback()
     if use_fused_kernels:
         valid = attention_mask[:, -response_length:].reshape(-1).bool()
-        return HostPlan(valid_index=_to_device(torch.nonzero(valid).reshape(-1), device))
+        return HostPlan(valid_index=host_to_device(torch.nonzero(valid).reshape(-1), device))
     return HostPlan()
 
 
