@@ -30,6 +30,9 @@ Examples:
 
     # 2 GPUs, Qwen2.5-1.5B shape with random weights
     torchrun --nproc_per_node 2 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b
+    # counts only (no model, no GPU): micro-batches, padded/packed tokens, entropy work of the 135M recipe's turns
+    python benchmarks/bench_update_policy.py --count-only --shape smollm2-135m --layout memagent \\
+        --token-budget 32768 --mini-batches 2
     # CPU smoke run with the tiny model (gloo)
     torchrun --nproc_per_node 2 benchmarks/bench_update_policy.py --shape tiny --device cpu --rows 4 \\
         --prompt-len 64 --response-len 32 --token-budget 256 --steps 1
@@ -84,13 +87,67 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="model.use_fused_kernels=False: full-vocabulary logits (the fused head is the default)",
     )
+    p.add_argument(
+        "--calculate-entropy",
+        action="store_true",
+        help="actor.calculate_entropy=True: entropies in every update micro-batch (the behaviour before; off: none)",
+    )
     p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
     p.add_argument("--check", action="store_true", help="also compare packed vs padded log-probs (max abs diff)")
     p.add_argument("--param-dtype", default="auto", help="FSDP compute dtype: auto (bf16 on CUDA) or float32")
     p.add_argument("--out", default=None, help="write the results as JSON here (rank 0)")
+    p.add_argument(
+        "--count-only",
+        action="store_true",
+        help="no model, no timing: micro-batch counts, padded/packed token ratios, entropy work (update_counts.py)",
+    )
+    p.add_argument(
+        "--layout",
+        choices=["synthetic", "memagent"],
+        default="synthetic",
+        help="--count-only rows: the synthetic batch of the timed run, or memory-agent turns (--conversations ...)",
+    )
+    p.add_argument("--conversations", type=int, default=16, help="memagent layout: trajectories per GPU")
+    p.add_argument("--chunks", type=int, default=8, help="memagent layout: memory turns per trajectory")
+    p.add_argument("--chunk", type=int, default=512, help="memagent layout: chunk tokens")
+    p.add_argument("--memory", type=int, default=128, help="memagent layout: max memory tokens")
+    p.add_argument("--final-len", type=int, default=96, help="memagent layout: max final-answer tokens")
+    p.add_argument("--question-len", type=int, default=100, help="memagent layout: question + template tokens")
     return p.parse_args(argv)
+
+
+def count_only(args) -> dict:
+    """``--count-only``: the counts of ``update_counts.count_report`` for this run's batch shape (one GPU's rows)."""
+    from update_counts import count_report, memagent_lengths
+
+    vocab_size = shape_config(args.shape).vocab_size
+    width = None
+    if args.layout == "memagent":
+        prompts, responses = memagent_lengths(
+            args.conversations, args.chunks, args.chunk, args.memory, args.final_len, args.question_len, seed=0
+        )
+    else:
+        mask = synthetic_batch(args, vocab_size, seed=0).batch["attention_mask"]
+        prompts = mask[:, : args.prompt_len].sum(-1).tolist()
+        responses = mask[:, args.prompt_len :].sum(-1).tolist()
+        width = args.prompt_len + args.response_len
+    report = count_report(
+        prompts,
+        responses,
+        args.mini_batches,
+        args.token_budget,
+        vocab_size,
+        length_multiple=128 if args.attn == "flex_attention" else 1,
+        width=width,
+    )
+    report = {"benchmark": "update_policy_counts", "shape": args.shape, "layout": args.layout, **report}
+    print(json.dumps({k: v for k, v in report.items() if k != "mini_batches"}, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def setup_distributed(device_type: str) -> tuple[int, int, torch.device]:
@@ -224,6 +281,8 @@ def run_baseline(args, batches: list[DataProto], device: torch.device, num_param
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.count_only:
+        return count_only(args)
     device_type = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world, device = setup_distributed(device_type)
     torch.manual_seed(0)
@@ -251,6 +310,7 @@ def main(argv=None) -> dict:
         grad_clip=1.0,
         loss_agg_mode="token-mean",
         use_fused_kernels=not args.no_fused_kernels,
+        calculate_entropy=args.calculate_entropy,
     )
     actor = DataParallelPPOActor(config, model, optimizer)
     # a fresh batch (new lengths) for every call: shape changes are part of what is measured
@@ -294,6 +354,7 @@ def main(argv=None) -> dict:
         "remove_padding": not args.no_remove_padding,
         "grad_ckpt": args.grad_ckpt,
         "fused_kernels": actor.use_fused_kernels,
+        "calculate_entropy": args.calculate_entropy,
         "param_dtype": args.param_dtype,
         "rows_per_gpu": args.rows,
         "tokens_global_per_call": tokens,

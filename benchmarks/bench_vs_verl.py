@@ -29,8 +29,9 @@ Differences that stay (each side's defaults, reported in the JSON):
     first-step ``pg_loss`` and ``grad_norm`` agree to rounding; with several they differ by design. The JSON
     gives each side's measured first-step ``pg_loss`` next to the value its own rule predicts on policy
     (ratio 1: ``pg_loss = -advantage`` aggregated by that rule), so both are checked either way.
-  * ours computes entropies (detached, for the metric) in every training micro-batch; upstream only when
-    ``entropy_coeff != 0``. Upstream's legacy actor uses ``old_log_prob = log_prob.detach()`` when there is one
+  * both compute entropies in the update only for ``entropy_coeff != 0`` or ``calculate_entropy`` (ours did in
+    every micro-batch before), and both use ``min(rows, ceil(tokens / budget))`` micro-batches per mini-batch
+    (ours could use more before). Upstream's legacy actor uses ``old_log_prob = log_prob.detach()`` when there is one
     mini-batch and one epoch (on policy); ours uses the batch's ``old_log_probs``.
   * upstream's packed path takes unpad/pad from ``flash_attn.bert_padding`` and its log-probs from flash-attn's
     triton cross-entropy when flash-attn is installed. Without flash-attn it would fail on the import, so the

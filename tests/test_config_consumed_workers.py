@@ -27,6 +27,7 @@ ACTOR_SETTINGS = {
     "actor_rollout_ref.actor.clip_ratio_c": (4.0, "clip_ratio_c", 4.0),
     "actor_rollout_ref.actor.loss_agg_mode": ("seq-mean-token-mean", "loss_agg_mode", "seq-mean-token-mean"),
     "actor_rollout_ref.actor.entropy_coeff": (0.01, "entropy_coeff", 0.01),
+    "actor_rollout_ref.actor.calculate_entropy": (True, "calculate_entropy", True),
     "actor_rollout_ref.actor.use_kl_loss": (True, "use_kl_loss", True),
     "actor_rollout_ref.actor.kl_loss_coef": (0.02, "kl_loss_coef", 0.02),
     "actor_rollout_ref.actor.kl_loss_type": ("mse", "kl_loss_type", "mse"),

@@ -133,6 +133,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
             "clip_ratio_c",
             "loss_agg_mode",
             "entropy_coeff",
+            "calculate_entropy",
             "use_kl_loss",
             "kl_loss_coef",
             "kl_loss_type",

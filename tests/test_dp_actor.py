@@ -150,15 +150,43 @@ def test_micro_batch_partitions_by_token_budget():
     assert rearrange_micro_batches([5, 1, 4, 2, 7], max_token_len=8) == [[0, 1], [2, 3], [4]]
     # a row longer than the budget gets its own micro-batch instead of failing
     assert rearrange_micro_batches([10, 1], max_token_len=4) == [[0], [1]]
-    # no balance fits 3 bins of 10 for [6, 6, 6, 6, 3, 3] (sum 30) -> needs 4 micro-batches
-    parts = rearrange_micro_batches([6, 6, 6, 6, 3, 3], max_token_len=10)
+    # total 200, budget 100 -> 2 micro-batches; Karmarkar-Karp: {60, 30, 10} | {50, 40, 10}, 100 tokens each
+    assert rearrange_micro_batches([60, 50, 40, 30, 10, 10], max_token_len=100) == [[0, 3, 5], [1, 2, 4]]
+    # total 29, budget 10 -> 3; Karmarkar-Karp puts {2, 9} = 11 together; the search (longest first, emptiest
+    # bin first) finds 9 -> A; 7 -> B; 6 -> C; 3 -> C (9); 2 -> B (9); 2 fits nowhere -> back to 3 -> B (10);
+    # 2 -> C (8); 2 -> C (10)  (the old rule raised the count to 4 instead)
+    assert rearrange_micro_batches([3, 6, 2, 7, 2, 9], max_token_len=10) == [[0, 3], [1, 2, 4], [5]]
+    # no 3 bins of 10 hold [6, 6, 6, 6, 3, 3] (sum 30): still 3 micro-batches, as upstream, the largest over
+    # the budget by less than its longest row (12 = 6 + 6)
+    lengths = [6, 6, 6, 6, 3, 3]
+    parts = rearrange_micro_batches(lengths, max_token_len=10)
     assert sorted(i for p in parts for i in p) == list(range(6))
-    assert all(sum([6, 6, 6, 6, 3, 3][i] for i in p) <= 10 for p in parts) and len(parts) == 4
+    assert sorted(sum(lengths[i] for i in p) for p in parts) == [9, 9, 12]
     assert split_rows_evenly(5, 2) == [[0, 1, 2], [3, 4]]
     assert split_rows_evenly(2, 3) == [[0], [1], []]
     assert get_reverse_idx([2, 0, 1]) == [1, 2, 0]
     with pytest.raises(ValueError, match="permutation"):
         get_reverse_idx([0, 0])
+
+
+def test_micro_batch_count_is_upstreams_and_overshoot_is_bounded():
+    """Over random lengths: exactly upstream 0.7.1's count ``min(rows, ceil(total / budget))``; every row once;
+    a micro-batch over the budget only when no partition into that count fits (checked by brute force over all
+    assignments of the 6 rows), and then by less than the longest row."""
+    import itertools
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        lengths = torch.randint(10, 61, (6,), generator=gen).tolist()
+        parts = rearrange_micro_batches(lengths, max_token_len=100)
+        k = min(6, math.ceil(sum(lengths) / 100))
+        assert len(parts) == k, lengths
+        assert sorted(i for p in parts for i in p) == list(range(6))
+        sums = [sum(lengths[i] for i in p) for p in parts]
+        assert max(sums) < 100 + max(lengths), (lengths, parts)
+        if max(sums) > 100:  # only when no assignment of the 6 rows to k micro-batches fits
+            for assign in itertools.product(range(k), repeat=6):
+                assert max(sum(x for x, a in zip(lengths, assign) if a == b) for b in range(k)) > 100, lengths
 
 
 def test_warmup_schedule_values():
@@ -352,6 +380,39 @@ def test_loss_and_grads_invariant_to_micro_batching(base_model):
             torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=0, msg=str(variant))
 
 
+def test_entropy_only_when_its_coefficient_or_calculate_entropy_asks(base_model, monkeypatch):
+    """entropy_coeff=0: no micro-batch computes entropies and actor/entropy is absent; calculate_entropy=True
+    computes them for the metric only (the global token-mean of the padded forward's entropies) with the same
+    loss and gradients; entropy_coeff != 0 computes them with gradient."""
+    import verl.workers.actor.dp_actor as dp_actor_module
+
+    calls = []
+    forward = dp_actor_module.forward_response_log_probs
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs["calculate_entropy"], kwargs["entropy_with_grad"]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(dp_actor_module, "forward_response_log_probs", recording)
+    data = make_update_data(base_model, num_conv=5, seed=21)
+    loss_off, grads_off, metrics_off = _loss_and_grads(base_model, data)
+    assert calls == [(False, False)] * 3 and "actor/entropy" not in metrics_off  # 5 rows, micro-batches of 2
+    calls.clear()
+    loss_on, grads_on, metrics_on = _loss_and_grads(base_model, data, calculate_entropy=True)
+    assert calls == [(True, False)] * 3
+    _, entropy = padded_reference_log_probs(base_model, data)
+    mask = data.batch["response_mask"].bool()
+    assert metrics_on["actor/entropy"] == pytest.approx(float(entropy[mask].mean()), abs=1e-5)
+    assert loss_on == loss_off
+    for g_on, g_off in zip(grads_on, grads_off):
+        assert torch.equal(g_on, g_off)
+    calls.clear()
+    loss_bonus, _, metrics_bonus = _loss_and_grads(base_model, data, entropy_coeff=0.01)
+    assert calls == [(True, True)] * 3
+    assert metrics_bonus["actor/entropy"] == pytest.approx(metrics_on["actor/entropy"], abs=1e-6)
+    assert loss_bonus == pytest.approx(loss_on, abs=1e-6)  # the reported loss terms exclude the bonus
+
+
 def test_padding_rows_are_dropped(base_model):
     """Rows flagged by protocol padding (is_padding) or MemAgent's no_padding_mask change nothing."""
     from verl.protocol import pad_dataproto_to_divisor
@@ -372,10 +433,10 @@ def test_padding_rows_are_dropped(base_model):
 
 def test_loss_weights_and_seq_mean_mode(base_model):
     data = make_update_data(base_model, num_conv=4, seed=6)
-    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, use_kl_loss=False)
+    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, use_kl_loss=False, calculate_entropy=True)
     weighted = copy.deepcopy(data)
     weighted.batch["loss_weights"] = torch.full_like(data.batch["old_log_probs"], 2.0)
-    loss_2, grads_2, metrics_2 = _loss_and_grads(base_model, weighted, use_kl_loss=False)
+    loss_2, grads_2, metrics_2 = _loss_and_grads(base_model, weighted, use_kl_loss=False, calculate_entropy=True)
     assert loss_2 == pytest.approx(2 * loss_1, abs=1e-6)
     assert metrics_2["actor/grad_norm"] == pytest.approx(2 * metrics_1["actor/grad_norm"], rel=1e-5)
     assert metrics_2["actor/entropy"] == pytest.approx(metrics_1["actor/entropy"], abs=1e-6)  # metric unweighted

@@ -56,10 +56,10 @@ def test_truncated_is_weights_match_hand_computed_values():
 def test_actor_multiplies_is_weights_into_the_policy_loss_only(base_model):  # noqa: F811 (fixture)
     """``rollout_is_weights`` scale the PPO term per token; the KL term and the entropy metric are unweighted."""
     data = make_update_data(base_model, num_conv=4, seed=6)
-    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data)
+    loss_1, grads_1, metrics_1 = _loss_and_grads(base_model, data, calculate_entropy=True)
     weighted = copy.deepcopy(data)
     weighted.batch["rollout_is_weights"] = torch.full_like(data.batch["old_log_probs"], 2.0)
-    _, grads_2, metrics_2 = _loss_and_grads(base_model, weighted)
+    _, grads_2, metrics_2 = _loss_and_grads(base_model, weighted, calculate_entropy=True)
     assert metrics_2["actor/pg_loss"] == pytest.approx(2 * metrics_1["actor/pg_loss"], abs=1e-6)
     assert metrics_2["actor/kl_loss"] == pytest.approx(metrics_1["actor/kl_loss"], abs=1e-7)
     assert metrics_2["actor/entropy"] == pytest.approx(metrics_1["actor/entropy"], abs=1e-7)

@@ -308,8 +308,10 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
     resp_frac = response / row
 
     def budget(dynamic: bool, max_tokens: Any, rows: int) -> tuple[int, int]:
-        if dynamic:  # a micro-batch holds up to max_tokens valid tokens; a longer row goes alone
-            tokens = max(int(max_tokens or 16384), row)
+        # a micro-batch holds up to max_tokens valid tokens, more by less than one row where no partition into
+        # ceil(tokens / max_tokens) micro-batches fits (verl/utils/seqlen_balancing.py), a longer row alone
+        if dynamic:
+            tokens = int(max_tokens or 16384) + row
             return tokens, int(math.ceil(tokens * resp_frac))
         return rows * row, rows * response
 

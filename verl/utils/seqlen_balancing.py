@@ -2,20 +2,26 @@
 
 A micro-batch is a list of row indices. With ``use_dynamic_bsz`` the actor does not use a fixed number of rows
 per micro-batch; instead it packs rows so that the sum of their valid lengths (``attention_mask.sum(-1)``)
-stays within ``max_token_len`` (``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``), and
-balances the token load across micro-batches.
+stays within ``max_token_len`` (``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``) where
+the rules below allow, and balances the token load across micro-batches.
 
 Rules (all tested in ``tests/test_dp_actor.py``):
 
 * every row lands in exactly one micro-batch; rows inside a micro-batch keep their original order;
-* a micro-batch never holds more than ``max_token_len`` tokens, except a single row longer than the budget,
-  which gets a micro-batch of its own (a warning is logged; it cannot be split);
-* rows are balanced over ``k`` micro-batches with the Karmarkar-Karp largest differencing method (as upstream
-  verl's ``get_seqlen_balanced_partitions``; ``greedy_partition`` keeps the simpler longest-first rule);
-* the number of micro-batches is the smallest ``k >= ceil(total / max_token_len)`` for which the
-  balanced partition fits, then raised to the maximum over the data-parallel group (``dp_group``) so that every rank runs
-  the same number of forward/backward passes (FSDP collectives must line up). Extra micro-batches may be
-  empty; callers run a zero-weight dummy pass for them.
+* the number of micro-batches is upstream verl's: ``k = min(rows, ceil(total / max_token_len))``, the fewest
+  that can hold the tokens, then raised to the maximum over the data-parallel group (``dp_group``) so that
+  every rank runs the same number of forward/backward passes (FSDP collectives must line up). Extra
+  micro-batches may be empty; callers run a zero-weight dummy pass for them. Fewer micro-batches means fewer
+  forward/backward passes and FSDP parameter gathers for the same tokens;
+* rows are balanced over the ``k`` micro-batches with the Karmarkar-Karp largest differencing method (as
+  upstream's ``get_seqlen_balanced_partitions``; ``greedy_partition`` keeps the simpler longest-first rule);
+  when that partition puts more than ``max_token_len`` tokens in a micro-batch, a depth-first search
+  (``pack_within_budget``) looks for ``k`` micro-batches within the budget; when none is found (bin packing
+  can need more than ``ceil(total / max_token_len)`` bins), the count stays ``k``, as upstream, and of the
+  Karmarkar-Karp and longest-first partitions the one with the smaller largest micro-batch is used: it
+  exceeds the budget by less than the longest row (longest-first guarantees ``< total / k + longest row``).
+  Example: ``[6, 6, 6, 6, 3, 3]`` with a budget of 10 gives 3 micro-batches of 12, 9 and 9 tokens, not 4
+  within the budget. Memory estimates must therefore allow ``max_token_len + longest row`` tokens;
 * ``get_reverse_idx`` turns the concatenated micro-batch order back into the original row order.
 
 ``rearrange_micro_batches`` takes either per-row lengths (returns the index lists) or, as upstream verl, a
@@ -40,6 +46,7 @@ __all__ = [
     "roundup_divisible",
     "karmarkar_karp",
     "greedy_partition",
+    "pack_within_budget",
     "log_seqlen_unbalance",
     "prepare_dynamic_batch",
     "restore_dynamic_batch",
@@ -185,6 +192,91 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequen
     }
 
 
+def _largest_sum(lengths: list[int], parts: list[list[int]]) -> int:
+    return max((sum(lengths[i] for i in part) for part in parts), default=0)
+
+
+def pack_within_budget(
+    seqlen_list: Sequence[int], k_partitions: int, capacity: int, max_steps: int = 20_000
+) -> Optional[list[list[int]]]:
+    """``k_partitions`` bins of at most ``capacity`` tokens each (a row longer than ``capacity`` alone in its
+    bin), or ``None`` when none exists or none was found within ``max_steps`` placements.
+
+    Depth-first search, rows longest first, each tried in the bins from the emptiest (so the first solution
+    found is a balanced one), bins with equal sums tried once; prunes when the rows left exceed the room left.
+    With few rows per micro-batch (tens) it is exact in well under ``max_steps``. Indices sorted per bin."""
+    lengths = _as_int_list(seqlen_list)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    oversized = [i for i in order if lengths[i] > capacity]
+    if len(oversized) > k_partitions:
+        return None
+    bins: list[list[int]] = [[i] for i in oversized] + [[] for _ in range(k_partitions - len(oversized))]
+    sums = [lengths[i] for i in oversized] + [0] * (k_partitions - len(oversized))
+    rows = [i for i in order if lengths[i] <= capacity]
+    free = len(oversized)  # bins from here on take rows
+    left = [0] * (len(rows) + 1)
+    for position in range(len(rows) - 1, -1, -1):
+        left[position] = left[position + 1] + lengths[rows[position]]
+    room = sum(capacity - sums[b] for b in range(free, k_partitions))
+
+    def candidates(position: int) -> list[int]:
+        """Bins the row at ``position`` may go to (emptiest first, one per distinct sum), none if pruned."""
+        if left[position] > room:
+            return []
+        length, seen, out = lengths[rows[position]], set(), []
+        for b in sorted(range(free, k_partitions), key=lambda b: (sums[b], b)):
+            if sums[b] + length <= capacity and sums[b] not in seen:
+                seen.add(sums[b])
+                out.append(b)
+        return out
+
+    # explicit stack (rows can number in the hundreds): one [candidate bins, next choice, bin taken] per row
+    stack: list[list] = [[candidates(0), 0, None]] if rows else []
+    steps = 0
+    while stack:
+        frame = stack[-1]
+        if frame[2] is not None:  # undo the previous choice of this row
+            bins[frame[2]].pop()
+            sums[frame[2]] -= lengths[rows[len(stack) - 1]]
+            room += lengths[rows[len(stack) - 1]]
+            frame[2] = None
+        if frame[1] == len(frame[0]):
+            stack.pop()
+            continue
+        steps += 1
+        if steps > max_steps:
+            return None
+        b = frame[0][frame[1]]
+        frame[1] += 1
+        frame[2] = b
+        position = len(stack) - 1
+        bins[b].append(rows[position])
+        sums[b] += lengths[rows[position]]
+        room -= lengths[rows[position]]
+        if position + 1 == len(rows):
+            return [sorted(part) for part in bins]
+        stack.append([candidates(position + 1), 0, None])
+    return [sorted(part) for part in bins] if not rows else None
+
+
+def _partition_within_budget(lengths: list[int], k: int, max_token_len: int) -> list[list[int]]:
+    """``k`` micro-batches: Karmarkar-Karp when it keeps every micro-batch (of more than one row) within the
+    budget, else a search for ``k`` micro-batches within it (``pack_within_budget``), else the one of
+    Karmarkar-Karp and longest-first with the smaller largest micro-batch (module docstring)."""
+
+    def fits(parts: list[list[int]]) -> bool:
+        return all(sum(lengths[i] for i in part) <= max_token_len or len(part) <= 1 for part in parts)
+
+    balanced = get_seqlen_balanced_partitions(lengths, k)
+    if fits(balanced):
+        return balanced
+    packed = pack_within_budget(lengths, k, max_token_len)
+    if packed is not None:
+        return packed
+    greedy = [sorted(part) for part in greedy_partition(lengths, k, equal_size=False)]
+    return greedy if _largest_sum(lengths, greedy) < _largest_sum(lengths, balanced) else balanced
+
+
 def sync_max_count(count: int, dp_group: Optional[dist.ProcessGroup] = None, device: str | torch.device = "cpu") -> int:
     """Maximum of ``count`` over the data-parallel group (``count`` itself when torch.distributed is not used)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(dp_group) == 1:
@@ -204,7 +296,8 @@ def rearrange_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     device: str | torch.device = "cpu",
 ) -> Any:
-    """Partition rows into micro-batches of at most ``max_token_len`` tokens (upstream verl's signature).
+    """Partition rows into ``min(rows, ceil(tokens / max_token_len))`` token-balanced micro-batches, within
+    ``max_token_len`` tokens each whenever such a partition is found (upstream verl's signature and count).
 
     ``batch`` is either the per-row valid lengths (returns the list of index lists) or, as upstream, a
     ``TensorDict`` with ``attention_mask`` (lengths = its row sums; returns ``(micro_batches, indices)`` with
@@ -242,20 +335,10 @@ def rearrange_micro_batches(
             max(lengths[i] for i in oversized),
         )
 
-    def fits(parts: list[list[int]]) -> bool:
-        for part in parts:
-            total = sum(lengths[i] for i in part)
-            if total > max_token_len and len(part) > 1:
-                return False
-        return True
-
     num_rows = len(lengths)
     k = max(1, math.ceil(sum(lengths) / max_token_len), min_num_micro_batch or 1)
     k = min(k, max(num_rows, 1)) if num_rows else k
-    partitions = get_seqlen_balanced_partitions(lengths, k)
-    while not fits(partitions):
-        k += 1  # terminates: with k == num_rows every row is alone
-        partitions = get_seqlen_balanced_partitions(lengths, k)
+    partitions = _partition_within_budget(lengths, k, max_token_len)
     target = k
     if same_micro_num_in_dp:
         target = sync_max_count(target, dp_group, device)

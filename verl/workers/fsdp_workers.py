@@ -336,11 +336,10 @@ class ActorRolloutRefWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         with self._resident("actor"):
-            log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
-        out = {"old_log_probs": log_probs}
-        if entropy is not None:
-            out["entropys"] = entropy
-        return DataProto.from_dict(tensors=out)
+            # no entropies: nothing reads them, and they cost a pass over [tokens, vocab] logits (and rule out
+            # liger-kernel's fused log-prob kernel on GPU)
+            log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:

@@ -17,6 +17,10 @@ Per-token loss (each term aggregated as above, optional per-token ``loss_weights
 ``+ kl_loss_coef * kl_penalty(log_prob, ref_log_prob, kl_loss_type)`` when ``use_kl_loss``
 ``- entropy_coeff * entropy``.
 
+The entropy (an extra pass over the ``[tokens, vocab]`` logits of every micro-batch) is computed only when
+``entropy_coeff != 0`` or ``calculate_entropy`` (upstream verl's rule); the ``actor/entropy`` metric is
+reported only then.
+
 Every rank performs the same number of forward/backward passes (FSDP collectives must line up): the numbers
 of mini-batches and micro-batches are all-reduced (max) and a rank with fewer rows runs zero-weight dummy
 passes.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -36,7 +41,14 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, grad_acc_mode, kl_penalty, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.workers.actor.forward import forward_response_log_probs, supports_logits_to_keep
+from verl.workers.actor.forward import (
+    HostPlan,
+    forward_response_log_probs,
+    host_plan,
+    host_to_device,
+    packed_length_multiple,
+    supports_logits_to_keep,
+)
 from verl.workers.actor.fused_logprob import supports_fused_head
 from verl.workers.actor.settings import ActorSettings
 from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
@@ -98,8 +110,47 @@ class DataParallelPPOActor(DataParallelComponent):
                 attn,
             )
 
+    def _device_micro_batches(
+        self, batch: TensorDict, micro_rows: list[list[int]], dummy: Optional[TensorDict]
+    ) -> Iterator[tuple[Optional[torch.Tensor], TensorDict, HostPlan]]:
+        """``(row index on the device or None for a dummy pass, micro-batch on the device, its HostPlan)``.
+
+        Host syncs: ``batch`` goes to the device once and the row indices of all micro-batches in one copy;
+        the layout of each micro-batch (packing, valid positions) is computed from host copies of its masks,
+        so the device work of a micro-batch does not wait on the device (see ``forward.HostPlan``)."""
+        host = batch.select(*_FORWARD_KEYS)
+        if host["input_ids"].device.type != "cpu":
+            host = host.to("cpu")  # one device -> host copy per call, not one per micro-batch
+        device_batch = batch.to(self.device)
+        flat = torch.tensor([i for rows in micro_rows for i in rows], dtype=torch.long)
+        device_index = host_to_device(flat, self.device).split([len(rows) for rows in micro_rows])
+        for rows, index in zip(micro_rows, device_index):
+            if rows:
+                yield index, device_batch[index], self._host_plan(host[torch.tensor(rows, dtype=torch.long)])
+            elif dummy is None:
+                raise ValueError("got a DataProto with 0 rows while other ranks have data")
+            else:  # this rank has fewer micro-batches than another one: keep collectives in step
+                yield None, dummy.to(self.device), self._host_plan(dummy.select(*_FORWARD_KEYS).to("cpu"))
+
+    def _host_plan(self, host: TensorDict) -> HostPlan:
+        return host_plan(
+            host["input_ids"],
+            host["attention_mask"],
+            host["position_ids"],
+            host["responses"].shape[-1],
+            use_remove_padding=self.settings.use_remove_padding,
+            use_fused_kernels=self.use_fused_kernels,
+            length_multiple=packed_length_multiple(self.actor_module),
+            device=self.device,
+        )
+
     def _forward(
-        self, micro: TensorDict, temperature: float, calculate_entropy: bool, entropy_with_grad: bool = False
+        self,
+        micro: TensorDict,
+        temperature: float,
+        calculate_entropy: bool,
+        entropy_with_grad: bool = False,
+        plan: Optional[HostPlan] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         micro = micro.to(self.device)
         return forward_response_log_probs(
@@ -117,6 +168,7 @@ class DataParallelPPOActor(DataParallelComponent):
             use_fused_kernels=self.use_fused_kernels,
             fused_chunk_size=self.settings.fused_chunk_size,
             fused_backend=self.settings.fused_backend,
+            plan=plan,
         )
 
     # ------------------------------------------------------------------ log-probs
@@ -145,20 +197,22 @@ class DataParallelPPOActor(DataParallelComponent):
         was_training = self.actor_module.training
         self.actor_module.eval()
         micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
-        log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=out_device)
+        # outputs stay on the device until all micro-batches are done (one copy back, not one per micro-batch)
+        log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
         entropys = torch.zeros_like(log_probs) if calculate_entropy else None
         dummy = self._dummy_row(batch) if num_rows else None
-        for rows in micro_rows:
-            if not rows:  # this rank has fewer micro-batches than another one: keep collectives in step
-                if dummy is None:
-                    raise ValueError("compute_log_prob got a DataProto with 0 rows while other ranks have data")
-                self._forward(dummy, temperature, calculate_entropy=False)
+        active_device = host_to_device(active, self.device)
+        for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
+            if index is None:
+                self._forward(micro, temperature, calculate_entropy=False, plan=plan)
                 continue
-            index = active[torch.tensor(rows, dtype=torch.long)]
-            lp, ent = self._forward(batch[index], temperature, calculate_entropy)
-            log_probs[index] = lp.to(out_device)
+            lp, ent = self._forward(micro, temperature, calculate_entropy, plan=plan)
+            rows = active_device[index]
+            log_probs[rows] = lp.float()
             if entropys is not None:
-                entropys[index] = ent.to(out_device)
+                entropys[rows] = ent.float()
+        log_probs = log_probs.to(out_device)
+        entropys = entropys.to(out_device) if entropys is not None else None
         self.actor_module.train(was_training)
         return log_probs, entropys
 
@@ -208,10 +262,10 @@ class DataParallelPPOActor(DataParallelComponent):
 
         self.actor_optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
-        for rows in micro_rows:
-            is_dummy = not rows
-            micro = (dummy if is_dummy else mini_batch[torch.tensor(rows, dtype=torch.long)]).to(self.device)
-            stats += self._micro_batch_backward(micro, temperature, {count_key: global_norm}, zero_weight=is_dummy)
+        for index, micro, plan in self._device_micro_batches(mini_batch, micro_rows, dummy):
+            stats += self._micro_batch_backward(
+                micro, temperature, {count_key: global_norm}, zero_weight=index is None, plan=plan
+            )
 
         if self.dp_size > 1 and not self.is_fsdp:
             self._all_reduce_mean_grads()
@@ -232,23 +286,30 @@ class DataParallelPPOActor(DataParallelComponent):
             "actor/pg_clipfrac": values["pg_clipfrac"] / tokens,
             "actor/ppo_kl": values["ppo_kl"] / tokens,
             "actor/pg_clipfrac_lower": values["pg_clipfrac_lower"] / tokens,
-            "actor/entropy": values["entropy"],
             "actor/grad_norm": grad_norm,
             "skipped": float(skipped),
         }
+        if s.entropy_coeff != 0 or s.calculate_entropy:
+            metrics["actor/entropy"] = values["entropy"]
         if s.use_kl_loss:
             metrics["actor/kl_loss"] = values["kl_loss"]
         return metrics
 
     def _micro_batch_backward(
-        self, micro: TensorDict, temperature: float, norm_kwargs: dict[str, torch.Tensor], zero_weight: bool
+        self,
+        micro: TensorDict,
+        temperature: float,
+        norm_kwargs: dict[str, torch.Tensor],
+        zero_weight: bool,
+        plan: Optional[HostPlan] = None,
     ) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
         s = self.settings
         mask = micro["response_mask"]
         agg_kwargs = dict(norm_kwargs, weights=micro.get("loss_weights", None))
+        calculate_entropy = s.entropy_coeff != 0 or s.calculate_entropy
         log_prob, entropy = self._forward(
-            micro, temperature, calculate_entropy=True, entropy_with_grad=s.entropy_coeff != 0
+            micro, temperature, calculate_entropy=calculate_entropy, entropy_with_grad=s.entropy_coeff != 0, plan=plan
         )
         policy_loss = get_policy_loss_fn(s.policy_loss_mode)  # core_algos registry (actor.policy_loss.loss_mode)
         # truncated importance weights of the rollout policy (the driver's algorithm.rollout_is), policy loss only
@@ -272,8 +333,10 @@ class DataParallelPPOActor(DataParallelComponent):
             entropy_loss = agg_loss(entropy, mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **agg_kwargs)
             loss = loss - s.entropy_coeff * entropy_loss
         # the entropy metric is not weighted by loss_weights
-        entropy_metric = agg_loss(
-            entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **norm_kwargs
+        entropy_metric = (
+            agg_loss(entropy.detach(), mask, s.loss_agg_mode, loss_scale_factor=s.loss_scale_factor, **norm_kwargs)
+            if calculate_entropy
+            else torch.zeros((), device=log_prob.device)
         )
         kl_loss = torch.zeros((), device=loss.device)
         if s.use_kl_loss:

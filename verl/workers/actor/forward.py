@@ -55,6 +55,9 @@ __all__ = [
     "packed_length_multiple",
     "PackedRows",
     "pack_rows",
+    "HostPlan",
+    "host_plan",
+    "host_to_device",
     "forward_response_log_probs",
 ]
 
@@ -96,6 +99,7 @@ class PackedRows:
     predict a response token; ``label_index``: ``[K]`` packed positions of those tokens (``predictor + 1``);
     ``target_mask``: ``[b, R]`` bool, True where a log-prob is produced (row-major order matches ``K``).
     ``num_padding``: tokens appended after the valid ones (``length_multiple``); never indexed by the above.
+    ``target_index``: ``[K]`` flat (row-major) positions of the True entries of ``target_mask``, or None.
     """
 
     input_ids: torch.Tensor
@@ -104,6 +108,62 @@ class PackedRows:
     label_index: torch.Tensor
     target_mask: torch.Tensor
     num_padding: int = 0
+    target_index: Optional[torch.Tensor] = None
+
+    def to(self, device: torch.device) -> PackedRows:
+        """The same rows on ``device`` (see ``host_to_device``)."""
+        moved = {
+            name: host_to_device(getattr(self, name), device)
+            for name in ("input_ids", "position_ids", "predictor_index", "label_index", "target_mask")
+        }
+        index = None if self.target_index is None else host_to_device(self.target_index, device)
+        return PackedRows(**moved, num_padding=self.num_padding, target_index=index)
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device copy that does not wait for the device: from pinned memory, non-blocking (a copy from
+    pageable memory synchronises the CUDA stream first)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+@dataclass
+class HostPlan:
+    """What ``forward_response_log_probs`` would otherwise derive from the masks on the device (each step a
+    device -> host synchronisation: ``nonzero``, boolean indexing, ``torch.equal``, ``int(tensor)``), computed
+    from host copies of the micro-batch and moved to the device without waiting (``host_plan``).
+
+    ``packed``: the packed layout (None: use the padded one); ``valid_index``: ``[K]`` flat (row-major)
+    positions of the valid response tokens of the padded layout, for the fused head (None otherwise)."""
+
+    packed: Optional[PackedRows] = None
+    valid_index: Optional[torch.Tensor] = None
+
+
+def host_plan(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    use_remove_padding: bool,
+    use_fused_kernels: bool,
+    length_multiple: int,
+    device: torch.device,
+) -> HostPlan:
+    """``HostPlan`` of a ``[b, S]`` micro-batch from its host (CPU) tensors, on ``device``."""
+    if use_remove_padding:
+        packed = pack_rows(input_ids, attention_mask, position_ids, response_length, length_multiple)
+        if packed is not None:
+            packed.target_index = torch.nonzero(packed.target_mask.reshape(-1)).reshape(-1)
+            return HostPlan(packed=packed.to(device))
+        _warn_fallback()
+    if use_fused_kernels:
+        valid = attention_mask[:, -response_length:].reshape(-1).bool()
+        return HostPlan(valid_index=host_to_device(torch.nonzero(valid).reshape(-1), device))
+    return HostPlan()
 
 
 def padded_packed_length(total: int, length_multiple: int) -> int:
@@ -180,11 +240,26 @@ def _padded_forward(model, input_ids, attention_mask, position_ids, response_len
     return output.logits[:, -response_length - 1 : -1, :]
 
 
-def _scatter(values: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
-    """``[K]`` values into a zero ``[b, R]`` tensor at the True positions of ``mask`` (row-major)."""
+def _scatter(
+    values: Optional[torch.Tensor], mask: torch.Tensor, index: Optional[torch.Tensor] = None
+) -> Optional[torch.Tensor]:
+    """``[K]`` values into a zero ``[b, R]`` tensor at the True positions of ``mask`` (row-major); ``index``:
+    those positions, flat, when known (no device synchronisation)."""
     if values is None:
         return None
+    if index is not None:
+        return values.new_zeros(mask.numel()).scatter(0, index, values).view(mask.shape)
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def _warn_fallback() -> None:
+    global _warned_fallback
+    if not _warned_fallback:
+        logger.warning(
+            "remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "
+            "using the padded forward for such micro-batches"
+        )
+        _warned_fallback = True
 
 
 def _fused_forward(
@@ -238,6 +313,7 @@ def forward_response_log_probs(
     use_fused_kernels: bool = False,
     fused_chunk_size: int = 1024,
     fused_backend: str = "torch",
+    plan: Optional[HostPlan] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[b, R]`` of the last ``R = response_length`` tokens (and their entropies when asked).
 
@@ -246,20 +322,19 @@ def forward_response_log_probs(
     metric computed in chunks. ``use_fused_kernels``: log-probs from the hidden states without full-vocabulary
     logits (see the module docstring; the caller checks ``fused_logprob.supports_fused_head``), with
     ``fused_backend`` ``torch`` (chunked) or ``triton``/``liger`` (liger-kernel for passes without gradient and
-    entropy, on CUDA when installed; chunked otherwise).
+    entropy, on CUDA when installed; chunked otherwise). ``plan``: the layout precomputed from host copies of
+    the masks (``host_plan``), so that this function does not synchronise the device; same numbers.
     """
-    global _warned_fallback
-    packed = (
-        pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
-        if use_remove_padding
-        else None
-    )
-    if use_remove_padding and packed is None and not _warned_fallback:
-        logger.warning(
-            "remove-padding: rows cannot be packed exactly (position_ids do not restart at 0 per row); "
-            "using the padded forward for such micro-batches"
+    if plan is not None:
+        packed = plan.packed
+    else:
+        packed = (
+            pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
+            if use_remove_padding
+            else None
         )
-        _warned_fallback = True
+        if use_remove_padding and packed is None:
+            _warn_fallback()
 
     fused = dict(
         temperature=temperature,
@@ -278,7 +353,8 @@ def forward_response_log_probs(
             packed.input_ids[0, packed.label_index],
             **fused,
         )
-        return _scatter(token_log_probs, packed.target_mask), _scatter(token_entropy, packed.target_mask)
+        target, target_index = packed.target_mask, packed.target_index
+        return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
 
     if packed is not None:
         kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
@@ -290,19 +366,34 @@ def forward_response_log_probs(
         labels = packed.input_ids[0, packed.label_index]
         token_log_probs = logprobs_from_logits(logits, labels)
         token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size) if calculate_entropy else None
-        return _scatter(token_log_probs, packed.target_mask), _scatter(token_entropy, packed.target_mask)
+        target, target_index = packed.target_mask, packed.target_index
+        return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
 
     if use_fused_kernels:
         valid = attention_mask[:, -response_length:].bool()
+        valid_index = plan.valid_index if plan is not None else None
         kwargs = {"logits_to_keep": response_length + 1} if use_logits_to_keep else {}
+        if valid_index is not None:  # gathers by precomputed positions: no boolean indexing on the device
+
+            def select(hidden: torch.Tensor) -> torch.Tensor:
+                predictors = hidden[:, -response_length - 1 : -1]
+                return predictors.reshape(-1, predictors.shape[-1]).index_select(0, valid_index)
+
+            labels = input_ids[:, -response_length:].reshape(-1).index_select(0, valid_index)
+        else:
+
+            def select(hidden: torch.Tensor) -> torch.Tensor:
+                return hidden[:, -response_length - 1 : -1][valid]
+
+            labels = input_ids[:, -response_length:][valid]
         token_log_probs, token_entropy = _fused_forward(
             model,
             dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs),
-            lambda hidden: hidden[:, -response_length - 1 : -1][valid],
-            input_ids[:, -response_length:][valid],
+            select,
+            labels,
             **fused,
         )
-        return _scatter(token_log_probs, valid), _scatter(token_entropy, valid)
+        return _scatter(token_log_probs, valid, valid_index), _scatter(token_entropy, valid, valid_index)
 
     logits = _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep)
     logits = logits.float()

@@ -97,6 +97,8 @@ class ActorConfig(BaseConfig):
     turn_weighting: str = "token"
     # Entropy bonus coefficient.
     entropy_coeff: float = 0.0
+    # Compute the policy entropy in the update for the actor/entropy metric even when entropy_coeff is 0.
+    calculate_entropy: bool = False
     # Add a KL(pi || pi_ref) term to the loss (GRPO style).
     use_kl_loss: bool = False
     # torch.compile the log-prob/entropy helpers.

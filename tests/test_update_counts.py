@@ -1,0 +1,41 @@
+"""``benchmarks/update_counts.py`` (``bench_update_policy.py --count-only``) against hand-computed counts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from update_counts import count_report, memagent_lengths, previous_micro_batch_count  # noqa: E402
+
+
+def test_count_report_by_hand():
+    # lengths 3 6 2 7 2 9 (prompt + response), budget 10: total 29 -> 3 micro-batches ({0, 3}, {1, 2, 4}, {5});
+    # the previous rule needed 4 (Karmarkar-Karp's 3-way split puts 2 + 9 = 11 together)
+    prompts, responses = [2, 5, 1, 6, 1, 8], [1, 1, 1, 1, 1, 1]
+    assert previous_micro_batch_count([3, 6, 2, 7, 2, 9], 10) == 4
+    report = count_report(prompts, responses, mini_batches=1, budget=10, vocab_size=50, length_multiple=4)
+    assert report["micro_batches"] == {"current": 3, "previous": 4, "upstream": 3}
+    assert report["width"] == 9 and report["valid_tokens"] == 29
+    assert report["padded_over_valid"] == pytest.approx(6 * 9 / 29)  # 6 rows x (8 + 1) columns
+    assert report["packed_over_valid"] == pytest.approx(3 * 12 / 29)  # 10, 10, 9 -> 3 blocks of 4 each
+    assert report["largest_micro_batch_over_budget"] == 1.0
+    assert report["entropy_logit_elements_skipped"] == 6 * 50
+    two = count_report(prompts, responses, mini_batches=2, budget=10, vocab_size=50)
+    assert [m["rows"] for m in two["mini_batches"]] == [3, 3]  # rows 0-2 (11 tokens), 3-5 (18 tokens)
+    assert two["micro_batches"] == {"current": 4, "previous": 4, "upstream": 4}
+    assert two["packed_over_valid"] == 1.0
+
+
+def test_memagent_lengths_shape():
+    prompts, responses = memagent_lengths(2, chunks=3, chunk=512, memory=128, final=96, question=100, seed=0)
+    assert len(prompts) == len(responses) == 2 * 4
+    assert prompts[0] == 612  # first turn: no memory yet
+    for conv in range(2):
+        turns = slice(4 * conv, 4 * conv + 4)
+        p, r = prompts[turns], responses[turns]
+        assert p[1:3] == [512 + r[0] + 100, 512 + r[1] + 100]  # the memory written by the previous turn
+        assert p[3] == r[2] + 100 and 64 <= min(r[:3]) and max(r[:3]) <= 128 and 24 <= r[3] <= 96
