@@ -152,6 +152,20 @@ def test_guard_refuses_engine_changes_during_a_generation_and_generations_during
         pass
 
 
+def test_guard_clocks_the_time_with_a_generation_in_flight():
+    guard = RolloutGuard()
+    assert guard.busy_seconds() == 0.0
+    t0 = time.perf_counter()
+    with guard.generating():
+        time.sleep(0.05)
+        with guard.generating():  # nested: counted once
+            time.sleep(0.05)
+        assert guard.busy_seconds() >= 0.1  # a running clock
+    inside = time.perf_counter() - t0
+    time.sleep(0.05)  # idle: not counted
+    assert 0.1 <= guard.busy_seconds() <= inside
+
+
 def test_worker_refuses_a_weight_sync_while_it_generates(tiny_model_path):
     from tests.test_config import compose_config
 
@@ -264,3 +278,9 @@ def test_next_rollout_generates_while_the_update_runs_on_the_same_ray_worker(
     # updates 1 and 2 ran while the rollouts of steps 2 and 3 were generated; update 3 has no rollout ahead
     assert overlap(updates[0]) > 0 and overlap(updates[1]) > 0, (updates, gens)
     assert overlap(updates[2]) == 0.0
+    # the worker's own account (perf/update_generation_overlap_*, rank 0; what the GPU benchmark reports) agrees
+    for step, u in zip((1, 2, 3), updates):
+        seconds, frac = (steps[step][f"perf/update_generation_overlap_{k}"] for k in ("s", "frac"))
+        assert seconds == pytest.approx(overlap(u), abs=0.05), step
+        assert frac == pytest.approx(seconds / (u[1] - u[0]), rel=0.2, abs=0.05), step
+    assert steps[1]["perf/update_generation_overlap_frac"] > 0 and steps[3]["perf/update_generation_overlap_s"] == 0

@@ -377,8 +377,16 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, concurrency_group=TRAIN_GROUP)
     def update_actor(self, data: DataProto) -> dict[str, float]:
+        """The PPO update; with ``perf/update_generation_overlap_{s,frac}``: how long (and which fraction of it) a
+        generation ran on this worker at the same time (``trainer.rollout_overlap``; 0 otherwise)."""
+        import time
+
+        t0, busy0 = time.perf_counter(), self.rollout_guard.busy_seconds()
         with self._resident("actor"):
             metrics = self.actor.update_policy(data)
+        overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
+        metrics["perf/update_generation_overlap_s"] = overlap
+        metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name))
         if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine

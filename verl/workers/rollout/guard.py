@@ -10,6 +10,7 @@ during one of them) raises at once instead of silently mixing two policies in on
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,13 +22,21 @@ class RolloutGuard:
 
     ``with guard.generating("generate"):`` around a generation, ``with guard.changing("sync_rollout_weights"):``
     around a change; the two exclude each other (the second to start raises ``RuntimeError``), generations
-    may run concurrently with each other, changes may not.
+    may run concurrently with each other, changes may not. :meth:`busy_seconds` adds up the wall time during which
+    at least one generation was in flight, so a training call can report how much of it ran alongside generation.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._generating = 0
         self._changing: str | None = None
+        self._busy = 0.0  # seconds with a generation in flight, up to _since
+        self._since: float | None = None  # start of the current busy period (perf_counter), None when idle
+
+    def busy_seconds(self) -> float:
+        """Wall seconds so far with at least one generation in flight (a running clock)."""
+        with self._lock:
+            return self._busy + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
     @property
     def in_flight(self) -> int:
@@ -43,11 +52,16 @@ class RolloutGuard:
                     "run entirely on one set of weights (the driver must not generate during a weight sync)"
                 )
             self._generating += 1
+            if self._generating == 1:
+                self._since = time.perf_counter()
         try:
             yield
         finally:
             with self._lock:
                 self._generating -= 1
+                if self._generating == 0:
+                    self._busy += time.perf_counter() - self._since
+                    self._since = None
 
     @contextmanager
     def changing(self, what: str) -> Iterator[None]:
