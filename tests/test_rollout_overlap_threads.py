@@ -284,3 +284,38 @@ def test_next_rollout_generates_while_the_update_runs_on_the_same_ray_worker(
         assert seconds == pytest.approx(overlap(u), abs=0.05), step
         assert frac == pytest.approx(seconds / (u[1] - u[0]), rel=0.2, abs=0.05), step
     assert steps[1]["perf/update_generation_overlap_frac"] > 0 and steps[3]["perf/update_generation_overlap_s"] == 0
+
+
+def test_bench_train_step_reports_the_update_time_overlapped_by_generation():
+    """``bench_train_step.py --overlap both``: per step the seconds and fraction of the update during which the worker
+    generated (the worker's ``perf/update_generation_overlap_*``), and over the steps with a rollout ahead (not the
+    last) the fraction of all their update seconds."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_train_step import overlap_summary, overlap_table, step_rows
+
+    def history(overlaps: list[tuple[float, float]]) -> list[dict]:
+        return [
+            {
+                "step": i + 1,
+                "timing_s/step": 10.0,
+                "timing_s/update_actor": update,
+                "perf/update_generation_overlap_s": during,
+                "perf/update_generation_overlap_frac": during / update,
+                "rollout/staleness": float(i > 0),
+            }
+            for i, (update, during) in enumerate(overlaps)
+        ]
+
+    sync = step_rows(history([(4.0, 0.0), (4.0, 0.0), (4.0, 0.0)]), 4)
+    ahead = step_rows(history([(4.0, 3.0), (6.0, 6.0), (5.0, 0.0)]), 4)
+    assert [r["update_gen_overlap_s"] for r in ahead] == [3.0, 6.0, 0.0]
+    assert [r["update_gen_overlap_frac"] for r in ahead] == [0.75, 1.0, 0.0]
+    summary = overlap_summary(sync, ahead)
+    assert summary["update_gen_overlap_frac"] == pytest.approx((3.0 + 6.0) / (4.0 + 6.0))  # the last step left out
+    assert overlap_summary(sync, sync)["update_gen_overlap_frac"] == 0.0
+    table = overlap_table({"steps": sync, "overlap_steps": ahead, "overlap_summary": summary})
+    assert "| update during gen |" in table.splitlines()[2] and "| 3 (75%) |" in table
+    assert "90% of the update time (steps with a rollout ahead) ran while the worker generated" in table
