@@ -14,8 +14,12 @@ one-off warm-ups (kernel compilation, allocator growth). Extra arguments after `
 during step k's update); ``--overlap both`` runs the synchronous and the overlapped trainer one after the other in
 this process on the same data and prints them side by side: seconds per step, the generation time, how long each
 overlapped step waited for the rollout running ahead, the staleness, and the steady-state speedup (mean step time
-over steps 2..N-1, where both do one rollout and one update per step; needs ``--steps`` >= 3). The synchronous run
-goes first and so carries the process's one-off warm-ups in its step 1, which the steady state leaves out.
+over steps 2..N-1, where both do one rollout and one update per step; needs ``--steps`` >= 3), and how much of each
+overlapped step's actor update ran while the worker was generating the next rollout (``update during gen``: seconds
+and fraction of the update, from the worker's ``perf/update_generation_overlap_*``, rank 0). On Ray workers (a GPU,
+or ``--gpus`` > 1) generation and update run in two threads of each worker process, so this fraction is the real
+concurrency; with the in-process CPU worker (``--gpus 1`` on CPU) too. The synchronous run goes first and so
+carries the process's one-off warm-ups in its step 1, which the steady state leaves out.
 
 On one GPU (``--device cuda --gpus 1``) the worker runs in a Ray GPU actor (FSDP2 over a 1-rank NCCL
 group, the vLLM engine in-process); every process that builds a vLLM engine needs
@@ -198,6 +202,9 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 "step": int(h["step"]),
                 **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
                 "wait_rollout_ahead": float(h.get("timing_s/wait_rollout_ahead", 0.0)),
+                # seconds (and fraction) of the actor update during which the worker was generating (rank 0)
+                "update_gen_overlap_s": float(h.get("perf/update_generation_overlap_s", 0.0)),
+                "update_gen_overlap_frac": float(h.get("perf/update_generation_overlap_frac", 0.0)),
                 "staleness": h.get("rollout/staleness"),
                 "tokens": tokens,
                 "tokens_per_s": tokens / step_s,
@@ -223,11 +230,16 @@ def overlap_summary(sync: list[dict], overlap: list[dict]) -> dict:
         return sum(middle) / len(middle) if middle else None
 
     s, o = steady(sync), steady(overlap)
+    # every overlapped step but the last one generated the next rollout during its update
+    ahead = overlap[:-1]
+    update_s = sum(r["update_actor"] for r in ahead)
     return {
         "steady_steps": [r["step"] for r in sync[1:-1]],
         "sync_step_s": s,
         "overlap_step_s": o,
         "speedup": s / o if s and o else None,
+        # of all update seconds of the steps with a rollout running ahead: the fraction with a generation in flight
+        "update_gen_overlap_frac": sum(r["update_gen_overlap_s"] for r in ahead) / update_s if update_s else None,
         "sync_total_s": sum(r["total"] for r in sync),
         "overlap_total_s": sum(r["total"] for r in overlap),
     }
@@ -236,19 +248,33 @@ def overlap_summary(sync: list[dict], overlap: list[dict]) -> dict:
 def overlap_table(report: dict) -> str:
     """The synchronous and the one-step-off steps side by side, and the steady-state speedup."""
     rows = [
-        [s["step"], s["total"], o["total"], s["gen"], o["gen"], o["wait_rollout_ahead"], o["staleness"]]
+        [
+            s["step"],
+            s["total"],
+            o["total"],
+            s["gen"],
+            o["gen"],
+            o["wait_rollout_ahead"],
+            o["update_actor"],
+            f"{o['update_gen_overlap_s']:.3g} ({100 * o['update_gen_overlap_frac']:.0f}%)",
+            o["staleness"],
+        ]
         for s, o in zip(report["steps"], report["overlap_steps"])
     ]
     summary = report["overlap_summary"]
-    table = bc.markdown_table(
-        ["step", "sync total", "overlap total", "sync gen", "overlap gen (ahead)", "overlap wait", "staleness"], rows
-    )
+    titles = ["step", "sync total", "overlap total", "sync gen", "overlap gen (ahead)", "overlap wait"]
+    table = bc.markdown_table([*titles, "overlap update", "update during gen", "staleness"], rows)
     if summary["speedup"] is None:
         tail = "steady state: needs --steps >= 3"
     else:
         tail = (
             f"steady state (steps {summary['steady_steps']}): {summary['sync_step_s']:.3g} s/step synchronous, "
             f"{summary['overlap_step_s']:.3g} s/step one-step-off: speedup x{summary['speedup']:.2f}"
+        )
+    if summary["update_gen_overlap_frac"] is not None:
+        tail += (
+            f"; {100 * summary['update_gen_overlap_frac']:.0f}% of the update time (steps with a rollout ahead) ran "
+            "while the worker generated the next rollout"
         )
     return "One-step-off (trainer.rollout_overlap) vs synchronous, seconds\n\n" + table + "\n\n" + tail
 

@@ -286,15 +286,18 @@ def build_async_manager(
     config is built from ``recurrent.<enable>.config`` unless given. Reads from
     ``actor_rollout_ref.rollout``: ``chat_template`` (name/path; null = auto),
     ``async_drop_failed_samples`` (False), ``async_max_concurrency`` (null), ``free_cache_engine``
-    (sleep engines after each rollout; True), ``chat_scheduler`` (null or a ChatCompletionProxy
+    (sleep engines after each rollout; True, but never with ``trainer.rollout_overlap``: a rollout running ahead
+    ends during the actor update, and the engine stays awake through it), ``chat_scheduler`` (null or a ChatCompletionProxy
     subclass path), ``response_length`` (default max tokens), ``async_http_server`` (False: also
     serve the proxy on a loopback port, URL in ``manager.proxy.server.url``).
     """
     from omegaconf import OmegaConf
 
+    from verl.trainer.config import TrainerConfig
     from verl.workers.config import ModelConfig, RolloutConfig
 
     rc = RolloutConfig.from_config(config.actor_rollout_ref.rollout)  # absent keys: the YAML's defaults
+    overlap = "trainer" in config and TrainerConfig.from_config(config.trainer).rollout_overlap
     if not (isinstance(register.agent_cls, type) and issubclass(register.agent_cls, AsyncRAgent)):
         raise TypeError(
             f"actor_rollout_ref.rollout.mode=async needs an AsyncRAgent workflow, but the register's agent_cls is "
@@ -336,5 +339,5 @@ def build_async_manager(
         agent,
         drop_failed_samples=rc.async_drop_failed_samples,
         max_concurrency=rc.async_max_concurrency,
-        sleep_after_rollout=rc.free_cache_engine,
+        sleep_after_rollout=rc.free_cache_engine and not overlap,
     )

@@ -233,19 +233,26 @@ class BatchingReplica(Replica):
 def ray_rank_replicas(wg: Any) -> list[Replica]:
     """One :class:`BatchingReplica` per rank of a Ray worker group whose role has
     ``generate(prompts, params_dict, seeds)`` (and optionally ``wake_up_rollout``/``sleep_rollout``)."""
-    role, method = wg._route("generate") if hasattr(wg, "_route") else ("default", "generate")
     has_wake, has_sleep = hasattr(wg, "wake_up_rollout"), hasattr(wg, "sleep_rollout")
+    if hasattr(wg, "call_rank"):  # in the method's concurrency group (the rollout thread, trainer.rollout_overlap)
+        call = wg.call_rank
+    else:
+        role, _ = wg._route("generate") if hasattr(wg, "_route") else ("default", "generate")
+
+        def call(rank, method, *args):
+            return wg.workers[rank].call.remote(role, method, *args)
+
     replicas: list[Replica] = []
-    for rank, host in enumerate(wg.workers):
+    for rank in range(len(wg.workers)):
 
-        def submit(prompts, params, seeds, host=host):
-            return host.call.remote(role, method, prompts, params, seeds)
+        def submit(prompts, params, seeds, rank=rank):
+            return call(rank, "generate", prompts, params, seeds)
 
-        async def wake(host=host):
-            await host.call.remote(role, "wake_up_rollout")
+        async def wake(rank=rank):
+            await call(rank, "wake_up_rollout")
 
-        async def sleep(host=host):
-            await host.call.remote(role, "sleep_rollout")
+        async def sleep(rank=rank):
+            await call(rank, "sleep_rollout")
 
         replicas.append(
             BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None)

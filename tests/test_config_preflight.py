@@ -207,6 +207,16 @@ def test_tensor_parallel_rollout_is_refused_only_where_it_cannot_run(tmp_path):
         "identical batches",
         f"set {key}=1 or actor_rollout_ref.rollout.mode=sync",
     )
+    # one-step-off training runs a rank's generation and its update in two threads: vLLM's TP collectives and
+    # FSDP's would meet in no agreed order; one engine per rank (TP=1, or the HF engine) overlaps
+    _one(
+        _cfg(tmp_path, *vllm, f"{key}=2", "trainer.rollout_overlap=True"),
+        f"trainer.rollout_overlap=True with {key}=2",
+        "deadlock",
+        f"set {key}=1 (one engine per rank) or trainer.rollout_overlap=False",
+    )
+    check_config(_cfg(tmp_path, *vllm, f"{key}=1", "trainer.rollout_overlap=True"))
+    check_config(_cfg(tmp_path, f"{key}=2", "trainer.rollout_overlap=True"))
     model = _model(tmp_path)
 
     def heads(tp: int, **config) -> ConfigError | None:

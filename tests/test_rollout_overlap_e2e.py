@@ -1,6 +1,7 @@
 """End to end: one-step-off training of the memory agent (``trainer.rollout_overlap``) through the real trainer
 (CPU, tiny Qwen2, HF engine, in-process worker), against the same run with the overlap off; then the async memory
-agent on 2 Ray worker processes (colocated engines: the calls interleave), the in-process vLLM engine (CPU build) and
+agent on 2 Ray worker processes (colocated engines: each worker generates in one thread while it trains in another,
+``test_rollout_overlap_threads.py``), the in-process vLLM engine (CPU build) and
 the single-turn trainer; and ``benchmarks/bench_train_step.py --overlap both`` (CPU smoke).
 
 With the overlap on, step k+1's rollout is generated while step k updates the actor, on the engine's pre-update
@@ -104,7 +105,8 @@ def _staleness_and_drift(hist: list[dict]) -> tuple[list[float], list[float]]:
 
 def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, runs):
     """actor_rollout_ref.rollout.mode=async: the agents' coroutines run in the background thread against the
-    engines of 2 Ray worker processes, whose generate calls interleave with the update's in each worker."""
+    engines of 2 Ray worker processes, whose generate calls run in each worker's rollout thread while the update runs
+    in its train thread; the engines stay awake between the rollouts (no sleep after a rollout with the overlap)."""
     hist = main_ppo.run(
         _cfg(
             tmp_path,

@@ -33,6 +33,10 @@ Built-in dispatch modes (:class:`Dispatch`):
   ``dp_rank``) receives the same part, and the result is taken from the single member with
   ``is_collect=True`` in each group, concatenated in ``dp_rank`` order.
 
+``concurrency_group="name"`` runs the method in that Ray concurrency group of the worker process (its own thread)
+when the group's actors were created with it (``RayClassWithInitArgs.update_options({"concurrency_groups": ...})``);
+otherwise the method runs in the default group like any other, one call at a time.
+
 ``blocking=False`` makes the driver call return a
 :class:`~verl.single_controller.ray_worker_group.WorkerGroupFuture` at once; ``wg.get(future)`` waits
 and collects.
@@ -104,6 +108,7 @@ class MethodSpec:
     dispatch: DispatchSpec
     execute: Execute
     blocking: bool
+    concurrency_group: str | None = None  # Ray concurrency group, when the actor defines it (module docstring)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -277,13 +282,17 @@ def register(
     dispatch_mode: Dispatch | DispatchSpec = Dispatch.ALL_TO_ALL,
     execute_mode: Execute = Execute.ALL,
     blocking: bool = True,
+    concurrency_group: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from the driver through a worker group.
 
     The method itself is returned unchanged (it still works when called directly, e.g. in a
-    single-process test); only a :class:`MethodSpec` is attached to it.
+    single-process test); only a :class:`MethodSpec` is attached to it. ``concurrency_group``: see the module
+    docstring.
     """
-    spec = MethodSpec(resolve_dispatch(dispatch_mode), Execute(execute_mode), bool(blocking))
+    if concurrency_group is not None and (not isinstance(concurrency_group, str) or not concurrency_group):
+        raise TypeError(f"concurrency_group must be a non-empty string or None, got {concurrency_group!r}")
+    spec = MethodSpec(resolve_dispatch(dispatch_mode), Execute(execute_mode), bool(blocking), concurrency_group)
 
     def decorate(func: Callable) -> Callable:
         if not callable(func):

@@ -23,6 +23,13 @@ one process per bundle holding one instance per role (same GPU, same process, e.
 + reference). Its group binds role methods with the role as prefix (``wg.actor_compute_log_prob``),
 and ``wg.spawn({"actor", "ref"})`` returns per-role views whose methods carry no prefix
 (``views["actor"].compute_log_prob``). All views share the same processes.
+
+**Concurrency groups.** By default a worker process runs one call at a time (Ray's ``max_concurrency=1``).
+Created with ``update_options({"concurrency_groups": {"rollout": 1, "train": 1}})``, each group is a thread of
+its own: a method registered with ``@register(concurrency_group="rollout")`` runs in the ``rollout`` thread, one
+with ``"train"`` in the ``train`` thread, concurrently, and every other method in the default thread. Calls in
+different groups are not ordered with each other: the driver orders them by waiting for results (the first call
+into a group waits for the workers' start-up).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from verl.single_controller.decorator import Execute, MethodSpec, registered_methods
+from verl.single_controller.decorator import Execute, MethodSpec, get_method_spec, registered_methods
 from verl.single_controller.resource_pool import ResourcePool
 from verl.single_controller.worker import ENV_DEVICE, get_free_port, get_node_ip
 
@@ -301,14 +308,18 @@ class RayWorkerGroup:
         self._role_classes = ray_cls_with_init.role_classes()
         self._colocated = isinstance(ray_cls_with_init, ColocatedClassWithInitArgs)
         self._role: str | None = None if self._colocated else DEFAULT_ROLE
+        # Ray concurrency groups of the actors (``@register(concurrency_group=...)`` routes into them)
+        self._concurrency_groups = frozenset(ray_cls_with_init.options.get("concurrency_groups") or ())
 
         slots = resource_pool.slots()
         resource_pool.claim(self.name_prefix)
-        host_cls = ray.remote(WorkerHost)
+        # Ray takes concurrency groups only in ray.remote(...), not in .options(...)
+        groups = dict(ray_cls_with_init.options.get("concurrency_groups") or {})
+        host_cls = ray.remote(concurrency_groups=groups)(WorkerHost) if groups else ray.remote(WorkerHost)
         gpu_share = 1.0 / resource_pool.max_colocate_count if resource_pool.use_gpu else 0
         hosts = []
         for slot in slots:
-            options = dict(ray_cls_with_init.options)
+            options = {k: v for k, v in ray_cls_with_init.options.items() if k != "concurrency_groups"}
             options.update(
                 num_cpus=resource_pool.cpus_per_worker,
                 num_gpus=gpu_share,
@@ -476,13 +487,35 @@ class RayWorkerGroup:
 
         refs = []
         for rank, (call_args, call_kwargs) in zip(ranks, calls):
-            host = self._hosts[rank]
+            call = self._host_call(self._hosts[rank], role, method)
             refs.append(
-                host.call.remote(
-                    role, method, *[once(v) for v in call_args], **{k: once(v) for k, v in call_kwargs.items()}
-                )
+                call.remote(role, method, *[once(v) for v in call_args], **{k: once(v) for k, v in call_kwargs.items()})
             )
         return refs
+
+    def concurrency_group(self, role: str, method: str) -> str | None:
+        """The Ray concurrency group ``role.method`` runs in: its ``@register(concurrency_group=...)`` when the
+        actors were created with that group, else None (the default group)."""
+        if not self._concurrency_groups:
+            return None
+        spec = get_method_spec(getattr(self._role_classes[role].cls, method, None))
+        group = spec.concurrency_group if spec is not None else None
+        return group if group in self._concurrency_groups else None
+
+    def _host_call(self, host: Any, role: str, method: str) -> Any:
+        group = self.concurrency_group(role, method)
+        if group is None:
+            return host.call
+        # Calls in different groups are not ordered with each other: the start-up (setup, construct) runs in the
+        # default group, so a call into another group must not leave before the worker is built.
+        self.wait_ready()
+        return host.call.options(concurrency_group=group)
+
+    def call_rank(self, rank: int, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call any method on one rank (in its concurrency group) and return the ObjectRef without waiting: for
+        callers that batch and await per rank themselves (e.g. the async rollout's replicas)."""
+        role, method = self._route(method_name)
+        return self._host_call(self._hosts[rank], role, method).remote(role, method, *args, **kwargs)
 
     def _route(self, name: str) -> tuple[str, str]:
         if name in self._methods:

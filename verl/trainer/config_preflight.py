@@ -209,9 +209,10 @@ def rollout_tp_errors(cfg: DictConfig) -> list[str]:
     """``actor_rollout_ref.rollout.tensor_model_parallel_size`` > 1 with vLLM: the ranks form TP groups sharing one
     engine (``verl/workers/rollout/tp_layout.py``). Refused when the model's attention heads cannot be split that many
     ways (vLLM would fail at engine start), or in async mode (its agents send requests one at a time to each rank; a
-    TP engine needs identical batches on all its ranks). That the size divides the number of ranks is
-    ``validate_config``'s rule (``config_schema.py``). The ``hf`` engine runs one process per rank and ignores the
-    key."""
+    TP engine needs identical batches on all its ranks), or with ``trainer.rollout_overlap`` (the ranks' generations
+    run vLLM's tensor-parallel collectives in their rollout threads while the train threads run FSDP's, in no
+    agreed order across ranks: they can deadlock). That the size divides the number of ranks is ``validate_config``'s
+    rule (``config_schema.py``). The ``hf`` engine runs one process per rank and ignores the key."""
     tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     tp = _get(cfg, tp_key, 1)
     if _get(cfg, "actor_rollout_ref.rollout.name") != "vllm" or not isinstance(tp, int) or tp <= 1:
@@ -223,6 +224,13 @@ def rollout_tp_errors(cfg: DictConfig) -> list[str]:
             f"{tp_key}={tp} with actor_rollout_ref.rollout.mode=async: async agents send requests to each rank on "
             f"their own, but the {tp} ranks sharing a tensor-parallel engine must run identical batches; set "
             f"{tp_key}=1 or actor_rollout_ref.rollout.mode=sync"
+        )
+    if _get(cfg, "trainer.rollout_overlap"):
+        errors.append(
+            f"trainer.rollout_overlap=True with {tp_key}={tp}: a tensor-parallel vLLM engine runs collectives across "
+            f"its {tp} ranks while generating, and with the overlap the same ranks run the actor update's FSDP "
+            f"collectives at the same time in another thread, in no order agreed between ranks (a deadlock); set "
+            f"{tp_key}=1 (one engine per rank) or trainer.rollout_overlap=False"
         )
     errors += _attention_heads_errors(tp_key, tp, _get(cfg, "actor_rollout_ref.model.path"))
     return errors

@@ -10,6 +10,14 @@
   full weights and vLLM keeps its shard.
 
 The driver talks to a group of these through ``verl.single_controller`` (see ``ray_trainer``).
+
+**Two threads with ``trainer.rollout_overlap``.** The Ray group is then created with the concurrency groups
+:data:`OVERLAP_CONCURRENCY_GROUPS` (``verl/trainer/ppo/ray_worker_group.py``): ``generate``, ``sleep_rollout`` and
+``wake_up_rollout`` run in the ``rollout`` thread, the FSDP calls (log-probs, update, weight sync, checkpoints) in
+the ``train`` thread, so the next step's generation and this step's update run at the same time in one process.
+The engine is only driven from the rollout thread (its own scheduler thread does the work), the FSDP model and its
+collectives only from the train thread; :class:`~verl.workers.rollout.guard.RolloutGuard` refuses a weight sync,
+sleep or wake-up while a generation is in flight. Without the overlap the worker runs one call at a time.
 """
 
 from __future__ import annotations
@@ -26,10 +34,15 @@ from verl.single_controller import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.settings import plain_values
 from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from verl.workers.rollout.guard import RolloutGuard
 from verl.workers.rollout.tp_layout import ROLLOUT_MESH, RolloutLayout, outputs_digest
 from verl.workers.training_worker import TrainingWorker
 
 logger = logging.getLogger(__name__)
+
+# Ray concurrency groups of the worker with trainer.rollout_overlap: one thread each (see the module docstring)
+ROLLOUT_GROUP, TRAIN_GROUP = "rollout", "train"
+OVERLAP_CONCURRENCY_GROUPS = {ROLLOUT_GROUP: 1, TRAIN_GROUP: 1}
 
 
 def memory_metrics(device: str) -> dict[str, float]:
@@ -87,6 +100,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         super().__init__(config, device)
         self.rollout = None
         self.ref = None
+        self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -263,12 +277,16 @@ class ActorRolloutRefWorker(TrainingWorker):
                 pass
 
     # ------------------------------------------------------------------ rollout
-    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, concurrency_group=ROLLOUT_GROUP)
     def generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None = None):
         """Generate for this rank's prompts; ``seeds`` gives each request its own seed.
 
         With a tensor-parallel engine every rank of a TP group gets the same prompts and seeds; TP rank 0 returns
         the outputs, the others a :class:`GroupDigest` of theirs (``RolloutClient`` checks that they agree)."""
+        with self.rollout_guard.generating("generate"):
+            return self._generate(prompts, params, seeds)
+
+    def _generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None):
         from verl.workers.rollout.base import SamplingParams
 
         sp = SamplingParams.from_dict(params)
@@ -291,14 +309,19 @@ class ActorRolloutRefWorker(TrainingWorker):
 
         return self.rollout.run_on_loop(_all())
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=TRAIN_GROUP)
     def sync_rollout_weights(self) -> float:
         """Push the actor's weights into the rollout engine; return seconds.
 
         The engine's weights wake first, the tensors go in buckets in the engine's dtype straight from the GPU
         (cast before the FSDP all-gather, tied weights once: ``verl/utils/rollout_weights.py``), then the KV
         cache wakes, so the peak memory is weights + training state, never weights + KV cache + a host copy.
+        Refused (RuntimeError) while a generation is in flight on this worker (:class:`RolloutGuard`).
         """
+        with self.rollout_guard.changing("sync_rollout_weights"):
+            return self._sync_weights()
+
+    def _sync_weights(self) -> float:
         import time
 
         from verl.utils.rollout_weights import iter_rollout_weights
@@ -318,22 +341,24 @@ class ActorRolloutRefWorker(TrainingWorker):
             return torch.float32
         return getattr(torch, self.conf.rollout.dtype)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=ROLLOUT_GROUP)
     def wake_up_rollout(self) -> None:
         """Wake the engine with the weights it had; after a sleep that dropped them, sync them again."""
-        if self.rollout.weights_discarded:
-            self.sync_rollout_weights()
-        else:
-            self.rollout.wake_up()
+        with self.rollout_guard.changing("wake_up_rollout"):
+            if self.rollout.weights_discarded:
+                self._sync_weights()
+            else:
+                self.rollout.wake_up()
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=ROLLOUT_GROUP)
     def sleep_rollout(self) -> None:
         """Free the engine's KV cache while training (vLLM on GPU; a no-op elsewhere)."""
         if self.conf.rollout.free_cache_engine:
-            self.rollout.sleep()
+            with self.rollout_guard.changing("sleep_rollout"):
+                self.rollout.sleep()
 
     # ------------------------------------------------------------------ training
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, concurrency_group=TRAIN_GROUP)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         with self._resident("actor"):
             # no entropies: nothing reads them, and they cost a pass over [tokens, vocab] logits (and rule out
@@ -341,7 +366,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"old_log_probs": log_probs})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, concurrency_group=TRAIN_GROUP)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
@@ -349,10 +374,18 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, concurrency_group=TRAIN_GROUP)
     def update_actor(self, data: DataProto) -> dict[str, float]:
+        """The PPO update; with ``perf/update_generation_overlap_{s,frac}``: how long (and which fraction of it) a
+        generation ran on this worker at the same time (``trainer.rollout_overlap``; 0 otherwise)."""
+        import time
+
+        t0, busy0 = time.perf_counter(), self.rollout_guard.busy_seconds()
         with self._resident("actor"):
             metrics = self.actor.update_policy(data)
+        overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
+        metrics["perf/update_generation_overlap_s"] = overlap
+        metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name))
         if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
@@ -361,7 +394,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=TRAIN_GROUP)
     def save_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import save_model_shards
 
@@ -376,7 +409,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 hf_source_path=self.model_path,
             )
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=TRAIN_GROUP)
     def load_checkpoint(self, path: str) -> None:
         from verl.utils.checkpoint import load_model_shards
 

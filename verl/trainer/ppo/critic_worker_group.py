@@ -49,7 +49,7 @@ class LocalCriticGroup:
 def build_ray_actor_and_critic_groups(cfg: DictConfig, device: str):
     """``(actor_wg, critic_wg)`` on Ray, sharing one pool of ``trainer.nnodes x trainer.n_gpus_per_node`` bundles."""
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from verl.trainer.ppo.ray_worker_group import actor_rollout_ref_class
 
     pool = ResourcePool.from_trainer(
         int(cfg.trainer.nnodes),
@@ -60,7 +60,7 @@ def build_ray_actor_and_critic_groups(cfg: DictConfig, device: str):
     )
     actor = RayWorkerGroup(
         pool,
-        RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device),
+        actor_rollout_ref_class(cfg, device),  # with the rollout/train threads under trainer.rollout_overlap
         name_prefix="actor_rollout_ref",
         device=device,
     )

@@ -6,10 +6,10 @@ for that rollout to finish. So every step after the first trains on a batch gene
 (staleness 1), and the rollout overlaps the old/ref log-probs, the update and the driver's own work (rewards,
 advantages, the workflow's prompt building between turns).
 
-How much really runs at once depends on where the engine lives: with the in-process worker (one CPU process) the
-engine's scheduler thread and the actor's update run concurrently; with colocated Ray workers (one process per
-GPU) the worker executes one call at a time, so the generation calls and the training calls interleave and only
-the driver-side work overlaps. Separate rollout GPUs (verl's recipe) are not implemented here.
+Generation and update run at the same time in each worker: the in-process worker (one CPU process) runs the
+engine's scheduler thread next to the actor's update; colocated Ray workers (one process per GPU) are created with
+a ``rollout`` and a ``train`` thread (Ray concurrency groups, ``verl/trainer/ppo/ray_worker_group.py``), where
+generation and the FSDP calls run respectively. Separate rollout GPUs (verl's recipe) are not implemented here.
 
 Policy versions: the actor's weights after step s's update have version s; the engine's are those of its last
 sync. A :class:`Rollout` records the engine's version when it was launched; a step trains it from the actor's
