@@ -408,8 +408,16 @@ def test_first_sigterm_finishes_the_step_checkpoints_and_returns(tiny_model_path
     assert [s for s, _ in CheckpointManager(tmp_path).list_checkpoints()] == [2]  # save_freq=-1: the stop's own
     assert "[sft] SIGTERM: stopped after step 2/4; checkpoint written" in capsys.readouterr().out
     assert signal.getsignal(signal.SIGTERM) is before
+    # SIGTERM while the checkpoint loads: no step runs, nothing new is saved
+    early = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4"))
+    load = early.load_checkpoint
+    early.load_checkpoint = lambda: (load(), os.kill(os.getpid(), signal.SIGTERM))[0]
+    assert early.fit() == [] and early.global_step == 2
+    assert "[sft] SIGTERM: stopping before step 3/4; no step ran" in capsys.readouterr().out
+    assert [s for s, _ in CheckpointManager(tmp_path).list_checkpoints()] == [2]
     resumed = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4")).fit()
     assert [h["step"] for h in resumed] == [3, 4]
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_second_sigterm_abandons_the_step_with_exit_code_143(tiny_model_path, data_file, tmp_path):
