@@ -600,8 +600,9 @@ def test_pipeline_warmup_data_sft_and_warmed_evaluation_on_the_tiny_model(data_d
         "ROOT": str(root),
         "MODEL_PATH": str(tiny_model_path),
         "PYTHON": sys.executable,
-        "SFT_OVERRIDES": "trainer.device=cpu data.train_batch_size=2 data.micro_batch_size_per_gpu=1 optim.lr=1e-3 "
-        "optim.warmup_steps_ratio=0 trainer.total_epochs=1 trainer.logger=[jsonl]",
+        # no data.train_batch_size: the stage's 32 shrinks to the 4 kept conversations (32 > 4 rows is refused)
+        "SFT_OVERRIDES": "trainer.device=cpu data.micro_batch_size_per_gpu=1 optim.lr=1e-3 "
+        "optim.warmup_steps_ratio=0 trainer.total_epochs=2 trainer.logger=[jsonl]",
         "EVAL_ARGS": f"--device cpu --engine hf --dtype float32 --seeds 1 --lengths 1 --chunk-tokens {CHUNK} "
         "--max-memory-tokens 8 --max-final-tokens 8 --max-model-len 1024",
     }
@@ -614,7 +615,8 @@ def test_pipeline_warmup_data_sft_and_warmed_evaluation_on_the_tiny_model(data_d
         f"The number is {6230 + i}. \\boxed{{{6230 + i}}}" for i in range(4)
     ]
     metrics = [json.loads(line) for line in (root / "sft" / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2]  # 4 conversations, 2 per step, one epoch
+    assert [m["step"] for m in metrics] == [1, 2]  # 4 conversations, all 4 per step, two epochs
+    assert [m["train/epoch"] for m in metrics] == [1.0, 2.0]
     warmed, untrained = root / "warmed_model", tiny_model_path
     assert (root / "meta" / "warmed_checkpoint.txt").read_text().strip() == f"{root}/sft/global_step_2"
     assert (warmed / "config.json").is_file() and (warmed / "tokenizer.json").is_file()

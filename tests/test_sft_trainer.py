@@ -269,16 +269,25 @@ def test_loss_is_the_global_token_mean_and_invariant_to_the_micro_batch_size(tin
     for micro in (1, 3, 4):
         trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path / f"m{micro}", "data.shuffle=false",
                                       f"data.micro_batch_size_per_gpu={micro}"))  # fmt: skip
+        seen = []  # the accumulated gradient the optimizer steps with
+        trainer.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, seen=seen, model=trainer.model: seen.extend(
+                p.grad.detach().clone() for p in model.parameters()
+            )
+        )
         metrics = trainer.train_step([0, 1, 2, 3])
         params = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
-        results[micro] = (metrics, params)
+        results[micro] = (metrics, torch.cat([g.flatten() for g in seen]), params)
     reference = _reference_loss(tiny_model_path, trainer.train_dataset, [0, 1, 2, 3])
     tokens = sum(int(trainer.train_dataset[i]["loss_mask"][1:].sum()) for i in range(4))
-    for micro, (metrics, params) in results.items():
+    for micro, (metrics, grads, params) in results.items():
         assert metrics["train/assistant_tokens"] == tokens
         assert metrics["train/loss"] == pytest.approx(reference, rel=1e-5), micro
         assert metrics["train/grad_norm"] == pytest.approx(results[1][0]["train/grad_norm"], rel=1e-5)
-        assert torch.allclose(params, results[1][1], atol=1e-6), (micro, (params - results[1][1]).abs().max())
+        assert torch.allclose(grads, results[1][1], rtol=1e-5, atol=1e-7), (micro, (grads - results[1][1]).abs().max())
+        # Adam's first step moves each weight by ~lr x g / (|g| + eps): for the entries whose gradient is below
+        # eps (1e-8; the smallest here are ~3e-10) float rounding of g shows up at ~1e-6 of the weight
+        assert torch.allclose(params, results[1][2], atol=1e-5), (micro, (params - results[1][2]).abs().max())
     # rows of different lengths and token counts: a mean of per-micro-batch means would differ
     per_row = [_reference_loss(tiny_model_path, trainer.train_dataset, [i]) for i in range(4)]
     assert abs(sum(per_row) / 4 - reference) > 1e-3
@@ -298,6 +307,133 @@ def test_loss_falls_on_the_tiny_model(tiny_model_path, data_file, tmp_path):
     assert losses[0] > 5.0  # ~log(vocab) for the random model
     assert losses[-1] < 0.5 * losses[0], losses
     assert [h["train/epoch"] for h in history][:2] == [0.0, 1.0]  # 8 rows / 4 per batch = 2 steps per epoch
+
+
+def test_fewer_rows_than_one_batch_is_refused_naming_the_file_the_rows_and_the_key(
+    tiny_model_path, data_file, tmp_path
+):
+    # 8 rows and batches of 16: zero optimizer steps per epoch, refused before the model loads
+    with pytest.raises(ValueError, match=r"train\.parquet'\] has 8 rows, fewer than data\.train_batch_size=16"):
+        FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "data.train_batch_size=16"))
+    empty = _write(tmp_path / "empty.parquet", [])
+    with pytest.raises(ValueError, match=r"empty\.parquet has no rows"):  # refused where the rows are read
+        FSDPSFTTrainer(_cfg(tiny_model_path, empty, tmp_path))
+    assert not (tmp_path / "logs").exists()
+
+
+def _loss_and_grads(trainer: FSDPSFTTrainer, batch: dict) -> tuple[float, int, dict[str, torch.Tensor]]:
+    trainer.model.zero_grad(set_to_none=True)
+    nll, count = trainer._nll_sum(batch)
+    (nll / count).backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    trainer.model.zero_grad(set_to_none=True)
+    return float(nll.detach()), count, grads
+
+
+def test_fused_loss_head_matches_the_unfused_loss_and_gradients(tiny_model_path, data_file, tmp_path):
+    """model.use_fused_kernels (default on): the assistant tokens' log-probs from the hidden states in chunks
+    (the RL actor's head), the same loss and gradients as full-vocabulary float32 logits, without those logits."""
+    cfg = _cfg(tiny_model_path, data_file, tmp_path, "model.fused_kernel_options.chunk_size=7",
+               "data.micro_batch_size_per_gpu=4")  # fmt: skip
+    assert cfg.model.use_fused_kernels is True  # the default
+    trainer = FSDPSFTTrainer(cfg)
+    assert trainer.use_fused_kernels and trainer.fused_chunk_size == 7
+    (batch,) = trainer._micro_batches([0, 1, 2, 3], trainer.train_dataset)  # rows of different lengths: padded
+    assert (batch["attention_mask"] == 0).any()
+    shapes = []
+    head = trainer.model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    fused = _loss_and_grads(trainer, batch)
+    trainer.use_fused_kernels = False
+    unfused = _loss_and_grads(trainer, batch)
+    hook.remove()
+    vocab = head.weight.shape[0]
+    assert shapes == [(1, fused[1], 1), (*batch["input_ids"].shape, vocab)]  # no [batch, seq, vocab] when fused
+    assert fused[1] == unfused[1] == int(batch["loss_mask"][:, 1:].sum()) > 7  # several chunks
+    assert fused[0] == pytest.approx(unfused[0], rel=1e-5)
+    assert fused[0] / fused[1] == pytest.approx(_reference_loss(tiny_model_path, trainer.train_dataset, [0, 1, 2, 3]),
+                                                rel=1e-5)  # fmt: skip
+    assert fused[2].keys() == unfused[2].keys() and len(fused[2]) > 5
+    for name, grad in fused[2].items():
+        assert torch.allclose(grad, unfused[2][name], atol=1e-5, rtol=1e-5), (
+            name,
+            (grad - unfused[2][name]).abs().max(),
+        )
+    off = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path / "off", "model.use_fused_kernels=false"))
+    assert off.use_fused_kernels is False
+    with pytest.raises(ValueError, match="model.fused_kernel_options.chunk_size must be an integer >= 1, got 0"):
+        validate_sft_config(_cfg(tiny_model_path, data_file, tmp_path, "model.fused_kernel_options.chunk_size=0"))
+
+
+def test_rows_are_tokenised_once_over_two_epochs(tiny_model_path, data_file, tok, tmp_path):
+    once = _CountingTokenizer(tok, fast=True)
+    dataset = MultiTurnSFTDataset(data_file, once, {})
+    first = [dataset[i] for i in range(len(dataset))]
+    per_epoch = once.calls
+    assert per_epoch >= len(dataset) == 8
+    again = [dataset[i] for i in range(len(dataset))]  # a second epoch reads the cache
+    assert once.calls == per_epoch and all(a is b for a, b in zip(first, again))
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_epochs=2"))
+    counting = trainer.train_dataset.tokenizer = _CountingTokenizer(tok, fast=True)
+    history = trainer.fit()
+    assert [h["train/epoch"] for h in history] == [0.0, 1.0, 1.0, 2.0]  # 2 epochs of 2 steps
+    assert counting.calls == per_epoch  # every row tokenised in the first epoch only
+
+
+def _sigterm_in_step(trainer: FSDPSFTTrainer, at_step: int, times: int) -> None:
+    """Send SIGTERM to this process ``times`` times at the start of step ``at_step`` (1-based)."""
+    import signal
+
+    real = trainer.train_step
+
+    def step(indices):
+        if trainer.global_step + 1 == at_step:
+            for _ in range(times):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real(indices)
+
+    trainer.train_step = step
+
+
+def test_first_sigterm_finishes_the_step_checkpoints_and_returns(tiny_model_path, data_file, tmp_path, capsys):
+    import signal
+
+    from verl.utils.checkpoint import CheckpointManager
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4"))
+    _sigterm_in_step(trainer, at_step=2, times=1)
+    history = trainer.fit()
+    assert [h["step"] for h in history] == [1, 2]
+    assert [s for s, _ in CheckpointManager(tmp_path).list_checkpoints()] == [2]  # save_freq=-1: the stop's own
+    assert "[sft] SIGTERM: stopped after step 2/4; checkpoint written" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) is before
+    # SIGTERM while the checkpoint loads: no step runs, nothing new is saved
+    early = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4"))
+    load = early.load_checkpoint
+    early.load_checkpoint = lambda: (load(), os.kill(os.getpid(), signal.SIGTERM))[0]
+    assert early.fit() == [] and early.global_step == 2
+    assert "[sft] SIGTERM: stopping before step 3/4; no step ran" in capsys.readouterr().out
+    assert [s for s, _ in CheckpointManager(tmp_path).list_checkpoints()] == [2]
+    resumed = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4")).fit()
+    assert [h["step"] for h in resumed] == [3, 4]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_second_sigterm_abandons_the_step_with_exit_code_143(tiny_model_path, data_file, tmp_path):
+    import signal
+
+    from verl.trainer.ppo.signals import ABANDONED_EXIT_CODE, StepAbandoned
+    from verl.utils.checkpoint import CheckpointManager
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, "trainer.total_training_steps=4"))
+    _sigterm_in_step(trainer, at_step=2, times=2)
+    with pytest.raises(StepAbandoned) as abandoned:
+        trainer.fit()
+    assert abandoned.value.code == ABANDONED_EXIT_CODE == 143
+    assert trainer.global_step == 1 and CheckpointManager(tmp_path).find_latest() is None  # nothing half-done saved
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_resume_after_a_stop_continues_like_an_uninterrupted_run(tiny_model_path, data_file, tmp_path):

@@ -112,9 +112,16 @@ warmup_data() {
         --out "$ROOT/warmup/warmup.parquet"
 }
 sft() {  # SFT on the warm-up's final turns; the last checkpoint's merged weights become $ROOT/warmed_model
-    "${PY[@]}" -m verl.trainer.main_sft "data.train_files=$ROOT/warmup/warmup.parquet" \
+    # batches of 32 conversations, or all of them when the warm-up kept fewer (the trainer refuses a training set
+    # smaller than one batch: zero optimizer steps); SFT_OVERRIDES may still set data.train_batch_size
+    local data="$ROOT/warmup/warmup.parquet" rows batch=32
+    rows=$("${PY[@]}" -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
+        "$data") || return
+    case $rows in '' | *[!0-9]*) ;; *) [ "$rows" -lt "$batch" ] && batch=$rows ;; esac
+    [ "$batch" -ge 1 ] || { echo "sft: $data has no rows: the warm-up kept no conversation" >&2; return 1; }
+    "${PY[@]}" -m verl.trainer.main_sft "data.train_files=$data" \
         "model.partial_pretrain=$MODEL_PATH" "trainer.default_local_dir=$ROOT/sft" \
-        data.max_length=1024 data.train_batch_size=32 data.micro_batch_size_per_gpu=8 \
+        data.max_length=1024 "data.train_batch_size=$batch" data.micro_batch_size_per_gpu=8 \
         optim.lr=2e-5 trainer.total_epochs=3 trainer.max_ckpt_to_keep=1 "trainer.logger=[console,jsonl]" \
         trainer.progress_bar=false trainer.project_name=memagent-miniature trainer.experiment_name=format-warmup \
         "hydra.run.dir=$ROOT/sft/hydra" "${SFT_EXTRA[@]}" || return

@@ -10,7 +10,11 @@ Loss: the token-mean negative log-likelihood of the assistant tokens of the glob
 batch and splits them into micro-batches of ``data.micro_batch_size_per_gpu``; every micro-batch loss is
 ``sum(nll * mask) / global_assistant_tokens`` (the count all-reduced over ranks before the first micro-batch),
 multiplied by the world size under FSDP (which averages gradients over ranks). The accumulated gradient is the
-gradient of the global token mean, whatever the micro-batch size or the number of ranks.
+gradient of the global token mean, whatever the micro-batch size or the number of ranks. With
+``model.use_fused_kernels`` (default) the NLL comes from the hidden states of the assistant positions in chunks
+(``verl.workers.actor.fused_logprob``), never full-vocabulary float32 logits; the same numbers. A training set with
+fewer rows than ``data.train_batch_size`` (zero optimizer steps) is refused at start. Rows are tokenised once
+(cached by the dataset). SIGTERM stops gracefully (``FSDPSFTTrainer.fit``).
 
 Checkpoints (``verl.utils.checkpoint``) under ``trainer.default_local_dir``: ``global_step_N/actor`` (sharded
 model, optimizer, LR schedule, RNG per rank, ``huggingface/`` config + tokenizer) and ``global_step_N/data.pt``
@@ -58,6 +62,13 @@ def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
         )
     if not isinstance(micro, int) or micro < 1:
         raise ValueError(f"data.micro_batch_size_per_gpu must be an integer >= 1, got {micro!r}")
+    chunk = OmegaConf.select(cfg, "model.fused_kernel_options.chunk_size")
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ValueError(f"model.fused_kernel_options.chunk_size must be an integer >= 1, got {chunk!r}")
+    if not isinstance(OmegaConf.select(cfg, "model.use_fused_kernels"), bool):
+        raise ValueError(
+            f"model.use_fused_kernels must be true or false, got {OmegaConf.select(cfg, 'model.use_fused_kernels')!r}"
+        )
     if str(optim.get("lr_scheduler", "cosine")) not in LR_SCHEDULERS:
         raise ValueError(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {optim.get('lr_scheduler')!r}")
     ratio = float(optim.get("warmup_steps_ratio", 0.0) or 0.0)
@@ -93,6 +104,7 @@ class FSDPSFTTrainer:
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self.train_dataset = MultiTurnSFTDataset(file_list(data["train_files"]), self.tokenizer, data)
+        self._check_enough_rows(file_list(data["train_files"]), len(self.train_dataset), int(data["train_batch_size"]))
         val_files = file_list(data.get("val_files"))
         self.val_dataset = MultiTurnSFTDataset(val_files, self.tokenizer, data) if val_files else None
         # every rank iterates the same global batches of row indices and tokenises only its own rows
@@ -110,6 +122,16 @@ class FSDPSFTTrainer:
         self.global_step = 0
 
     # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _check_enough_rows(files: list[str], rows: int, batch: int) -> None:
+        """Batches are full (the last partial one of an epoch is dropped): fewer rows than one batch would give
+        zero optimizer steps."""
+        if rows < batch:
+            raise ValueError(
+                f"data.train_files {files} has {rows} rows, fewer than data.train_batch_size={batch}: that is zero "
+                f"optimizer steps per epoch; set data.train_batch_size to at most {rows} or add rows"
+            )
+
     def _init_distributed(self) -> None:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.rank = int(os.environ.get("RANK", 0))
@@ -129,6 +151,7 @@ class FSDPSFTTrainer:
     def _build_model_and_optimizer(self) -> None:
         from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer, init_fsdp_mesh
         from verl.utils.model_loading import load_causal_lm
+        from verl.workers.actor.fused_logprob import supports_fused_head
 
         mc, oc = self.config.model, self.config.optim
         torch.manual_seed(int(self.config.trainer.get("seed", 1)))
@@ -149,6 +172,9 @@ class FSDPSFTTrainer:
             )
             model = apply_fsdp2(model, mesh=mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None)
         self.model = model
+        # the fused log-prob head needs the plain output projection (not a model that soft-caps its logits)
+        self.use_fused_kernels = bool(mc.use_fused_kernels) and supports_fused_head(model)
+        self.fused_chunk_size = int(mc.fused_kernel_options.chunk_size)
         self.optimizer = build_optimizer(
             model, lr=float(oc.lr), weight_decay=float(oc.get("weight_decay", 0.01)), betas=tuple(oc.betas)
         )
@@ -179,21 +205,37 @@ class FSDPSFTTrainer:
         return [sft_collate(items[k : k + micro], self.pad_token_id) for k in range(0, len(items), micro)]
 
     def _nll_sum(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """Summed NLL of the batch's assistant tokens (token t is predicted at position t - 1) and their count."""
+        """Summed NLL of the batch's assistant tokens (token t is predicted at position t - 1) and their count.
+
+        ``model.use_fused_kernels``: the log-probs of the assistant tokens come straight from the hidden states
+        of their predicting positions, ``fused_kernel_options.chunk_size`` tokens at a time
+        (``verl.workers.actor.fused_logprob``, the RL actor's head), never ``[batch, seq, vocab]`` float32 logits;
+        the same numbers as the unfused path."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        logits = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        ).logits
-        mask = batch["loss_mask"][:, 1:].float()
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        mask = batch["loss_mask"][:, 1:].bool()
+        count = int(mask.sum().item())
+        if self.use_fused_kernels:
+            from verl.workers.actor.fused_logprob import chunked_log_probs, lm_head_override
+
+            labels = batch["input_ids"][:, 1:][mask]
+
+            def head(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+                hidden = hidden_states[:, :-1][mask]  # [assistant tokens, H]
+                bias = getattr(module, "bias", None)
+                log_probs, _ = chunked_log_probs(hidden, module.weight, labels, bias, 1.0, self.fused_chunk_size)
+                return log_probs[None, :, None]  # returned as output.logits
+
+            with lm_head_override(self.model, head):
+                log_probs = self.model(**inputs, use_cache=False).logits.reshape(-1)
+            return -log_probs.sum(), count
+        logits = self.model(**inputs, use_cache=False).logits
         nll = F.cross_entropy(
             logits[:, :-1].float().reshape(-1, logits.shape[-1]),
             batch["input_ids"][:, 1:].reshape(-1),
             reduction="none",
         ).view_as(mask)
-        return (nll * mask).sum(), int(mask.sum().item())
+        return (nll * mask.float()).sum(), count
 
     def _balanced(self, micro_batches: list[dict], dataset: MultiTurnSFTDataset) -> list[tuple[dict, bool]]:
         """Every rank must run the same number of forward passes under FSDP: a rank with fewer micro-batches
@@ -313,13 +355,43 @@ class FSDPSFTTrainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> list[dict[str, float]]:
-        """Train to ``total_steps`` (from the resumed step); return the logged metrics of this run (rank 0)."""
+        """Train to ``total_steps`` (from the resumed step); return the logged metrics of this run (rank 0).
+
+        SIGTERM (``verl.trainer.ppo.signals.GracefulStop``, as the RL trainer): the first one lets the step in
+        flight finish, writes its checkpoint and returns (exit code 0); a second one abandons the step or the
+        checkpoint write (``StepAbandoned``, exit code 143) and the latest complete checkpoint stays the one to
+        resume from. Under several processes the ranks agree on the stop after each step (one all-reduce)."""
+        from verl.trainer.ppo.signals import GracefulStop, StepAbandoned
+
+        with GracefulStop() as stop:  # installed before the resume: a SIGTERM while loading is a stop, too
+            try:
+                stop.doing = "loading the checkpoint to resume from"
+                self.load_checkpoint()
+                return self._loop(stop)
+            except BaseException as exc:
+                if not (isinstance(exc, StepAbandoned) or stop.abandoned):
+                    raise
+                if self.rank == 0:
+                    print(
+                        f"[sft] abandoned {stop.doing} on a second {stop.signal_name}; nothing new was saved. "
+                        f"Latest checkpoint: {self.checkpoints.find_latest() or 'none'}",
+                        flush=True,
+                    )
+                if isinstance(exc, StepAbandoned):
+                    raise
+                raise StepAbandoned() from exc  # exit code 143 even when a library re-raised it as its own error
+
+    def _stop_requested(self, stop: Any) -> bool:
+        if self.world_size == 1:
+            return stop.requested
+        return self._all_reduce([float(stop.requested)], dist.ReduceOp.MAX)[0] > 0
+
+    def _loop(self, stop: Any) -> list[dict[str, float]]:
         from tqdm.auto import tqdm
 
         from verl.utils.tracking import Tracking
 
         tc = self.config.trainer
-        self.load_checkpoint()
         tracker = None
         if self.rank == 0:
             tracker = Tracking(
@@ -342,6 +414,11 @@ class FSDPSFTTrainer:
         try:
             while self.global_step < self.total_steps:
                 for indices in self.train_loader:
+                    if not history and self._stop_requested(stop):  # SIGTERM before the first step of this run
+                        self._say(f"{stop.signal_name}: stopping before step {self.global_step + 1}/"
+                                  f"{self.total_steps}; no step ran, so no checkpoint is written")  # fmt: skip
+                        return history
+                    stop.doing = f"step {self.global_step + 1}/{self.total_steps}"
                     metrics = self.train_step(indices)
                     self.global_step += 1
                     step, last = self.global_step, self.global_step >= self.total_steps
@@ -354,15 +431,17 @@ class FSDPSFTTrainer:
                     history.append({"step": step, **metrics})
                     bar.update(1)
                     bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
-                    if last or out_of_time or (save_freq > 0 and step % save_freq == 0):
+                    signalled = not last and self._stop_requested(stop)
+                    if last or out_of_time or signalled or (save_freq > 0 and step % save_freq == 0):
+                        stop.doing = f"the checkpoint of step {step}"
                         self.save_checkpoint(step)
+                    if signalled:
+                        self._say(f"{stop.signal_name}: stopped after step {step}/{self.total_steps}; checkpoint "
+                                  f"written; run the same command with trainer.resume_mode=auto to continue")  # fmt: skip
+                        return history
                     if out_of_time and not last:
-                        if self.rank == 0:
-                            print(
-                                f"[sft] stopping at step {step}/{self.total_steps} (trainer.max_wall_time_s="
-                                f"{max_wall}); run the same command with trainer.resume_mode=auto to continue",
-                                flush=True,
-                            )
+                        self._say(f"stopping at step {step}/{self.total_steps} (trainer.max_wall_time_s={max_wall}); "
+                                  "run the same command with trainer.resume_mode=auto to continue")  # fmt: skip
                         return history
                     if last:
                         break
@@ -371,3 +450,7 @@ class FSDPSFTTrainer:
             if tracker is not None:
                 tracker.finish()
         return history
+
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[sft] {message}", flush=True)

@@ -123,7 +123,9 @@ def _as_messages(value: Any, where: str) -> list[dict]:
 
 
 class MultiTurnSFTDataset(torch.utils.data.Dataset):
-    """SFT rows as ``{"input_ids", "loss_mask"}`` (1-D long tensors), tokenised on access.
+    """SFT rows as ``{"input_ids", "loss_mask"}`` (1-D long tensors), tokenised on first access and kept: later
+    epochs (and validation passes) read the cached tensors instead of templating and tokenising again. The cache
+    holds only the rows this process reads (under FSDP each rank tokenises its own share).
 
     Args:
         files: parquet / json / jsonl path(s).
@@ -159,6 +161,7 @@ class MultiTurnSFTDataset(torch.utils.data.Dataset):
                 for p, r in zip(df[pkey], df[rkey])
             ]
         self.sources = [str(s) for s in df["_source_file"]]
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
 
     @staticmethod
     def _need_column(df: Any, key: str, config_key: str) -> None:
@@ -170,6 +173,12 @@ class MultiTurnSFTDataset(torch.utils.data.Dataset):
         return len(self.conversations)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        index = int(index)
+        if index not in self._cache:
+            self._cache[index] = self._tokenize(index)
+        return self._cache[index]
+
+    def _tokenize(self, index: int) -> dict[str, torch.Tensor]:
         try:
             ids, mask = tokenize_with_assistant_mask(self.tokenizer, self.conversations[index], self.chat_template)
         except ValueError as error:
