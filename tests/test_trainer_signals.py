@@ -79,9 +79,14 @@ def _logged_steps(out: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def _start(overrides: list[str], log: Path) -> subprocess.Popen:
+def _start(overrides: list[str], log: Path, ray_address: str | None = None) -> subprocess.Popen:
+    """``ray_address``: join that running cluster through ``RAY_ADDRESS`` (the command line stays the same)
+    instead of starting a local one (~8 s of a 2-core machine per run)."""
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={log.parent / 'hydra'}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
     with log.open("w") as f:
         return subprocess.Popen(cmd, cwd=str(log.parent), env=env, stdout=f, stderr=subprocess.STDOUT)
 
@@ -108,14 +113,30 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> tuple[
 
 def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resumes(tiny_model_path, tmp_path):
     out = tmp_path / "run"
-    overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=["trainer.save_freq=-1", "trainer.test_freq=-1"])
+    # trainer.ray_num_cpus=null: the runs that join the test's Ray cluster may not size it
+    extra = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.ray_num_cpus=null"]
+    overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=extra)
     manager = CheckpointManager(out)
 
-    # 1. SIGTERM while step 2 runs (sent as soon as step 1 is logged)
+    # 1. SIGTERM while step 2 runs (sent as soon as step 1 is logged); this run starts (and stops) its own Ray
     log1 = tmp_path / "first.log"
     proc = _start(overrides, log1)
     _wait_for(lambda: 1 in _logged_steps(out), proc, log1)
     proc.send_signal(signal.SIGTERM)
+    # runs 2 and 3 join one cluster started here while run 1 winds down: the same command (RAY_ADDRESS in the
+    # environment), without two more Ray start-ups. Run 1 keeps the SIGTERM handler of a self-started Ray head.
+    try:
+        ray.init(num_cpus=1, include_dashboard=False)
+    except BaseException:
+        proc.kill()
+        raise
+    try:
+        _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+
+
+def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_address) -> None:
     rc, text = _finish(proc, log1)
     assert rc == 0, text[-4000:]
     assert "[trainer] SIGTERM received: finishing step " in text
@@ -130,7 +151,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resu
 
     # 2. the same command resumes there; two SIGTERMs abandon the step in flight: exit 143, no new checkpoint
     log2 = tmp_path / "second.log"
-    proc = _start(overrides, log2)
+    proc = _start(overrides, log2, ray_address)
     _wait_for(lambda: "[trainer] resumed from" in log2.read_text(), proc, log2)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
@@ -145,7 +166,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resu
 
     # 3. the same command again runs to the end; every step is in metrics.jsonl exactly once
     log3 = tmp_path / "third.log"
-    proc = _start(overrides, log3)
+    proc = _start(overrides, log3, ray_address)
     rc, text = _finish(proc, log3)
     assert rc == 0, text[-4000:]
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
