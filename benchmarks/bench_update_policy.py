@@ -47,7 +47,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -56,6 +55,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import SHAPES, shape_config  # noqa: E402  (also puts the repository root on sys.path)
+from device_timing import timed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
@@ -211,22 +211,6 @@ def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
             advantages=advantages.float(),
         )
     )
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, steps: int, device: torch.device) -> float:
-    """Seconds per call of ``fn(i)`` (mean over calls ``i = 1..steps`` after the warm-up call ``fn(0)``)."""
-    fn(0)
-    sync(device)
-    start = time.perf_counter()
-    for i in range(1, steps + 1):
-        fn(i)
-    sync(device)
-    return (time.perf_counter() - start) / steps
 
 
 def global_sum(value: float, device: torch.device) -> float:

@@ -81,6 +81,7 @@ import time
 from pathlib import Path
 
 import torch
+from device_timing import timed  # verl-free: the upstream side imports it too
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -327,22 +328,6 @@ def _setup_distributed(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn, steps: int, device: torch.device) -> float:
-    """Seconds per call of ``fn(i)``, mean over ``i = 1..steps`` after the warm-up call ``fn(0)``."""
-    fn(0)
-    _sync(device)
-    start = time.perf_counter()
-    for i in range(1, steps + 1):
-        fn(i)
-    _sync(device)
-    return (time.perf_counter() - start) / steps
-
-
 def _peak_mem(device: torch.device) -> dict:
     """Peak device memory since the last call (then reset); on CPU the process's peak RSS so far."""
     if device.type == "cuda":
@@ -401,7 +386,7 @@ def run_this_side(side: str, workdir: Path) -> dict:
         batches[i].batch["old_log_probs"] = info["log_prob"](actor, batches[i])
 
     _peak_mem(device)
-    log_prob_seconds = _timed(log_prob_call, spec["steps"], device)
+    log_prob_seconds = timed(log_prob_call, spec["steps"], device)
     lp_mem = _peak_mem(device)
     torch.save(batches[0].batch["old_log_probs"].cpu(), workdir / f"log_probs0_{side}.pt")
     first: dict = {}
@@ -411,7 +396,7 @@ def run_this_side(side: str, workdir: Path) -> dict:
         if i == 0:
             first.update(info["first_step"](metrics))
 
-    update_seconds = _timed(update_call, spec["steps"], device)
+    update_seconds = timed(update_call, spec["steps"], device)
     up_mem = _peak_mem(device)
     first["micro_batches"], parts = info["partition"](actor, batches[0])
     first["pg_loss_expected_on_policy"] = _expected_pg_loss(parts, info["rule"])

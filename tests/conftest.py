@@ -17,6 +17,23 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_cached(tmp_path_factory.mktemp("tiny_model"))
 
 
+@pytest.fixture(scope="session")
+def varied_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its projection weights x8, saved as a folder: a random-init tiny model with tied
+    embeddings just repeats the last prompt token; scaling makes greedy continuations vary."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2 and "embed" not in name:
+                weight.mul_(8.0)
+    out = tmp_path_factory.mktemp("varied_tiny")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
+    return out
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked ``gpu`` without a CUDA GPU and tests marked ``vllm`` without vLLM."""
     has_gpu = torch.cuda.is_available()

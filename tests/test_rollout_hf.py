@@ -17,17 +17,6 @@ from verl.workers.rollout.hf_sampling import apply_top_k_top_p
 PROMPTS = [[5, 6, 7], [100, 200, 300, 400, 500, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 77, 78], [1000, 1001]]
 
 
-def _varied_model(base_path) -> torch.nn.Module:
-    """The tiny model with its projection weights scaled x8: a random-init tiny model with tied
-    embeddings just repeats the last prompt token; scaling makes greedy continuations vary."""
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if weight.dim() == 2 and "embed" not in name:
-                weight.mul_(8.0)
-    return model.eval()
-
-
 def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     other = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(seed)
@@ -51,8 +40,9 @@ def _forward_logits(model: torch.nn.Module, prompt: list[int], response: list[in
 
 
 @pytest.fixture(scope="module")
-def varied_model(tiny_model_path) -> torch.nn.Module:
-    return _varied_model(tiny_model_path)
+def varied_model(varied_path) -> torch.nn.Module:
+    """The tiny model with its projection weights x8 (conftest's ``varied_path``): greedy continuations vary."""
+    return AutoModelForCausalLM.from_pretrained(varied_path, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from tests.test_config import compose_config
 from verl.trainer.ppo.trainer_core import RolloutClient
@@ -153,20 +153,6 @@ def test_rollout_client_one_engine_per_rank_is_unchanged():
 
 
 # ------------------------------------------------------------------------------------------------ CPU, 2 ranks
-
-
-@pytest.fixture(scope="module")
-def varied_path(tiny_model_path, tmp_path_factory):
-    """The tiny model with its projection weights x8, so greedy continuations vary (as in test_rollout_vllm)."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if weight.dim() == 2 and "embed" not in name:
-                weight.mul_(8.0)
-    out = tmp_path_factory.mktemp("varied_tiny_tp")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
-    return out
 
 
 def _hf_greedy(model_path, scale: float = 1.0) -> list[list[int]]:

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from verl.workers.rollout import SamplingParams
 
@@ -44,20 +44,6 @@ def _forward_logprobs(model, prompt, response, temperature=1.0, top_k=None):
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None])[:, 0]
-
-
-@pytest.fixture(scope="module")
-def varied_path(tiny_model_path, tmp_path_factory):
-    """The tiny model with projection weights x8 (so greedy continuations vary), saved as a folder."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if weight.dim() == 2 and "embed" not in name:
-                weight.mul_(8.0)
-    out = tmp_path_factory.mktemp("varied_tiny")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -33,10 +33,17 @@ def compute_rollout_is_weights(
     """
     if threshold <= 0:
         raise ValueError(f"algorithm.rollout_is_threshold must be > 0, got {threshold}")
-    log_ratio = torch.clamp(old_log_prob.float() - rollout_log_prob.float(), min=-20.0, max=20.0)
-    weights = torch.exp(log_ratio).clamp(max=float(threshold))
-    valid = response_mask.bool() & (rollout_log_prob != 0)
+    ratio, valid = _ratio_and_valid(old_log_prob, rollout_log_prob, response_mask)
+    weights = ratio.clamp(max=float(threshold))
     return torch.where(valid, weights, torch.ones_like(weights)).detach()
+
+
+def _ratio_and_valid(
+    old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``exp(clamp(old - rollout, -20, 20))`` and the mask of response tokens that have an engine log-prob."""
+    ratio = torch.exp(torch.clamp(old_log_prob.float() - rollout_log_prob.float(), min=-20.0, max=20.0))
+    return ratio, response_mask.bool() & (rollout_log_prob != 0)
 
 
 def rollout_is_metrics(
@@ -48,11 +55,10 @@ def rollout_is_metrics(
 ) -> dict[str, float]:
     """``rollout/is_weight_{mean,min,max}`` over response tokens with an engine log-prob, and
     ``rollout/is_truncated_frac``: the fraction of them whose ratio exceeded the cap."""
-    valid = response_mask.bool() & (rollout_log_prob != 0)
+    ratio, valid = _ratio_and_valid(old_log_prob, rollout_log_prob, response_mask)
     if not bool(valid.any()):
         return {}
-    w = weights[valid]
-    ratio = torch.exp(torch.clamp(old_log_prob.float() - rollout_log_prob.float(), min=-20.0, max=20.0))[valid]
+    w, ratio = weights[valid], ratio[valid]
     return {
         "rollout/is_weight_mean": float(w.mean()),
         "rollout/is_weight_min": float(w.min()),
