@@ -172,15 +172,8 @@ class BrokenWorker(Worker):
 
 
 # --------------------------------------------------------------------------------------------------
-# fixtures: one Ray instance, three groups for the whole module
+# fixtures: the session's Ray cluster (conftest.py), the groups for the whole module
 # --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +198,9 @@ def groups(ray_cluster) -> dict[str, RayWorkerGroup]:
     }
     for future in (made["g4"].preload(), made["g3"].actor_preload(), made["g2"].preload()):
         assert isinstance(future, WorkerGroupFuture)  # not waited for: later calls queue behind it
-    return made
+    yield made
+    for group in made.values():
+        group.shutdown()  # the shared cluster gets its CPUs back
 
 
 @pytest.fixture(scope="module")

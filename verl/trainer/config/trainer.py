@@ -118,6 +118,10 @@ class TrainerConfig(BaseConfig):
     def world_size(self) -> int:
         return self.nnodes * self.n_gpus_per_node
 
+    def runs_in_process(self, device: str) -> bool:
+        """The actor (and critic) workers run in the trainer's process: one CPU rank, no ``force_ray_workers``."""
+        return self.world_size == 1 and device == "cpu" and not self.force_ray_workers
+
     @property
     def local_dir(self) -> str:
         """``default_local_dir``, or the YAML's ``checkpoints/<project_name>/<experiment_name>`` when null."""
