@@ -75,7 +75,8 @@ class TrainerConfig(BaseConfig):
     max_critic_ckpt_to_keep: Optional[int] = None
     # Seconds to wait for Ray workers to register.
     ray_wait_register_center_timeout: int = 300
-    # Ray cluster: null = start a local cluster; "auto" = join the running cluster; or an address.
+    # Ray cluster, when Ray is needed (not for one in-process CPU rank with the naive reward manager):
+    # null = start a local cluster; "auto" = join the running cluster; or an address.
     ray_address: Optional[str] = None
     # CPUs for a locally started Ray cluster; null = all.
     ray_num_cpus: Optional[int] = None
