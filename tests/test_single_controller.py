@@ -403,6 +403,24 @@ def test_pool_refuses_to_starve_helper_tasks(ray_cluster):
         ResourcePool([2], use_gpu=True, name_prefix="gpu").slots()
 
 
+def test_the_last_group_released_removes_the_placement_groups(ray_cluster):
+    """A driver that outlives its worker groups (the tests, a notebook, main_ppo.run called twice) gets the CPUs of
+    a pool back when its last group shuts down; the pool makes new placement groups for a later group."""
+    from ray.util.placement_group import placement_group_table
+
+    pool = ResourcePool([2], use_gpu=False, cpus_per_worker=0.1, max_colocate_count=2, name_prefix="lastout")
+    pgs = pool.placement_groups()
+    pool.claim("actor")
+    pool.claim("critic")
+    pool.release("actor")
+    assert [placement_group_table(pg)["state"] for pg in pgs] == ["CREATED"]  # the critic still uses it
+    pool.release("critic")
+    assert [placement_group_table(pg)["state"] for pg in pgs] == ["REMOVED"]
+    again = pool.placement_groups()
+    assert again and again[0].id != pgs[0].id
+    pool.remove()
+
+
 def test_pool_hosts_at_most_max_colocate_count_groups(group2):
     # a second group on a full pool would wait for its bundles forever: refused before any process starts
     with pytest.raises(ValueError, match=r"already hosts \['g2'\] and has max_colocate_count=1"):
