@@ -134,6 +134,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resu
 def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_address) -> None:
     rc, text = _finish(proc, log1)
     assert rc == 0, text[-4000:]
+    assert "Started a local Ray instance." in text  # the SIGTERM reached a trainer that started its own Ray head
     assert "[trainer] SIGTERM received: finishing step " in text
     latest = manager.find_latest()
     assert latest is not None, text[-4000:]
@@ -154,6 +155,7 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     proc.send_signal(signal.SIGTERM)
     rc, text = _finish(proc, log2)
     assert rc == 143, text[-4000:]
+    assert f"Connecting to existing Ray cluster at address: {ray_address}" in text
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
     assert "[trainer] second SIGTERM received: abandoning " in text
     assert f"nothing new was saved. Latest checkpoint: {latest}." in text
@@ -164,6 +166,7 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     proc = _start(overrides, log3, ray_address)
     rc, text = _finish(proc, log3)
     assert rc == 0, text[-4000:]
+    assert f"Connecting to existing Ray cluster at address: {ray_address}" in text
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
     assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
 
