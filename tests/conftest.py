@@ -55,10 +55,21 @@ def _ray_held(ray, timeout: float = 30.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
+def _kill_named_actors(ray) -> None:
+    """A named actor is what a later module could find (``get_if_exists``, ``ray.get_actor``), e.g. the thread
+    reward manager's ``RewardActor_0``, kept alive by handles that wait for garbage collection: none outlives its
+    module, as when each module had a cluster of its own."""
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        try:
+            ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]))
+        except ValueError:  # gone meanwhile
+            pass
+
+
 def _needs_ray_later(session: pytest.Session, module: pytest.Module) -> bool:
     """Does a test after ``module`` (in run order) use ``ray_cluster``?"""
     items = session.items
-    last = max((i for i, item in enumerate(items) if item.module is module.obj), default=len(items))
+    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is module.obj), default=len(items))
     return any("ray_cluster" in getattr(item, "fixturenames", ()) for item in items[last + 1 :])
 
 
@@ -78,6 +89,8 @@ def ray_cluster(request: pytest.FixtureRequest):
         ray.init(num_cpus=RAY_TEST_CPUS, include_dashboard=False, runtime_env=_RAY_RUNTIME_ENV)
         _shared_ray["address"] = ray.get_runtime_context().gcs_address
     yield _shared_ray["address"]
+    if ray.is_initialized():
+        _kill_named_actors(ray)
     held = _ray_held(ray) if ray.is_initialized() else {}
     if held or not _needs_ray_later(request.session, request.node):
         ray.shutdown()
