@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -127,8 +128,20 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resu
     _wait_for(lambda: 1 in _logged_steps(out), proc, log1)
     proc.send_signal(signal.SIGTERM)
     # runs 2 and 3 join the session's cluster: the same command (RAY_ADDRESS in the environment), without two more
-    # Ray start-ups. Run 1 keeps the SIGTERM handler of a self-started Ray head.
-    _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_cluster)
+    # Ray start-ups. Run 1 keeps the SIGTERM handler of a self-started Ray head. The cluster already runs the reward
+    # actor (started here while run 1 winds down), which the trainers reuse by name instead of starting their own.
+    from verl.workers.reward_manager.thread import RewardActorPool
+
+    try:
+        pool = RewardActorPool()
+    except BaseException:
+        proc.kill()
+        raise
+    try:
+        _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_cluster)
+    finally:
+        for actor in pool.actors:
+            ray.kill(actor)
 
 
 def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_address) -> None:
