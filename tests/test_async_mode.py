@@ -760,17 +760,15 @@ def _toy_rollout_worker_cls():
     return ToyRollout
 
 
-def test_ray_worker_group_replicas(tok):
+def test_ray_worker_group_replicas(tok, ray_cluster):
     """Each rank is a replica: requests are routed per rank, coalesced into batched ``generate``
     calls, and wake/sleep reach every rank through the workers' hooks."""
-    ray = pytest.importorskip("ray")
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    wg = RayWorkerGroup(
+        ResourcePool([2], use_gpu=False, name_prefix="toyrollout"), RayClassWithInitArgs(_toy_rollout_worker_cls())
+    )
     try:
-        wg = RayWorkerGroup(
-            ResourcePool([2], use_gpu=False, name_prefix="toyrollout"), RayClassWithInitArgs(_toy_rollout_worker_cls())
-        )
         p = ChatCompletionProxy(wg, tok)
         try:
 
@@ -794,4 +792,4 @@ def test_ray_worker_group_replicas(tok):
             assert sum(batches) == 4 and len(batches) < 4  # coalesced
             assert events[:2] == ["sleep", "wake"] and set(events[2:]) == {"gen"}
     finally:
-        ray.shutdown()
+        wg.shutdown()

@@ -137,6 +137,7 @@ def test_run_passes_logging_checkpoint_and_ray_keys(recorded_run):
         "trainer.max_actor_ckpt_to_keep=2",
         "trainer.ray_address=auto",
         "trainer.ray_num_cpus=3",
+        "trainer.force_ray_workers=True",  # a worker group on Ray: the trainer starts (here: joins) Ray
     )
     t = seen["tracking"]
     assert (t["project_name"], t["experiment_name"], t["default_backend"]) == ("proj", "exp", ["console", "jsonl"])
@@ -144,7 +145,8 @@ def test_run_passes_logging_checkpoint_and_ray_keys(recorded_run):
     assert seen["ckpt"].root == tmp / "ck2" and seen["ckpt"].max_ckpt_to_keep == 2
     assert seen["ray_init"]["address"] == "auto" and seen["ray_init"]["num_cpus"] == 3
     # ray_init.num_cpus (upstream) wins over trainer.ray_num_cpus
-    assert recorded_run("trainer.ray_num_cpus=3", "ray_init.num_cpus=5")["ray_init"]["num_cpus"] == 5
+    ray_run = recorded_run("trainer.ray_num_cpus=3", "ray_init.num_cpus=5", "trainer.force_ray_workers=True")
+    assert ray_run["ray_init"]["num_cpus"] == 5
 
 
 def test_run_sizes_the_loaders_and_the_step_count(recorded_run):
@@ -160,10 +162,14 @@ def test_run_sizes_the_loaders_and_the_step_count(recorded_run):
 
 
 def test_run_picks_device_and_worker_group_from_the_cluster_keys(recorded_run):
-    assert recorded_run()["wg"] == ("local", "cpu")
-    assert recorded_run("trainer.n_gpus_per_node=2")["wg"] == ("ray", "cpu")
-    assert recorded_run("trainer.nnodes=2")["wg"] == ("ray", "cpu")
-    assert recorded_run("trainer.force_ray_workers=True")["wg"] == ("ray", "cpu")
+    local = recorded_run("trainer.ray_address=auto")
+    assert local["wg"] == ("local", "cpu")
+    assert "ray_init" not in local  # one in-process rank, naive rewards: nothing runs on Ray, none is started
+    for key in ("trainer.n_gpus_per_node=2", "trainer.nnodes=2", "trainer.force_ray_workers=True"):
+        seen = recorded_run(key)
+        assert seen["wg"] == ("ray", "cpu") and seen["ray_init"]["address"] is None, key
+    # the thread reward manager's actors live on Ray: started for it alone, too
+    assert recorded_run("reward_model.reward_manager=thread")["ray_init"]["include_dashboard"] is False
 
 
 def test_run_loads_the_reward_manager_and_custom_reward_function(recorded_run):

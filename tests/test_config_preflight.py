@@ -407,11 +407,19 @@ def test_main_ppo_run_fails_at_launch_before_tokenizer_model_or_ray(tmp_path, mo
     def must_not_run(*args, **kwargs):
         raise AssertionError("loaded before the launch checks refused the config")
 
+    ray_was_up = ray.is_initialized()  # the session's shared test cluster may be running
     monkeypatch.setattr(model_loading, "load_tokenizer", must_not_run)
     monkeypatch.setattr(model_loading, "load_causal_lm", must_not_run)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # any start of Ray reaches ray.init
     monkeypatch.setattr(ray, "init", must_not_run)
     missing = tmp_path / "no_model"
-    cfg = _cfg(tmp_path, f"actor_rollout_ref.model.path={missing}", "algorithm.adv_estimator=remax")
+    # force_ray_workers: a layout that needs Ray (one in-process CPU rank alone runs without it)
+    cfg = _cfg(
+        tmp_path,
+        f"actor_rollout_ref.model.path={missing}",
+        "algorithm.adv_estimator=remax",
+        "trainer.force_ray_workers=True",
+    )
     start = time.monotonic()
     with pytest.raises(ConfigError) as info:
         main_ppo.run(cfg)
@@ -419,7 +427,8 @@ def test_main_ppo_run_fails_at_launch_before_tokenizer_model_or_ray(tmp_path, mo
     assert len(info.value.errors) == 2
     assert f"actor_rollout_ref.model.path={missing} is not a local folder" in str(info.value)
     assert "algorithm.adv_estimator=remax" in str(info.value)
-    assert not ray.is_initialized()
+    monkeypatch.undo()
+    assert ray.is_initialized() == ray_was_up
 
 
 def test_single_turn_trainer_raises_the_launch_check_message(tmp_path):

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -37,13 +36,6 @@ from verl.workers.critic.critic_worker import load_value_model
 CONFIG_DIR = str(Path(main_ppo.__file__).parent / "config")
 PARITY_REWARD = Path(__file__).parent / "fixtures" / "parity_reward.py"
 CLIP = 0.2
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +326,7 @@ def test_two_ray_ranks_match_one_process(gae_runs):
         assert two[key] == pytest.approx(one[key], rel=1e-3), key
 
 
-def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path, ray_cluster):
+def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path):
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -349,7 +341,7 @@ def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path, ray_cluster):
     assert "critic/vf_loss" in h and "actor/pg_loss" not in h and "timing_s/update_actor" not in h
 
 
-def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster):
+def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path):
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -366,7 +358,7 @@ def test_single_turn_grpo_without_critic(tiny_model_path, tmp_path, ray_cluster)
     assert h["critic/score/mean"] == h["critic/score/mean"]
 
 
-def test_rloo_with_kl_in_reward(tiny_model_path, tmp_path, ray_cluster):
+def test_rloo_with_kl_in_reward(tiny_model_path, tmp_path):
     """Rewards = score - beta * KL(actor || ref) per token: 0 at step 1 (same weights), > 0 once the actor moved."""
     hist = main_ppo.run(
         _cfg(

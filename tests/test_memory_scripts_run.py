@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import ray
 from omegaconf import open_dict
 
 import verl.trainer.config_keys as config_keys
@@ -62,7 +61,7 @@ def justified_in_differences(key: str) -> bool:
 
 
 @pytest.mark.slow
-def test_memory_scripts_run_one_scaled_down_step(tiny_model_path, tmp_path, monkeypatch):
+def test_memory_scripts_run_one_scaled_down_step(tiny_model_path, tmp_path, monkeypatch, ray_cluster):
     """Both scripts train one step on CPU; the start-up table of inert keys holds only keys justified in
     docs/differences.md (today: data.context_key).
 
@@ -89,26 +88,21 @@ def test_memory_scripts_run_one_scaled_down_step(tiny_model_path, tmp_path, monk
     with open_dict(as_written):
         apply_config_aliases(as_written)
     check_config(as_written)
-    started_here = not ray.is_initialized()
     runs = {
         "run_memory_7B.sh": overrides("run_memory_7B.sh") + SCALE_DOWN,
         "run_memory_14B.sh": original_14b + SCALE_DOWN + TP_14B,
     }
-    try:
-        for script, args in runs.items():
-            tables.clear()
-            history = main_ppo.run(compose_config(args))
-            assert [h["step"] for h in history] == [1], script
-            step = history[0]
-            assert step["trajectory/count"] == 4  # 2 questions x rollout.n 2
-            assert step["trajectory/num_conv/max"] >= 2  # memory turns over the chunks, then the final answer
-            assert step["actor/num_mini_batches"] == 1 and step["actor/lr"] > 0
-            assert "val-core/hotpotqa/reward/mean@1" in step  # the last step validates (test_freq=5)
-            name = script.removeprefix("run_memory_").removesuffix(".sh")
-            assert (tmp_path / "proj" / "memory_agent" / name / "global_step_1").is_dir()  # save_freq=10: last step
-            (table,) = tables
-            assert [i.key for i in table] == ["data.context_key"], script
-            assert all(justified_in_differences(i.key) for i in table)
-    finally:
-        if started_here and ray.is_initialized():
-            ray.shutdown()
+    for script, args in runs.items():
+        tables.clear()
+        history = main_ppo.run(compose_config(args))
+        assert [h["step"] for h in history] == [1], script
+        step = history[0]
+        assert step["trajectory/count"] == 4  # 2 questions x rollout.n 2
+        assert step["trajectory/num_conv/max"] >= 2  # memory turns over the chunks, then the final answer
+        assert step["actor/num_mini_batches"] == 1 and step["actor/lr"] > 0
+        assert "val-core/hotpotqa/reward/mean@1" in step  # the last step validates (test_freq=5)
+        name = script.removeprefix("run_memory_").removesuffix(".sh")
+        assert (tmp_path / "proj" / "memory_agent" / name / "global_step_1").is_dir()  # save_freq=10: last step
+        (table,) = tables
+        assert [i.key for i in table] == ["data.context_key"], script
+        assert all(justified_in_differences(i.key) for i in table)

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 from transformers import AutoTokenizer
 
 from recurrent.utils import build_conversation_batch
 from verl.protocol import DataProto
 from verl.workers.reward_manager import get_reward_manager_cls, load_reward_manager
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    ray.shutdown()
 
 
 def _batch(tok, answers, golds):

@@ -15,7 +15,6 @@ was sampled by the previous weights); the TIS weights that correct for it are ca
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 
 import verl.trainer.main_ppo as main_ppo
@@ -30,8 +29,6 @@ QUIET = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_path, tmp_path_factory):
-    started_here = not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     tmp = tmp_path_factory.mktemp("overlap")
     torch.manual_seed(0)
     overlap = main_ppo.run(
@@ -44,9 +41,7 @@ def runs(tiny_model_path, tmp_path_factory):
         )
     )
     sync = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "off"), 3, extra=QUIET))
-    yield {"on": {h["step"]: h for h in overlap}, "off": {h["step"]: h for h in sync}}
-    if started_here:
-        ray.shutdown()
+    return {"on": {h["step"]: h for h in overlap}, "off": {h["step"]: h for h in sync}}
 
 
 def test_overlap_trains_on_rollouts_one_step_stale(runs):
@@ -103,7 +98,7 @@ def _staleness_and_drift(hist: list[dict]) -> tuple[list[float], list[float]]:
     )
 
 
-def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, runs):
+def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, ray_cluster):
     """actor_rollout_ref.rollout.mode=async: the agents' coroutines run in the background thread against the
     engines of 2 Ray worker processes, whose generate calls run in each worker's rollout thread while the update runs
     in its train thread; the engines stay awake between the rollouts (no sleep after a rollout with the overlap)."""
@@ -127,7 +122,7 @@ def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, t
     assert hist[-1]["trajectory/num_conv/min"] >= 4 and hist[-1]["rollout/is_weight_mean"] != 1.0
 
 
-def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path, runs):
+def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path):
     hist = main_ppo.run(
         single_turn_cfg(
             tmp_path,
@@ -149,7 +144,7 @@ def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path, runs):
     assert all(h["actor/pg_loss"] == h["actor/pg_loss"] for h in hist)
 
 
-def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_model_path, tmp_path, runs, capsys):
+def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_model_path, tmp_path, capsys):
     """``benchmarks/bench_train_step.py --overlap both`` (CPU smoke, tiny): both runs in one process, same data."""
     import json
     import sys
@@ -175,7 +170,7 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
 
 
 @pytest.mark.vllm
-def test_overlap_with_the_vllm_engine(tiny_model_path, tmp_path, runs):
+def test_overlap_with_the_vllm_engine(tiny_model_path, tmp_path):
     """rollout.name=vllm (in-process vLLM, CPU build): the rollout running ahead uses the engine while the actor
     updates in the same process; the sync after it loads the new weights."""
     vllm = [

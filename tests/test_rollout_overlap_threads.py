@@ -36,15 +36,6 @@ QUIET = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save
 GEN_SECONDS = 0.5  # added to every generate call of the recording worker: the tiny model decodes in milliseconds
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    started_here = not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    if started_here:
-        ray.shutdown()
-
-
 # ------------------------------------------------------------------------------------------ concurrency groups
 
 
@@ -76,7 +67,7 @@ class MeetingWorker(Worker):
         return threading.current_thread().name
 
 
-def test_concurrency_groups_run_rollout_and_train_calls_at_once(ray_local):
+def test_concurrency_groups_run_rollout_and_train_calls_at_once(ray_cluster):
     cls = RayClassWithInitArgs(MeetingWorker).update_options({"concurrency_groups": dict(OVERLAP_CONCURRENCY_GROUPS)})
     threaded = RayWorkerGroup(ResourcePool([1], use_gpu=False, name_prefix="meet2"), cls, name_prefix="meet2")
     single = RayWorkerGroup(
@@ -237,7 +228,7 @@ class RecordingWorker(ActorRolloutRefWorker):
 
 
 def test_next_rollout_generates_while_the_update_runs_on_the_same_ray_worker(
-    tiny_model_path, tmp_path, ray_local, monkeypatch
+    tiny_model_path, tmp_path, ray_cluster, monkeypatch
 ):
     import verl.trainer.ppo.ray_worker_group as ray_wg
     from verl.single_controller import ray_worker_group as sc

@@ -234,17 +234,12 @@ def _tokens(outputs) -> list[list[int]]:
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_two_ranks_share_one_tp_engine_and_sync_weights_per_shard(device, varied_path):
-    import ray
-
+def test_two_ranks_share_one_tp_engine_and_sync_weights_per_shard(device, varied_path, ray_cluster):
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 
     world = 2
     if device == "cuda" and torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=world, num_gpus=world if device == "cuda" else 0, include_dashboard=False)
     pool = ResourcePool([world], use_gpu=device == "cuda", name_prefix="tp_rollout")
     wg = RayWorkerGroup(
         pool, RayClassWithInitArgs(TPProbeWorker, _worker_config(varied_path, world, device), device=device)
@@ -284,5 +279,3 @@ def test_two_ranks_share_one_tp_engine_and_sync_weights_per_shard(device, varied
         assert wg.execute_all("shutdown_keeps_the_process_group") == [True, True]
     finally:
         wg.shutdown()
-        if started_here:
-            ray.shutdown()

@@ -172,15 +172,8 @@ class BrokenWorker(Worker):
 
 
 # --------------------------------------------------------------------------------------------------
-# fixtures: one Ray instance, three groups for the whole module
+# fixtures: the session's Ray cluster (conftest.py), the groups for the whole module
 # --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +198,9 @@ def groups(ray_cluster) -> dict[str, RayWorkerGroup]:
     }
     for future in (made["g4"].preload(), made["g3"].actor_preload(), made["g2"].preload()):
         assert isinstance(future, WorkerGroupFuture)  # not waited for: later calls queue behind it
-    return made
+    yield made
+    for group in made.values():
+        group.shutdown()  # the shared cluster gets its CPUs back
 
 
 @pytest.fixture(scope="module")
@@ -406,6 +401,24 @@ def test_pool_refuses_to_starve_helper_tasks(ray_cluster):
         ResourcePool([4], use_gpu=False, cpus_per_worker=0.5, name_prefix="greedy").slots()
     with pytest.raises(ValueError, match="needs 2 GPUs"):
         ResourcePool([2], use_gpu=True, name_prefix="gpu").slots()
+
+
+def test_the_last_group_released_removes_the_placement_groups(ray_cluster):
+    """A driver that outlives its worker groups (the tests, a notebook, main_ppo.run called twice) gets the CPUs of
+    a pool back when its last group shuts down; the pool makes new placement groups for a later group."""
+    from ray.util.placement_group import placement_group_table
+
+    pool = ResourcePool([2], use_gpu=False, cpus_per_worker=0.1, max_colocate_count=2, name_prefix="lastout")
+    pgs = pool.placement_groups()
+    pool.claim("actor")
+    pool.claim("critic")
+    pool.release("actor")
+    assert [placement_group_table(pg)["state"] for pg in pgs] == ["CREATED"]  # the critic still uses it
+    pool.release("critic")
+    assert [placement_group_table(pg)["state"] for pg in pgs] == ["REMOVED"]
+    again = pool.placement_groups()
+    assert again and again[0].id != pgs[0].id
+    pool.remove()
 
 
 def test_pool_hosts_at_most_max_colocate_count_groups(group2):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -92,8 +91,7 @@ def _cfg(tmp: Path, model: Path, out: str, steps: int, extra=()):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_path, tmp_path_factory):
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+def runs(tiny_model_path, tmp_path_factory, ray_cluster):
     tmp = tmp_path_factory.mktemp("e2e")
     torch.manual_seed(0)
     first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2))
@@ -109,8 +107,7 @@ def runs(tiny_model_path, tmp_path_factory):
             extra=["trainer.n_gpus_per_node=2", "trainer.val_before_train=False"],
         )
     )
-    yield {"first": first, "resumed": resumed, "straight": straight, "two_ranks": two_ranks, "tmp": tmp}
-    ray.shutdown()
+    return {"first": first, "resumed": resumed, "straight": straight, "two_ranks": two_ranks, "tmp": tmp}
 
 
 def test_two_steps_with_multiple_chunks_and_finite_metrics(runs):
@@ -214,10 +211,9 @@ def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, r
 
 
 @pytest.mark.gpu
-def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
+def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path, ray_cluster):
     """The same launch path on GPUs: Ray workers, FSDP2 over NCCL (bf16 compute), HF engine on CUDA."""
     ngpu = min(2, torch.cuda.device_count())
-    started_here = not ray.is_initialized()
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -240,8 +236,6 @@ def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path):
         assert h["actor/grad_norm"] > 0 and h["actor/grad_norm"] == h["actor/grad_norm"]
         assert h["perf/throughput"] > 0
     assert (tmp_path / "g" / "global_step_2" / "COMPLETE").exists()
-    if started_here:
-        ray.shutdown()  # leave no cluster behind for other modules' fixtures
 
 
 def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):

@@ -81,7 +81,7 @@ def _logged_steps(out: Path) -> list[int]:
 
 def _start(overrides: list[str], log: Path, ray_address: str | None = None) -> subprocess.Popen:
     """``ray_address``: join that running cluster through ``RAY_ADDRESS`` (the command line stays the same)
-    instead of starting a local one (~8 s of a 2-core machine per run)."""
+    instead of starting a local one (5-9 s of a 2-core machine per run)."""
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={log.parent / 'hydra'}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
     env.pop("RAY_ADDRESS", None)
@@ -111,10 +111,14 @@ def _finish(proc: subprocess.Popen, log: Path, timeout: float = 300.0) -> tuple[
     return rc, log.read_text()
 
 
-def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resumes(tiny_model_path, tmp_path):
+def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resumes(
+    tiny_model_path, tmp_path, ray_cluster
+):
     out = tmp_path / "run"
-    # trainer.ray_num_cpus=null: the runs that join the test's Ray cluster may not size it
+    # trainer.ray_num_cpus=null: the runs that join the session's Ray cluster may not size it. The thread reward
+    # manager (Ray actors) makes the trainer start Ray: a single CPU rank with the naive one runs without it.
     extra = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.ray_num_cpus=null"]
+    extra.append("reward_model.reward_manager=thread")
     overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=extra)
     manager = CheckpointManager(out)
 
@@ -123,22 +127,27 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_the_same_command_resu
     proc = _start(overrides, log1)
     _wait_for(lambda: 1 in _logged_steps(out), proc, log1)
     proc.send_signal(signal.SIGTERM)
-    # runs 2 and 3 join one cluster started here while run 1 winds down: the same command (RAY_ADDRESS in the
-    # environment), without two more Ray start-ups. Run 1 keeps the SIGTERM handler of a self-started Ray head.
+    # runs 2 and 3 join the session's cluster: the same command (RAY_ADDRESS in the environment), without two more
+    # Ray start-ups. Run 1 keeps the SIGTERM handler of a self-started Ray head. The cluster already runs the reward
+    # actor (started here while run 1 winds down), which the trainers reuse by name instead of starting their own.
+    from verl.workers.reward_manager.thread import RewardActorPool
+
     try:
-        ray.init(num_cpus=1, include_dashboard=False)
+        pool = RewardActorPool()
     except BaseException:
         proc.kill()
         raise
     try:
-        _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray.get_runtime_context().gcs_address)
+        _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_cluster)
     finally:
-        ray.shutdown()
+        for actor in pool.actors:
+            ray.kill(actor)
 
 
 def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_address) -> None:
     rc, text = _finish(proc, log1)
     assert rc == 0, text[-4000:]
+    assert "Started a local Ray instance." in text  # the SIGTERM reached a trainer that started its own Ray head
     assert "[trainer] SIGTERM received: finishing step " in text
     latest = manager.find_latest()
     assert latest is not None, text[-4000:]
@@ -159,6 +168,7 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     proc.send_signal(signal.SIGTERM)
     rc, text = _finish(proc, log2)
     assert rc == 143, text[-4000:]
+    assert f"Connecting to existing Ray cluster at address: {ray_address}" in text
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
     assert "[trainer] second SIGTERM received: abandoning " in text
     assert f"nothing new was saved. Latest checkpoint: {latest}." in text
@@ -169,22 +179,13 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     proc = _start(overrides, log3, ray_address)
     rc, text = _finish(proc, log3)
     assert rc == 0, text[-4000:]
+    assert f"Connecting to existing Ray cluster at address: {ray_address}" in text
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
     assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
 
 
-@pytest.fixture
-def ray_cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, ignore_reinit_error=True)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step_once(
-    tiny_model_path, tmp_path, monkeypatch, capsys, ray_cluster
+    tiny_model_path, tmp_path, monkeypatch, capsys
 ):
     """The save of step 3 crashes right after the checkpoint is complete (like a kill at that moment): step 3's
     metrics and validation are already in metrics.jsonl. The resumed run starts from checkpoint 3 and logs steps 4

@@ -282,9 +282,8 @@ def test_verl_use_external_modules_imports_a_recipe_with_import_verl():
 
 @pytest.fixture(scope="module")
 def recipe_run(tiny_model_path, tmp_path_factory):
-    """2 steps of 2 prompts x 2 responses, one mini-batch per step, with the recipe's estimator and reward."""
-    import ray
-
+    """2 steps of 2 prompts x 2 responses, one mini-batch per step, with the recipe's estimator and reward (in the
+    test's process: the recipe records its calls)."""
     from tests.test_critic import _cfg
     from verl.trainer import main_ppo
 
@@ -305,11 +304,7 @@ def recipe_run(tiny_model_path, tmp_path_factory):
             "trainer.save_freq=-1",
         ],
     )
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    try:
-        history = main_ppo.run(cfg)
-    finally:
-        ray.shutdown()
+    history = main_ppo.run(cfg)
     return {"steps": {h["step"]: h for h in history if h["step"] > 0}, "calls": list(recipe.CALLS)}
 
 

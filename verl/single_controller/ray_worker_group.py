@@ -553,7 +553,8 @@ class RayWorkerGroup:
         return ray.get(value, timeout=timeout)
 
     def shutdown(self) -> None:
-        """Kill the worker processes (also for every view of a colocated group)."""
+        """Kill the worker processes (also for every view of a colocated group); the pool's placement groups go
+        with its last group."""
         import ray
 
         for host in self._hosts:

@@ -285,9 +285,12 @@ class ResourcePool:
         self._groups.append(group_name)
 
     def release(self, group_name: str) -> None:
-        """Forget a worker group (after its processes were killed)."""
+        """Forget a worker group (after its processes were killed); the last one out removes the placement groups,
+        so a driver that outlives its trainer gets the CPUs/GPUs back (a later group on this pool makes new ones)."""
         if group_name in self._groups:
             self._groups.remove(group_name)
+            if not self._groups:
+                self.remove()
 
     def remove(self) -> None:
         """Remove the placement groups (kill the worker groups using them first)."""

@@ -29,10 +29,16 @@ def pick_device(conf: PPOConfig) -> str:
     return dev
 
 
+def needs_ray(conf: PPOConfig, device: str) -> bool:
+    """Ray is started (or joined) only for what runs on it: the worker groups of every layout but one
+    in-process CPU rank (``TrainerConfig.runs_in_process``) and the ``thread`` reward manager's actors. A single
+    CPU rank with the ``naive`` manager runs without Ray (no cluster start-up of several seconds)."""
+    return not conf.trainer.runs_in_process(device) or conf.reward_model.reward_manager == "thread"
+
+
 def build_worker_group(cfg: DictConfig, device: str):
     """One worker per rank: in-process for a single CPU rank, else a Ray worker group."""
-    trainer = TrainerConfig.from_config(cfg.trainer)
-    if trainer.world_size == 1 and device == "cpu" and not trainer.force_ray_workers:
+    if TrainerConfig.from_config(cfg.trainer).runs_in_process(device):
         from verl.trainer.ppo.local_worker_group import LocalWorkerGroup
 
         return LocalWorkerGroup(cfg.actor_rollout_ref, device)
@@ -102,7 +108,7 @@ def run(cfg: DictConfig) -> list[dict]:
         if use_critic:
             cfg.critic.optim.total_training_steps = int(total_steps)
 
-    if not ray.is_initialized():
+    if needs_ray(conf, device) and not ray.is_initialized():
         ray.init(
             address=conf.trainer.ray_address,
             num_cpus=conf.trainer.ray_num_cpus,

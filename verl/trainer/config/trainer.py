@@ -75,7 +75,8 @@ class TrainerConfig(BaseConfig):
     max_critic_ckpt_to_keep: Optional[int] = None
     # Seconds to wait for Ray workers to register.
     ray_wait_register_center_timeout: int = 300
-    # Ray cluster: null = start a local cluster; "auto" = join the running cluster; or an address.
+    # Ray cluster, when Ray is needed (not for one in-process CPU rank with the naive reward manager):
+    # null = start a local cluster; "auto" = join the running cluster; or an address.
     ray_address: Optional[str] = None
     # CPUs for a locally started Ray cluster; null = all.
     ray_num_cpus: Optional[int] = None
@@ -117,6 +118,10 @@ class TrainerConfig(BaseConfig):
     @property
     def world_size(self) -> int:
         return self.nnodes * self.n_gpus_per_node
+
+    def runs_in_process(self, device: str) -> bool:
+        """The actor (and critic) workers run in the trainer's process: one CPU rank, no ``force_ray_workers``."""
+        return self.world_size == 1 and device == "cpu" and not self.force_ray_workers
 
     @property
     def local_dir(self) -> str:

@@ -74,8 +74,7 @@ def build_actor_and_critic_groups(cfg: DictConfig, device: str):
     """``(actor_wg, critic_wg)``: in-process for a single CPU rank (as ``main_ppo.build_worker_group``), else Ray."""
     from verl.trainer.config import TrainerConfig
 
-    trainer = TrainerConfig.from_config(cfg.trainer)
-    if trainer.world_size == 1 and device == "cpu" and not trainer.force_ray_workers:
+    if TrainerConfig.from_config(cfg.trainer).runs_in_process(device):
         from verl.trainer.ppo.local_worker_group import LocalWorkerGroup
 
         return LocalWorkerGroup(cfg.actor_rollout_ref, device), LocalCriticGroup(cfg.critic, device)
