@@ -11,6 +11,9 @@ register (``@register_adv_est``, ``@register_policy_loss``) can be selected by n
 import os
 
 from verl.protocol import DataProto, DataProtoItem
+from verl.utils.compile_threads import remember_user_setting
+
+remember_user_setting()  # before any vLLM import overrides TORCHINDUCTOR_COMPILE_THREADS (compile_threads.py)
 
 __version__ = "0.1.0"
 

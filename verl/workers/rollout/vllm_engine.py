@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.compile_threads import restore_after_vllm
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
 from verl.workers.rollout.weight_sync import (
     BEGIN_UPDATE_RPC,
@@ -251,6 +252,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args)
         else:
             self._driver = _AsyncLLMDriver(args)
+        # vLLM made inductor compile serially for this whole process; the trainer's compiles need the pool
+        restore_after_vllm()
         self.max_model_len = self._driver.max_model_len
         self.tokenizer = self._driver.tokenizer
 
