@@ -107,7 +107,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--layout",
         choices=["synthetic", "memagent"],
         default="synthetic",
-        help="--count-only rows: the synthetic batch of the timed run, or memory-agent turns (--conversations ...)",
+        help="rows (timed runs and --count-only): synthetic (--rows, --prompt-len, --response-len) or the turns of "
+        "memory-agent trajectories (--conversations, --chunks, --chunk, --memory, --final-len, --question-len)",
     )
     p.add_argument("--conversations", type=int, default=16, help="memagent layout: trajectories per GPU")
     p.add_argument("--chunks", type=int, default=8, help="memagent layout: memory turns per trajectory")
@@ -188,9 +189,18 @@ def build_model(args, device: torch.device):
 def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
     """Left-padded prompts and right-padded responses with random lengths and tokens."""
     gen = torch.Generator().manual_seed(seed)
-    rows, plen, rlen = args.rows, args.prompt_len, args.response_len
-    prompt_lens = torch.randint(max(1, plen // 2), plen + 1, (rows,), generator=gen)
-    response_lens = torch.randint(max(1, rlen // 4), rlen + 1, (rows,), generator=gen)
+    if getattr(args, "layout", "synthetic") == "memagent":  # the turns of memory-agent trajectories
+        from update_counts import memagent_lengths
+
+        prompts, responses = memagent_lengths(
+            args.conversations, args.chunks, args.chunk, args.memory, args.final_len, args.question_len, seed=seed
+        )
+        rows, plen, rlen = len(prompts), max(prompts), max(responses)
+        prompt_lens, response_lens = torch.tensor(prompts), torch.tensor(responses)
+    else:
+        rows, plen, rlen = args.rows, args.prompt_len, args.response_len
+        prompt_lens = torch.randint(max(1, plen // 2), plen + 1, (rows,), generator=gen)
+        response_lens = torch.randint(max(1, rlen // 4), rlen + 1, (rows,), generator=gen)
     input_ids = torch.randint(10, vocab_size, (rows, plen + rlen), generator=gen)
     columns = torch.arange(plen + rlen)
     prompt_valid = (columns < plen) & (columns >= plen - prompt_lens.unsqueeze(1))
@@ -340,7 +350,8 @@ def main(argv=None) -> dict:
         "fused_kernels": actor.use_fused_kernels,
         "calculate_entropy": args.calculate_entropy,
         "param_dtype": args.param_dtype,
-        "rows_per_gpu": args.rows,
+        "rows_per_gpu": int(batches[0].batch["input_ids"].shape[0]),
+        "layout": args.layout,
         "tokens_global_per_call": tokens,
         "token_budget": args.token_budget,
         **check,

@@ -39,3 +39,21 @@ def test_memagent_lengths_shape():
         p, r = prompts[turns], responses[turns]
         assert p[1:3] == [512 + r[0] + 100, 512 + r[1] + 100]  # the memory written by the previous turn
         assert p[3] == r[2] + 100 and 64 <= min(r[:3]) and max(r[:3]) <= 128 and 24 <= r[3] <= 96
+
+
+def test_timed_runs_use_the_memagent_rows():
+    """``bench_update_policy.py --layout memagent`` times the memory-agent turns, not the synthetic rows."""
+    from argparse import Namespace
+
+    from bench_update_policy import synthetic_batch
+
+    args = Namespace(
+        layout="memagent", conversations=2, chunks=3, chunk=512, memory=128, final_len=96, question_len=100
+    )
+    batch = synthetic_batch(args, vocab_size=1000, seed=7)
+    prompts, responses = memagent_lengths(2, 3, 512, 128, 96, 100, seed=7)
+    mask = batch.batch["attention_mask"]
+    width = mask.shape[1] - batch.batch["responses"].shape[1]
+    assert width == max(prompts) and batch.batch["responses"].shape[1] == max(responses)
+    assert mask[:, :width].sum(-1).tolist() == prompts
+    assert mask[:, width:].sum(-1).tolist() == responses
