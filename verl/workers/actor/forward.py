@@ -49,6 +49,7 @@ from torch import nn
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
+from verl.workers.actor.packed_block_mask import packed_attention_mask
 
 __all__ = [
     "supports_logits_to_keep",
@@ -252,6 +253,19 @@ def _scatter(
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
+def _packed_model_kwargs(model: nn.Module, packed: PackedRows, use_logits_to_keep: bool) -> dict:
+    """Model inputs of packed rows: ids, restarting position_ids, the predictor positions as ``logits_to_keep``
+    and, under flex_attention, the block-diagonal causal ``BlockMask`` built without a compile
+    (``packed_block_mask.packed_attention_mask``; other implementations get no mask)."""
+    kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
+    if use_logits_to_keep:
+        kwargs["logits_to_keep"] = packed.predictor_index
+    block_mask = packed_attention_mask(model, packed.position_ids)
+    if block_mask is not None:
+        kwargs["attention_mask"] = block_mask
+    return kwargs
+
+
 def _warn_fallback() -> None:
     global _warned_fallback
     if not _warned_fallback:
@@ -344,11 +358,10 @@ def forward_response_log_probs(
         backend=fused_backend,
     )
     if packed is not None and use_fused_kernels:
-        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
         index = packed.predictor_index
         token_log_probs, token_entropy = _fused_forward(
             model,
-            dict(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs),
+            _packed_model_kwargs(model, packed, use_logits_to_keep),
             (lambda hidden: hidden[0]) if use_logits_to_keep else (lambda hidden: hidden[0, index]),
             packed.input_ids[0, packed.label_index],
             **fused,
@@ -357,8 +370,7 @@ def forward_response_log_probs(
         return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
 
     if packed is not None:
-        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
-        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs)
+        output = model(**_packed_model_kwargs(model, packed, use_logits_to_keep), use_cache=False)
         logits = output.logits[0] if use_logits_to_keep else output.logits[0, packed.predictor_index]
         logits = logits.float()
         if temperature != 1.0:
