@@ -19,6 +19,8 @@ What is checked (CPU, float32):
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, create_mask
@@ -86,6 +88,8 @@ LAYOUTS = {
     "block-aligned documents": [128, 256, 128, 512],
     "one document over many blocks": [1024],
     "length not a multiple of the block size": [100, 57],
+    "one document, the last block cut short": [300],
+    "a document over whole blocks, the last block cut short": [20, 400, 3],
 }
 
 
@@ -112,7 +116,8 @@ def test_equals_create_block_mask_with_pack_rows_padding():
 def test_equals_create_block_mask_on_random_layouts(block_size):
     gen = torch.Generator().manual_seed(block_size)
     for _ in range(6):
-        length = block_size * int(torch.randint(1, 40, (1,), generator=gen))
+        blocks, cut = (int(torch.randint(1, high, (1,), generator=gen)) for high in (40, block_size))
+        length = block_size * blocks - cut * (blocks % 2)  # whole blocks, or a last block cut short
         rows = []
         for _ in range(2):  # two rows of the same length, different documents
             lengths, left = [], length
@@ -158,7 +163,7 @@ def flex_model(tiny_model_path):
 
 
 def test_packed_attention_mask_only_for_flex_without_sliding_windows(sdpa_model, flex_model):
-    from transformers import Qwen2Config
+    from transformers import MistralConfig, Qwen2Config
 
     position_ids = _positions([100, 156])
     assert packed_attention_mask(sdpa_model, position_ids) is None
@@ -173,9 +178,14 @@ def test_packed_attention_mask_only_for_flex_without_sliding_windows(sdpa_model,
     sliding._attn_implementation = "flex_attention"
     assert "sliding_attention" in sliding.layer_types
     assert packed_attention_mask(Model(sliding), position_ids) is None
-    full = Qwen2Config(num_hidden_layers=2)
-    full._attn_implementation = "flex_attention"
-    assert packed_attention_mask(Model(full), position_ids) is not None
+    window = MistralConfig(sliding_window=64, num_hidden_layers=2)  # every layer slides, no layer_types
+    window._attn_implementation = "flex_attention"
+    assert packed_attention_mask(Model(window), position_ids) is None
+    hybrid = SimpleNamespace(_attn_implementation="flex_attention", layer_types=["full_attention", "linear_attention"])
+    assert packed_attention_mask(Model(hybrid), position_ids) is None  # e.g. linear-attention layers in between
+    for config in (Qwen2Config(num_hidden_layers=2), MistralConfig(sliding_window=None, num_hidden_layers=2)):
+        config._attn_implementation = "flex_attention"
+        assert packed_attention_mask(Model(config), position_ids) is not None
 
 
 def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -203,9 +213,7 @@ def _forbid_create_block_mask(monkeypatch) -> None:
 
 
 @torch.no_grad()
-def test_flex_forward_with_our_mask_equals_padded_sdpa_without_create_block_mask(
-    flex_model, sdpa_model, monkeypatch
-):
+def test_flex_forward_with_our_mask_equals_padded_sdpa_without_create_block_mask(flex_model, sdpa_model, monkeypatch):
     from torch._dynamo.utils import counters
 
     _forbid_create_block_mask(monkeypatch)
