@@ -12,7 +12,7 @@ What is checked (CPU, float32):
   equals the padded sdpa forward to 1e-5, and transformers' ``create_block_mask`` is never called (patched to
   raise; the same patch makes a packed flex forward without our mask fail, so it sits on transformers' path);
   flex_attention is the only graph compiled; the critic's packed values likewise;
-* FSDP2 (one gloo rank, forward inputs cast by the mixed-precision policy) passes the mask through (slow);
+* FSDP2 (one gloo rank, forward inputs cast by the mixed-precision policy) passes the mask through (10-15 s);
 * GPU (``@pytest.mark.gpu``): gradients with gradient checkpointing equal the padded sdpa ones (flex_attention
   has no backward on CPU).
 """
@@ -282,7 +282,6 @@ def _fsdp2_worker(rank: int, init_file: str, model_path: str, data_file: str, ou
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # a fresh process compiles flex_attention (~30 s on 2 busy cores)
 def test_fsdp2_packed_flex_forward_with_our_mask(sdpa_model, tiny_model_path, tmp_path):
     import torch.multiprocessing as mp
 
