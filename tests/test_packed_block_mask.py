@@ -7,6 +7,7 @@ What is checked (CPU, float32):
   hand-picked layouts (one block, many blocks, documents crossing block boundaries, documents of length 1,
   block-aligned documents, a length that is not a multiple of the block size, the trailing padding document of
   ``pack_rows``), random layouts with small block sizes (many blocks), two rows at once and one-token blocks;
+  built without ``torch.compile`` and without an op that synchronises a CUDA device (counted on CPU);
 * ``packed_attention_mask`` gives a mask only to flex_attention models without sliding-window layers;
 * the tiny Qwen2 model under flex_attention with our mask (packed, unfused and fused head, with a host plan)
   equals the padded sdpa forward to 1e-5, and transformers' ``create_block_mask`` is never called (patched to
@@ -149,6 +150,18 @@ def test_builds_by_hand_without_compiling(monkeypatch):
     # per query block: the first block (it shares document 1) and the diagonal are partial, the ones between full
     assert mask.kv_num_blocks.tolist() == [[[1, 2, 2, 2]]] and mask.full_kv_num_blocks.tolist() == [[[0, 0, 1, 2]]]
     assert mask.kv_indices[0, 0, 3, :2].tolist() == [0, 3] and mask.full_kv_indices[0, 0, 3, :2].tolist() == [1, 2]
+
+
+def test_builds_without_host_synchronisation():
+    from tests.test_update_host_syncs import SyncCounter
+
+    position_ids = _positions([64, 448, 1, 100])
+    with SyncCounter() as counter:
+        packed_block_mask(position_ids)
+    assert sum(counter.by_origin.values()) == 0, counter.sites
+    with SyncCounter() as counter:  # the counter sees such ops
+        torch.repeat_interleave(torch.tensor([2, 3]))
+    assert sum(counter.by_origin.values()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- on the model
@@ -298,7 +311,7 @@ def test_fsdp2_packed_flex_forward_with_our_mask(sdpa_model, tiny_model_path, tm
 @pytest.mark.gpu
 def test_cuda_flex_gradient_checkpointing_gradients_equal_padded_sdpa(tiny_model_path, monkeypatch):
     """fp32 on CUDA, train mode with gradient checkpointing: packed flex with our mask (no create_block_mask)
-    gives the padded sdpa log-probs and gradients (flex's backward recomputes through the same BlockMask)."""
+    gives the padded sdpa log-probs and gradients (checkpointed layers recompute their forward with the same BlockMask)."""
     _forbid_create_block_mask(monkeypatch)
     batch = [t.cuda() for t in _batch([300, 2, 129, 90, 17], seed=7)]
     weights = torch.linspace(-1, 1, RESPONSE_LENGTH, device="cuda")
@@ -309,6 +322,7 @@ def test_cuda_flex_gradient_checkpointing_gradients_equal_padded_sdpa(tiny_model
         log_probs, _ = forward_response_log_probs(model, *batch, RESPONSE_LENGTH, use_remove_padding=packed)
         (log_probs * weights).sum().backward()
         results[attn] = (log_probs.detach(), {n: p.grad for n, p in model.named_parameters()})
-    torch.testing.assert_close(results["flex_attention"][0], results["sdpa"][0], rtol=0, atol=1e-5)
+    # a wrong mask moves log-probs by O(0.1) and gradients by O(their scale); kernels differ by ~1e-6
+    torch.testing.assert_close(results["flex_attention"][0], results["sdpa"][0], rtol=0, atol=1e-4)
     for name, grad in results["sdpa"][1].items():
-        assert (results["flex_attention"][1][name] - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-6, name
+        assert (results["flex_attention"][1][name] - grad).abs().max() <= 1e-3 * grad.abs().max() + 1e-6, name
