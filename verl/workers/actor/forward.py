@@ -8,16 +8,16 @@ Two layouts, same numbers (tested to 1e-5 in float32):
   sequence whose ``position_ids`` restart at 0 for every row, and no attention mask is passed (flex_attention
   aside, below). transformers turns such position_ids into exact per-row attention: variable-length
   flash-attention (``flash_attention_2``, CUDA) or a block-diagonal causal mask (``sdpa``/``eager``, CPU and
-  GPU). Only the positions that predict a
-  valid response token go through ``lm_head`` (``logits_to_keep`` as an index tensor), which for MemAgent
-  (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary projection.
+  GPU). Only the positions that predict a valid response token go through ``lm_head`` (``logits_to_keep`` as an
+  index tensor), which for MemAgent (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary
+  projection.
   Rows whose valid ``position_ids`` are not ``0, 1, ..., n-1`` cannot be packed exactly; such micro-batches
   fall back to the padded layout (logged once).
 * **packed, flex_attention**: the block-diagonal causal ``BlockMask`` is passed as ``attention_mask``, built
   from the position_ids with plain tensor ops on the device (``packed_block_mask.py``; equal to
   ``create_block_mask``'s, field by field). Left to itself, transformers builds it with an inductor-compiled
-  ``create_block_mask`` per new shape and grad mode (minutes of a 1.5B training step with ``T ~ 30K`` on an
-  H200); transformers returns a prepared 4-D mask as is, so that compile no longer happens (models with
+  ``create_block_mask`` per new shape and grad mode (minutes of a 1.5B training step with ``T ~ 30K`` on
+  GPU); transformers returns a prepared 4-D mask as is, so that compile no longer happens (models with
   sliding-window layers keep transformers' masks). flex_attention itself is still compiled per shape, and ``T``
   changes with every micro-batch. The packed sequence is therefore padded at the end up to a multiple of flex's
   block size (128) and to at least two blocks (``packed_length_multiple``, ``pack_rows``): one trailing
