@@ -7,9 +7,11 @@ passes ``actor_rollout_ref.model.path``. Options:
   ``"bfloat16"`` for a frozen reference model);
 * ``attn_implementation``: ``None`` picks ``flash_attention_2`` when CUDA is available and the ``flash_attn``
   package is installed, otherwise ``sdpa``. All of them run packed (remove-padding) sequences exactly:
-  transformers derives variable-length boundaries (FA2), a block-diagonal ``BlockMask`` (``flex_attention``) or
-  a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
-  ``attention_mask`` is passed (fp32 on H200: packed vs padded log-probs within 6e-6 for sdpa and flex).
+  transformers derives variable-length boundaries (FA2) or a dense block-diagonal mask (``sdpa``/``eager``)
+  from ``position_ids`` that restart at 0 when no ``attention_mask`` is passed; for ``flex_attention`` the
+  actor and critic pass the block-diagonal ``BlockMask`` themselves (``verl/workers/actor/packed_block_mask.py``:
+  built without transformers' compiled ``create_block_mask``). fp32 on H200: packed vs padded log-probs within
+  6e-6 for sdpa and flex.
   On a GPU without flash-attn prefer ``flex_attention`` for packed rows: measured on 2x H200, Qwen2.5-1.5B,
   update_policy 32.9k tokens/s/GPU (flex, packed) vs 22.7k (sdpa, padded) vs 11.0k (sdpa, packed; the dense
   mask costs O(T^2)). On CPU use ``sdpa`` (flex needs a compiler backend);

@@ -5,22 +5,29 @@ Two layouts, same numbers (tested to 1e-5 in float32):
 * **padded**: the ``[b, S]`` batch (left-padded prompt + right-padded response) goes through the model with
   its ``attention_mask`` and ``position_ids``; only the last ``R + 1`` positions go through ``lm_head``.
 * **packed** (``use_remove_padding``): the valid tokens of all rows are concatenated into one ``[1, T]``
-  sequence whose ``position_ids`` restart at 0 for every row, and no attention mask is passed. transformers
-  turns such position_ids into exact per-row attention: variable-length flash-attention (``flash_attention_2``,
-  CUDA) or a block-diagonal causal mask (``sdpa``/``eager``, CPU and GPU). Only the positions that predict a
-  valid response token go through ``lm_head`` (``logits_to_keep`` as an index tensor), which for MemAgent
-  (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary projection.
+  sequence whose ``position_ids`` restart at 0 for every row, and no attention mask is passed (flex_attention
+  aside, below). transformers turns such position_ids into exact per-row attention: variable-length
+  flash-attention (``flash_attention_2``, CUDA) or a block-diagonal causal mask (``sdpa``/``eager``, CPU and
+  GPU). Only the positions that predict a valid response token go through ``lm_head`` (``logits_to_keep`` as an
+  index tensor), which for MemAgent (prompts of ~6K tokens, responses of <= 1K) skips most of the vocabulary
+  projection.
   Rows whose valid ``position_ids`` are not ``0, 1, ..., n-1`` cannot be packed exactly; such micro-batches
   fall back to the padded layout (logged once).
-* **packed, flex_attention**: the packed length ``T`` changes with every micro-batch, and flex_attention and its
-  block mask are compiled (inductor) per shape. The packed sequence is therefore padded at the end up to a
-  multiple of flex's block size (128) and to at least two blocks (``packed_length_multiple``, ``pack_rows``):
-  one trailing "document" of padding tokens with position_ids ``0, 1, ...``, which no real token attends to
-  (causal + per-document mask) and whose outputs are never read. Every shape is then a whole number of blocks,
-  so after the first (static) compile torch's automatic dynamic shapes give one dynamic compile that serves
-  every later length (per grad mode); without the padding a micro-batch of one block (``T <= 128``) is a third
-  specialisation (CPU, torch 2.13: 4 graphs instead of 6, ``tests/test_flex_attention_shapes.py``,
-  ``benchmarks/bench_flex_shapes.py``). The padding adds fewer than 256 tokens per micro-batch.
+* **packed, flex_attention**: the block-diagonal causal ``BlockMask`` is passed as ``attention_mask``, built
+  from the position_ids with plain tensor ops on the device (``packed_block_mask.py``; equal to
+  ``create_block_mask``'s, field by field). Left to itself, transformers builds it with an inductor-compiled
+  ``create_block_mask`` per new shape and grad mode (minutes of a 1.5B training step with ``T ~ 30K`` on
+  GPU); transformers returns a prepared 4-D mask as is, so that compile no longer happens (models with
+  sliding-window layers keep transformers' masks). flex_attention itself is still compiled per shape, and ``T``
+  changes with every micro-batch. The packed sequence is therefore padded at the end up to a multiple of flex's
+  block size (128) and to at least two blocks (``packed_length_multiple``, ``pack_rows``): one trailing
+  "document" of padding tokens with position_ids ``0, 1, ...``, which no real token attends to (causal +
+  per-document mask) and whose outputs are never read. Every shape is then a whole number of blocks, so after
+  the first (static) compile torch's automatic dynamic shapes give one dynamic compile that serves every later
+  length (per grad mode); without the padding a micro-batch of one block (``T <= 128``) is a third
+  specialisation (CPU, torch 2.13, 8 lengths: 2 graphs instead of 3; 4 instead of 6 while transformers compiled
+  the mask too; ``tests/test_flex_attention_shapes.py``, ``benchmarks/bench_flex_shapes.py``). The padding adds
+  fewer than 256 tokens per micro-batch.
 
 Where it runs: on CPU (tests) packing goes through sdpa's dense block-diagonal mask (exact: 1e-6 in fp32).
 On GPU, fp32 packed vs padded agree within 6e-6 for sdpa and flex_attention (H200). Speed on GPU: FA2 varlen
@@ -49,6 +56,7 @@ from torch import nn
 
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
+from verl.workers.actor.packed_block_mask import packed_attention_mask
 
 __all__ = [
     "supports_logits_to_keep",
@@ -252,6 +260,19 @@ def _scatter(
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
+def _packed_model_kwargs(model: nn.Module, packed: PackedRows, use_logits_to_keep: bool) -> dict:
+    """Model inputs of packed rows: ids, restarting position_ids, the predictor positions as ``logits_to_keep``
+    and, under flex_attention, the block-diagonal causal ``BlockMask`` built without a compile
+    (``packed_block_mask.packed_attention_mask``; other implementations get no mask)."""
+    kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
+    if use_logits_to_keep:
+        kwargs["logits_to_keep"] = packed.predictor_index
+    block_mask = packed_attention_mask(model, packed.position_ids)
+    if block_mask is not None:
+        kwargs["attention_mask"] = block_mask
+    return kwargs
+
+
 def _warn_fallback() -> None:
     global _warned_fallback
     if not _warned_fallback:
@@ -344,11 +365,10 @@ def forward_response_log_probs(
         backend=fused_backend,
     )
     if packed is not None and use_fused_kernels:
-        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
         index = packed.predictor_index
         token_log_probs, token_entropy = _fused_forward(
             model,
-            dict(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs),
+            _packed_model_kwargs(model, packed, use_logits_to_keep),
             (lambda hidden: hidden[0]) if use_logits_to_keep else (lambda hidden: hidden[0, index]),
             packed.input_ids[0, packed.label_index],
             **fused,
@@ -357,8 +377,7 @@ def forward_response_log_probs(
         return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
 
     if packed is not None:
-        kwargs = {"logits_to_keep": packed.predictor_index} if use_logits_to_keep else {}
-        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **kwargs)
+        output = model(**_packed_model_kwargs(model, packed, use_logits_to_keep), use_cache=False)
         logits = output.logits[0] if use_logits_to_keep else output.logits[0, packed.predictor_index]
         logits = logits.float()
         if temperature != 1.0:

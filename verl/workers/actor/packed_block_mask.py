@@ -1,0 +1,107 @@
+"""flex_attention's ``BlockMask`` for packed rows, built with plain tensor ops (no ``torch.compile``).
+
+Packed rows (``forward.pack_rows``) are one ``[1, T]`` sequence of documents whose ``position_ids`` restart at 0.
+Given no attention mask, transformers derives the document ids from the position_ids and, under
+``flex_attention``, builds the block-diagonal causal mask with ``create_block_mask(..., _compile=True)``
+(``masking_utils.flex_attention_mask``): an inductor compile per new shape and grad mode, minutes of a training
+step on GPU with ``T ~ 30K``. The mask's block structure needs no compiler: document ids are non-decreasing along
+the sequence, so for query block ``i`` and key/value block ``j`` (``block_size`` tokens each)
+
+* ``j > i``: empty (causal);
+* ``j == i``: partial (the diagonal; full only for one-token blocks);
+* ``j < i``: non-empty iff the last document of block ``j`` is the first document of block ``i``; full iff the
+  first document of block ``j`` is the last document of block ``i`` (both blocks inside one document) and both
+  blocks are whole (a last block shorter than ``block_size`` is padded with masked positions, as torch does).
+
+``packed_block_mask`` evaluates that on ``[n, n]`` block grids (``n = ceil(T / block_size)``, <= ~512 for MemAgent's
+micro-batches), orders the block indices as ``create_block_mask`` does (``argsort`` of the dense block grid,
+descending, stable) and calls ``BlockMask.from_kv_blocks`` with the element mask ``mask_mod`` (causal and same
+document, the document ids a tensor in the closure, as transformers' ``packed_sequence_mask_function``). All
+fields equal ``create_block_mask``'s (``tests/test_packed_block_mask.py``). Everything runs on the device of the
+``position_ids`` without a host synchronisation (``T`` comes from the shape).
+
+transformers returns a 4-D mask (a tensor or a ``BlockMask``) passed as ``attention_mask`` unchanged
+(``masking_utils._preprocess_mask_arguments``, the early exit for prepared masks), and its flex_attention
+forward uses a ``BlockMask`` as the block mask; ``packed_attention_mask`` returns the mask only for models where
+that is the whole story: ``flex_attention`` and no sliding-window layers (those get a different mask per layer
+type, which transformers still builds).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE, BlockMask
+
+__all__ = ["document_ids", "packed_block_mask", "packed_attention_mask"]
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` document index of every token: a new document starts wherever a position does not follow the
+    previous one by 1 (transformers' ``find_packed_sequence_indices``), e.g. positions ``[0, 1, 0, 1, 2, 0]`` ->
+    ``[0, 0, 1, 1, 1, 2]``."""
+    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
+    return (step != 1).cumsum(dim=-1)
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Count and indices of the True blocks per row, True ones first in ascending order (``create_block_mask``'s
+    layout: ``argsort(descending=True, stable=True)`` of the int32 grid)."""
+    dense = blocks.to(torch.int32)
+    counts = dense.sum(dim=-1, dtype=torch.int32)
+    indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)
+    return counts.contiguous(), indices.contiguous()
+
+
+def packed_block_mask(position_ids: torch.Tensor, block_size: int = _DEFAULT_SPARSE_BLOCK_SIZE) -> BlockMask:
+    """The ``BlockMask`` of "same document and ``q >= kv``" over packed ``position_ids`` ``[B, T]`` (module
+    docstring), equal to ``create_block_mask(mask_mod, B, None, T, T, BLOCK_SIZE=block_size)``."""
+    if position_ids.dim() != 2:
+        raise ValueError(f"position_ids must be [B, T], got shape {tuple(position_ids.shape)}")
+    length = position_ids.shape[1]
+    device = position_ids.device
+    docs = document_ids(position_ids)
+    num_blocks = -(-length // block_size)
+    starts = torch.arange(num_blocks, device=device) * block_size
+    first = docs[:, starts]  # [B, n]: document of each block's first token
+    last = docs[:, (starts + block_size).clamp(max=length) - 1]  # ... and of its last token
+    whole = starts + block_size <= length  # [n]
+    block = torch.arange(num_blocks, device=device)
+    below = block[None, :] < block[:, None]  # [n (q), n (kv)]: kv block strictly before q block
+    diagonal = block[None, :] == block[:, None]
+    touches = below & (last[:, None, :] == first[:, :, None])  # [B, n, n]
+    full = below & (first[:, None, :] == last[:, :, None]) & whole[None, :] & whole[:, None]
+    if block_size == 1:
+        full = full | diagonal
+    partial = (touches | diagonal) & ~full
+    kv_num_blocks, kv_indices = _ordered(partial[:, None])
+    full_kv_num_blocks, full_kv_indices = _ordered(full[:, None])
+
+    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (docs[batch_idx, q_idx] == docs[batch_idx, kv_idx])
+
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks,
+        kv_indices,
+        full_kv_num_blocks,
+        full_kv_indices,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(length, length),
+    )
+
+
+def packed_attention_mask(model: nn.Module, position_ids: torch.Tensor) -> Optional[BlockMask]:
+    """The ``attention_mask`` to pass with packed ``position_ids``: our ``BlockMask`` for a ``flex_attention``
+    model without sliding-window layers, else None (transformers derives the mask from the position_ids)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    config = getattr(base, "config", None)
+    if getattr(config, "_attn_implementation", None) != "flex_attention":
+        return None
+    if getattr(config, "sliding_window", None) is not None:
+        return None
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return None
+    return packed_block_mask(position_ids)
