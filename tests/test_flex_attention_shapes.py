@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.packed_batches import RESPONSE_LENGTH, padded_batch
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.forward import (
     forward_response_log_probs,
@@ -24,23 +25,6 @@ from verl.workers.actor.forward import (
     packed_length_multiple,
     padded_packed_length,
 )
-
-RESPONSE_LENGTH = 16
-
-
-def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded prompts + right-padded responses whose valid tokens per row are ``lengths``."""
-    gen = torch.Generator().manual_seed(seed)
-    width = max(lengths) + RESPONSE_LENGTH
-    input_ids = torch.randint(5, 1000, (len(lengths), width), generator=gen)
-    attention_mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        response = min(RESPONSE_LENGTH, 1 + (length + i) % RESPONSE_LENGTH, length - 1)
-        prompt = length - response
-        attention_mask[i, width - RESPONSE_LENGTH - prompt : width - RESPONSE_LENGTH] = 1
-        attention_mask[i, width - RESPONSE_LENGTH : width - RESPONSE_LENGTH + response] = 1
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return input_ids, attention_mask, position_ids
 
 
 def test_padded_packed_length():
@@ -84,7 +68,7 @@ def test_packed_length_multiple(sdpa_model, tiny_model_path):
 
 @torch.no_grad()
 def test_padding_changes_no_log_prob_sdpa(sdpa_model):
-    input_ids, attention_mask, position_ids = _batch([37, 90, 5], seed=0)
+    input_ids, attention_mask, position_ids = padded_batch([37, 90, 5], seed=0)
     results = []
     for multiple in (1, 128):
         packed = pack_rows(input_ids, attention_mask, position_ids, RESPONSE_LENGTH, length_multiple=multiple)
@@ -107,7 +91,7 @@ def test_flex_packed_lengths_compile_a_bounded_number_of_times(sdpa_model, tiny_
     totals = [100, 140, 60, 300, 700, 90, 1000, 513]
     for call, total in enumerate(totals):
         lengths = [total // 3, total // 3, total - 2 * (total // 3)]
-        input_ids, attention_mask, position_ids = _batch(lengths, seed=call)
+        input_ids, attention_mask, position_ids = padded_batch(lengths, seed=call)
         log_probs, _ = forward_response_log_probs(
             flex, input_ids, attention_mask, position_ids, RESPONSE_LENGTH, use_remove_padding=True
         )

@@ -32,6 +32,7 @@ from transformers.masking_utils import (
     packed_sequence_mask_function,
 )
 
+from tests.packed_batches import RESPONSE_LENGTH, padded_batch
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.forward import forward_response_log_probs, host_plan, pack_rows
 from verl.workers.actor.packed_block_mask import document_ids, packed_attention_mask, packed_block_mask
@@ -46,7 +47,6 @@ FIELDS = (
     "full_q_num_blocks",
     "full_q_indices",
 )
-RESPONSE_LENGTH = 16
 
 
 def _positions(*rows: list[int]) -> torch.Tensor:
@@ -201,18 +201,6 @@ def test_packed_attention_mask_only_for_flex_without_sliding_windows(sdpa_model,
         assert packed_attention_mask(Model(config), position_ids) is not None
 
 
-def _batch(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded prompts + right-padded responses whose valid tokens per row are ``lengths``."""
-    gen = torch.Generator().manual_seed(seed)
-    width = max(lengths) + RESPONSE_LENGTH
-    input_ids = torch.randint(5, 1000, (len(lengths), width), generator=gen)
-    attention_mask = torch.zeros(len(lengths), width, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        response = min(RESPONSE_LENGTH, 1 + (length + i) % RESPONSE_LENGTH, length - 1)
-        attention_mask[i, width - RESPONSE_LENGTH - (length - response) : width - RESPONSE_LENGTH + response] = 1
-    return input_ids, attention_mask, (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-
-
 def _forbid_create_block_mask(monkeypatch) -> None:
     """transformers' mask builders raise instead of compiling ``create_block_mask``."""
     import transformers.integrations.flex_attention as hf_flex
@@ -233,12 +221,12 @@ def test_flex_forward_with_our_mask_equals_padded_sdpa_without_create_block_mask
     torch._dynamo.reset()
     counters.clear()
     # the patched function is the one transformers' packed flex path calls: without our mask it raises
-    batch = _batch([33, 1, 66, 100], seed=0)
+    batch = padded_batch([33, 1, 66, 100], seed=0)
     packed = pack_rows(*batch, RESPONSE_LENGTH, length_multiple=128)
     with pytest.raises(AssertionError, match="create_block_mask called"):
         flex_model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
     for seed, lengths in enumerate([[33, 1, 66, 100], [300, 2, 129, 90, 17]]):
-        batch = _batch(lengths, seed)
+        batch = padded_batch(lengths, seed)
         reference, _ = forward_response_log_probs(sdpa_model, *batch, RESPONSE_LENGTH)
         for fused in (False, True):
             log_probs, _ = forward_response_log_probs(
@@ -265,7 +253,7 @@ def test_critic_packed_flex_values_equal_padded_sdpa_without_create_block_mask(t
     for attn in ("sdpa", "flex_attention"):
         torch.manual_seed(0)  # same value head
         models[attn] = load_value_model(tiny_model_path, dtype="float32", attn_implementation=attn).eval()
-    batch = _batch([40, 3, 90], seed=3)
+    batch = padded_batch([40, 3, 90], seed=3)
     reference = forward_response_values(models["sdpa"], *batch, RESPONSE_LENGTH)
     values = forward_response_values(models["flex_attention"], *batch, RESPONSE_LENGTH, use_remove_padding=True)
     assert (reference != 0).sum() > 10
@@ -298,7 +286,7 @@ def _fsdp2_worker(rank: int, init_file: str, model_path: str, data_file: str, ou
 def test_fsdp2_packed_flex_forward_with_our_mask(sdpa_model, tiny_model_path, tmp_path):
     import torch.multiprocessing as mp
 
-    batch = _batch([70, 5, 120], seed=5)
+    batch = padded_batch([70, 5, 120], seed=5)
     torch.save(batch, tmp_path / "batch.pt")
     args = (str(tmp_path / "init"), str(tiny_model_path), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt"))
     mp.spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
@@ -313,7 +301,7 @@ def test_cuda_flex_gradient_checkpointing_gradients_equal_padded_sdpa(tiny_model
     """fp32 on CUDA, train mode with gradient checkpointing: packed flex with our mask (no create_block_mask)
     gives the padded sdpa log-probs and gradients (checkpointed layers recompute their forward with the same BlockMask)."""
     _forbid_create_block_mask(monkeypatch)
-    batch = [t.cuda() for t in _batch([300, 2, 129, 90, 17], seed=7)]
+    batch = [t.cuda() for t in padded_batch([300, 2, 129, 90, 17], seed=7)]
     weights = torch.linspace(-1, 1, RESPONSE_LENGTH, device="cuda")
     results = {}
     for attn, packed in (("sdpa", False), ("flex_attention", True)):

@@ -25,12 +25,17 @@ from typing import Optional
 import torch
 from torch import nn
 
-__all__ = ["PEFT_PREFIX", "LoraMerge", "is_adapter_weight", "rollout_name", "lora_merges"]
+__all__ = ["PEFT_PREFIX", "LoraMerge", "base_model", "is_adapter_weight", "rollout_name", "lora_merges"]
 
 PEFT_PREFIX = "base_model.model."
 # Name parts of peft's adapter tensors (LoRA on linears, embeddings, DoRA magnitudes).
 _ADAPTER_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 TARGET_KEY = "actor_rollout_ref.model.target_modules"
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The model inside a peft wrapper (``get_base_model``), or ``model`` itself when it has none."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def is_adapter_weight(name: str) -> bool:

@@ -54,15 +54,17 @@ from typing import Optional
 import torch
 from torch import nn
 
+from verl.utils.lora import base_model
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
-from verl.workers.actor.packed_block_mask import packed_attention_mask
+from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask
 
 __all__ = [
     "supports_logits_to_keep",
     "packed_length_multiple",
     "PackedRows",
     "pack_rows",
+    "packed_model_inputs",
     "HostPlan",
     "host_plan",
     "host_to_device",
@@ -75,11 +77,8 @@ _warned_fallback = False
 
 def supports_logits_to_keep(model: nn.Module) -> bool:
     """True when the (unwrapped) model's forward accepts ``logits_to_keep`` (transformers >= 4.50 LMs)."""
-    base = model
-    if hasattr(base, "get_base_model"):  # peft
-        base = base.get_base_model()
     try:
-        return "logits_to_keep" in inspect.signature(type(base).forward).parameters
+        return "logits_to_keep" in inspect.signature(type(base_model(model)).forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -90,9 +89,7 @@ def packed_length_multiple(model: nn.Module) -> int:
     Padding the packed sequence to whole blocks keeps flex_attention and its block mask from being compiled
     again for new lengths (module docstring); the other attention implementations take any length as is.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    attn = getattr(getattr(base, "config", None), "_attn_implementation", None)
-    if attn != "flex_attention":
+    if attn_implementation(model) != "flex_attention":
         return 1
     from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
 
@@ -260,7 +257,7 @@ def _scatter(
     return values.new_zeros(mask.shape).masked_scatter(mask, values)
 
 
-def _packed_model_kwargs(model: nn.Module, packed: PackedRows, use_logits_to_keep: bool) -> dict:
+def packed_model_inputs(model: nn.Module, packed: PackedRows, use_logits_to_keep: bool = False) -> dict:
     """Model inputs of packed rows: ids, restarting position_ids, the predictor positions as ``logits_to_keep``
     and, under flex_attention, the block-diagonal causal ``BlockMask`` built without a compile
     (``packed_block_mask.packed_attention_mask``; other implementations get no mask)."""
@@ -368,7 +365,7 @@ def forward_response_log_probs(
         index = packed.predictor_index
         token_log_probs, token_entropy = _fused_forward(
             model,
-            _packed_model_kwargs(model, packed, use_logits_to_keep),
+            packed_model_inputs(model, packed, use_logits_to_keep),
             (lambda hidden: hidden[0]) if use_logits_to_keep else (lambda hidden: hidden[0, index]),
             packed.input_ids[0, packed.label_index],
             **fused,
@@ -377,7 +374,7 @@ def forward_response_log_probs(
         return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
 
     if packed is not None:
-        output = model(**_packed_model_kwargs(model, packed, use_logits_to_keep), use_cache=False)
+        output = model(**packed_model_inputs(model, packed, use_logits_to_keep), use_cache=False)
         logits = output.logits[0] if use_logits_to_keep else output.logits[0, packed.predictor_index]
         logits = logits.float()
         if temperature != 1.0:

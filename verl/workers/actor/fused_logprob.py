@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verl.utils.lora import base_model
+
 __all__ = [
     "FUSED_BACKENDS",
     "chunked_log_probs",
@@ -204,14 +206,10 @@ def liger_log_probs(
 
 
 # ---------------------------------------------------------------------------------------------- the model's head
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def supports_fused_head(model: nn.Module) -> bool:
     """True when the model's forward returns its output projection unchanged as ``logits`` (checked by the
     config's logit post-processing keys) and the projection is a plain linear layer (``weight`` [V, H])."""
-    base = _unwrap(model)
+    base = base_model(model)
     get_head = getattr(base, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor) or head.weight.dim() != 2:
@@ -229,7 +227,7 @@ def supports_fused_head(model: nn.Module) -> bool:
 def lm_head_override(model: nn.Module, fn: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """Within the block, the model's output projection returns ``fn(head, hidden_states)`` (``head`` is the
     projection module: read ``head.weight`` inside ``fn``, where FSDP has gathered it)."""
-    head = _unwrap(model).get_output_embeddings()
+    head = base_model(model).get_output_embeddings()
     head.forward = lambda hidden_states: fn(head, hidden_states)
     try:
         yield

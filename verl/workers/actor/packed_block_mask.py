@@ -35,7 +35,9 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE, BlockMask
 
-__all__ = ["document_ids", "packed_block_mask", "packed_attention_mask"]
+from verl.utils.lora import base_model
+
+__all__ = ["attn_implementation", "document_ids", "packed_block_mask", "packed_attention_mask"]
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -93,13 +95,17 @@ def packed_block_mask(position_ids: torch.Tensor, block_size: int = _DEFAULT_SPA
     )
 
 
+def attn_implementation(model: nn.Module) -> Optional[str]:
+    """The attention implementation transformers runs for ``model`` (inside a peft wrapper), or None."""
+    return getattr(getattr(base_model(model), "config", None), "_attn_implementation", None)
+
+
 def packed_attention_mask(model: nn.Module, position_ids: torch.Tensor) -> Optional[BlockMask]:
     """The ``attention_mask`` to pass with packed ``position_ids``: our ``BlockMask`` for a ``flex_attention``
     model without sliding-window layers, else None (transformers derives the mask from the position_ids)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    config = getattr(base, "config", None)
-    if getattr(config, "_attn_implementation", None) != "flex_attention":
+    if attn_implementation(model) != "flex_attention":
         return None
+    config = base_model(model).config
     if getattr(config, "sliding_window", None) is not None:
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):

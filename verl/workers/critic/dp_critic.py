@@ -31,8 +31,7 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.workers.actor.forward import pack_rows, packed_length_multiple
-from verl.workers.actor.packed_block_mask import packed_attention_mask
+from verl.workers.actor.forward import pack_rows, packed_length_multiple, packed_model_inputs
 from verl.workers.actor.settings import apply_legacy_micro_batches, plain_values
 from verl.workers.config.actor import ActorConfig
 from verl.workers.config.base import Checks
@@ -144,9 +143,8 @@ def forward_response_values(
         else None
     )
     if packed is not None:
-        block_mask = packed_attention_mask(model, packed.position_ids)  # flex_attention: no compiled mask build
-        mask = {} if block_mask is None else {"attention_mask": block_mask}
-        output = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False, **mask)
+        # under flex_attention with the BlockMask built without a compile (packed_block_mask.py)
+        output = model(**packed_model_inputs(model, packed), use_cache=False)
         token_values = _head_output(output)[0, packed.predictor_index]
         return token_values.new_zeros(packed.target_mask.shape).masked_scatter(packed.target_mask, token_values)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
