@@ -157,6 +157,12 @@ def test_model_keys_reach_the_loader(actor_build, key):
     assert loads[1]["attn_implementation"] == "eager"  # the reference model too
 
 
+def test_use_remove_padding_reaches_the_loader(actor_build):
+    """The loader picks the attention for packed rows (flex_attention on CUDA without flash-attn), actor and ref."""
+    _, loads, _ = actor_build
+    assert [load["remove_padding"] for load in loads] == [True, True]
+
+
 @pytest.mark.parametrize("key", list(ROLLOUT_ENGINE))
 def test_rollout_keys_reach_the_engine(actor_build, key):
     _, _, engines = actor_build
@@ -287,6 +293,7 @@ def test_critic_optimizer_follows_the_config(critic_build, key):
 def test_critic_model_keys_reach_the_loader(critic_build, tiny_model_path):
     worker, loads = critic_build
     assert loads[0]["gradient_checkpointing"] is False and worker.model_path == str(tiny_model_path)
+    assert loads[0]["remove_padding"] is True  # critic.model.use_remove_padding: the attention for packed rows
 
 
 def test_critic_seed_sets_the_value_head(tiny_model_path):

@@ -6,7 +6,8 @@ passes ``actor_rollout_ref.model.path``. Options:
 * ``dtype``: parameter dtype (``"float32"`` for a trained actor whose FSDP mixed precision computes in bf16;
   ``"bfloat16"`` for a frozen reference model);
 * ``attn_implementation``: ``None`` picks ``flash_attention_2`` when CUDA is available and the ``flash_attn``
-  package is installed, otherwise ``sdpa``. All of them run packed (remove-padding) sequences exactly:
+  package is installed; else, on CUDA with packed rows (``remove_padding``, the config's ``use_remove_padding``),
+  ``flex_attention``; otherwise ``sdpa``. All of them run packed (remove-padding) sequences exactly:
   transformers derives variable-length boundaries (FA2) or a dense block-diagonal mask (``sdpa``/``eager``)
   from ``position_ids`` that restart at 0 when no ``attention_mask`` is passed; for ``flex_attention`` the
   actor and critic pass the block-diagonal ``BlockMask`` themselves (``verl/workers/actor/packed_block_mask.py``:
@@ -72,9 +73,12 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
     return _DTYPES[key]
 
 
-def resolve_attn_implementation(requested: Optional[str] = None, device: Union[str, torch.device, None] = None) -> str:
+def resolve_attn_implementation(
+    requested: Optional[str] = None, device: Union[str, torch.device, None] = None, remove_padding: bool = False
+) -> str:
     """Attention backend: ``requested`` if given, else ``flash_attention_2`` on CUDA with flash-attn installed,
-    else ``sdpa``.
+    else ``flex_attention`` on CUDA for packed rows (``remove_padding``: sdpa would build a dense ``[T, T]`` mask
+    per micro-batch, ~3x slower than flex on H200), else ``sdpa``.
 
     ``device`` defaults to CUDA when available. Asking for ``flash_attention_2`` without the package or
     without CUDA raises ``ValueError``.
@@ -82,7 +86,9 @@ def resolve_attn_implementation(requested: Optional[str] = None, device: Union[s
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if requested in (None, "", "auto"):
-        return "flash_attention_2" if on_cuda and has_flash else "sdpa"
+        if on_cuda and has_flash:
+            return "flash_attention_2"
+        return "flex_attention" if on_cuda and remove_padding else "sdpa"
     if requested == "flash_attention_2" and not (on_cuda and has_flash):
         raise ValueError(
             "attn_implementation='flash_attention_2' needs CUDA and the flash_attn package "
@@ -184,6 +190,7 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     device: Union[str, torch.device, None] = None,
     override_config: Optional[dict[str, Any]] = None,
+    remove_padding: bool = False,
 ) -> nn.Module:
     """Load a causal LM from a local folder ``path`` and prepare it for training.
 
@@ -195,6 +202,7 @@ def load_causal_lm(
         trust_remote_code: passed to transformers.
         device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
+        remove_padding: the model will run packed rows (``use_remove_padding``); picks the automatic attention.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -203,7 +211,7 @@ def load_causal_lm(
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    attn = resolve_attn_implementation(attn_implementation, device)
+    attn = resolve_attn_implementation(attn_implementation, device, remove_padding)
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code
     )

@@ -121,6 +121,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             self.model_path,
             dtype=train_dtype,
             attn_implementation=model_cfg.attn_implementation,
+            remove_padding=model_cfg.use_remove_padding,
             override_config=model_cfg.override_config or None,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             lora=model_cfg.lora,
@@ -156,6 +157,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 self.model_path,
                 dtype=train_dtype,
                 attn_implementation=model_cfg.attn_implementation,
+                remove_padding=model_cfg.use_remove_padding,
                 override_config=model_cfg.override_config or None,
                 trust_remote_code=model_cfg.trust_remote_code,
             ).to(device)

@@ -39,6 +39,7 @@ def load_value_model(
     trust_remote_code: bool = False,
     override_config: Optional[dict[str, Any]] = None,
     device: Union[str, torch.device, None] = None,
+    remove_padding: bool = False,
 ) -> nn.Module:
     """Load a causal-LM checkpoint folder as a value model (backbone + scalar head, ``num_labels=1``).
 
@@ -58,7 +59,7 @@ def load_value_model(
     config.classifier_dropout = 0.0
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    attn = resolve_attn_implementation(attn_implementation, device)
+    attn = resolve_attn_implementation(attn_implementation, device, remove_padding)  # flex for packed rows on CUDA
     try:
         model = AutoModelForTokenClassification.from_pretrained(
             path,
@@ -105,6 +106,7 @@ class CriticWorker(TrainingWorker):
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             trust_remote_code=bool(model_cfg.trust_remote_code),  # null: the YAML makes it follow the policy's
             override_config=model_cfg.override_config or None,
+            remove_padding=bool(model_cfg.use_remove_padding),
         ).to(device)
         if self.world_size > 1 or self.device_name == "cuda":  # HSDP when fsdp_size divides the world size
             mesh = init_fsdp_mesh(
