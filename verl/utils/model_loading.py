@@ -81,7 +81,8 @@ def resolve_attn_implementation(
     per micro-batch, ~3x slower than flex on H200), else ``sdpa``.
 
     ``device`` defaults to CUDA when available. Asking for ``flash_attention_2`` without the package or
-    without CUDA raises ``ValueError``.
+    without CUDA raises ``ValueError``; so does ``torch_varlen`` without CUDA or without
+    ``torch.nn.attention.varlen`` (torch >= 2.10); asking for it registers it with transformers.
     """
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
@@ -94,6 +95,16 @@ def resolve_attn_implementation(
             "attn_implementation='flash_attention_2' needs CUDA and the flash_attn package "
             f"(cuda={on_cuda}, flash_attn installed={has_flash}); use 'sdpa' or leave it unset"
         )
+    if requested == "torch_varlen":
+        from verl.workers.actor import varlen_attention
+
+        if not (on_cuda and varlen_attention.varlen_available()):
+            raise ValueError(
+                "actor_rollout_ref.model.attn_implementation='torch_varlen' needs CUDA and torch >= 2.10 "
+                f"(torch.nn.attention.varlen; cuda={on_cuda}, torch {torch.__version__}, "
+                f"varlen available={varlen_attention.varlen_available()}); use 'flex_attention' or leave it unset"
+            )
+        varlen_attention.register()
     return requested
 
 

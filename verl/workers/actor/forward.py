@@ -56,6 +56,7 @@ from torch import nn
 
 from verl.utils.lora import base_model
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.workers.actor import varlen_attention
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask
 
@@ -105,6 +106,8 @@ class PackedRows:
     ``target_mask``: ``[b, R]`` bool, True where a log-prob is produced (row-major order matches ``K``).
     ``num_padding``: tokens appended after the valid ones (``length_multiple``); never indexed by the above.
     ``target_index``: ``[K]`` flat (row-major) positions of the True entries of ``target_mask``, or None.
+    ``cu_seq_lens``: ``[N + 1]`` int32 offsets of the ``N`` sequences (non-empty rows, then the padding one) and
+    ``max_length`` the longest, a host int: the boundaries ``torch_varlen`` attention takes (``varlen_attention``).
     """
 
     input_ids: torch.Tensor
@@ -114,6 +117,8 @@ class PackedRows:
     target_mask: torch.Tensor
     num_padding: int = 0
     target_index: Optional[torch.Tensor] = None
+    cu_seq_lens: Optional[torch.Tensor] = None
+    max_length: int = 0
 
     def to(self, device: torch.device) -> PackedRows:
         """The same rows on ``device`` (see ``host_to_device``)."""
@@ -121,8 +126,17 @@ class PackedRows:
             name: host_to_device(getattr(self, name), device)
             for name in ("input_ids", "position_ids", "predictor_index", "label_index", "target_mask")
         }
-        index = None if self.target_index is None else host_to_device(self.target_index, device)
-        return PackedRows(**moved, num_padding=self.num_padding, target_index=index)
+        index, cu_seq_lens = (
+            None if tensor is None else host_to_device(tensor, device)
+            for tensor in (self.target_index, self.cu_seq_lens)
+        )
+        return PackedRows(
+            **moved,
+            num_padding=self.num_padding,
+            target_index=index,
+            cu_seq_lens=cu_seq_lens,
+            max_length=self.max_length,
+        )
 
 
 def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -211,10 +225,13 @@ def pack_rows(
     label_index = response_flat[target_mask]
     packed_ids = input_ids[valid]
     num_padding = padded_packed_length(total, length_multiple) - total
+    sequence_lengths = lengths[lengths > 0]
     if num_padding:
         packed_ids = torch.cat([packed_ids, packed_ids.new_zeros(num_padding)])
         pad_positions = torch.arange(num_padding, device=packed_positions.device, dtype=packed_positions.dtype)
         packed_positions = torch.cat([packed_positions, pad_positions])
+        sequence_lengths = torch.cat([sequence_lengths, sequence_lengths.new_tensor([num_padding])])
+    cu_seq_lens = torch.nn.functional.pad(torch.cumsum(sequence_lengths, dim=0, dtype=torch.int32), (1, 0))
     return PackedRows(
         input_ids=packed_ids.unsqueeze(0),
         position_ids=packed_positions.unsqueeze(0),
@@ -222,6 +239,8 @@ def pack_rows(
         label_index=label_index,
         target_mask=target_mask,
         num_padding=num_padding,
+        cu_seq_lens=cu_seq_lens,
+        max_length=int(sequence_lengths.max()),
     )
 
 
@@ -260,10 +279,14 @@ def _scatter(
 def packed_model_inputs(model: nn.Module, packed: PackedRows, use_logits_to_keep: bool = False) -> dict:
     """Model inputs of packed rows: ids, restarting position_ids, the predictor positions as ``logits_to_keep``
     and, under flex_attention, the block-diagonal causal ``BlockMask`` built without a compile
-    (``packed_block_mask.packed_attention_mask``; other implementations get no mask)."""
+    (``packed_block_mask.packed_attention_mask``; other implementations get no mask); under ``torch_varlen`` the
+    sequence boundaries ``cu_seq_lens``/``max_length`` (``varlen_attention.varlen_kwargs``: the same tensor for
+    every layer, no per-layer device synchronisation)."""
     kwargs = dict(input_ids=packed.input_ids, position_ids=packed.position_ids)
     if use_logits_to_keep:
         kwargs["logits_to_keep"] = packed.predictor_index
+    if packed.cu_seq_lens is not None and attn_implementation(model) == varlen_attention.NAME:
+        kwargs.update(varlen_attention.varlen_kwargs(packed.cu_seq_lens, packed.max_length))
     block_mask = packed_attention_mask(model, packed.position_ids)
     if block_mask is not None:
         kwargs["attention_mask"] = block_mask
