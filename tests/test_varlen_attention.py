@@ -204,6 +204,25 @@ def test_critic_packed_values_equal_padded_sdpa(tiny_model_path, reference):
     assert len(reference.calls) == LAYERS and reference.calls[0][0].tolist() == [0, 40, 43, 133]
 
 
+def test_scale_and_grouped_heads_against_masked_sdpa(models, reference):
+    """A scaling other than 1/sqrt(D) (folded into the query for torch 2.10) and 2 query heads per key/value head;
+    boundaries from position_ids when no cu_seq_lens are given."""
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, 9, 8, generator=gen)
+    key, value = torch.randn(2, 1, 2, 9, 8, generator=gen)
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2]])
+    module = models[varlen_attention.NAME].model.layers[0].self_attn
+    out, weights = varlen_attention.torch_varlen_attention(
+        module, query, key, value, None, scaling=0.3, position_ids=position_ids
+    )
+    docs = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2])
+    mask = (docs[:, None] == docs[None, :]) & torch.ones(9, 9, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3, enable_gqa=True)
+    assert weights is None and out.shape == (1, 9, 4, 8)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-5)
+    assert reference.calls[0][0].tolist() == [0, 4, 6, 9] and reference.calls[0][1] == 4
+
+
 def test_unsupported_layers_are_clear_errors(models, reference):
     query = torch.zeros(1, 2, 4, 8)
     model = models[varlen_attention.NAME].model.layers[0].self_attn
