@@ -80,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--attn",
         default=None,
         help="attention implementation (default: flash_attention_2 if "
-        "installed on CUDA, else sdpa; also flex_attention, eager)",
+        "installed on CUDA, else sdpa; also flex_attention, torch_varlen (CUDA, torch >= 2.10), eager)",
     )
     p.add_argument(
         "--no-fused-kernels",

@@ -256,6 +256,22 @@ def test_torch_varlen_on_cuda_is_kept_and_registered(monkeypatch):
     assert AttentionMaskInterface._global_mapping["torch_varlen"] is flash_attention_mask
 
 
+@torch.no_grad()
+def test_benchmark_builder_takes_torch_varlen(models, reference, monkeypatch):
+    """``bench_update_policy.py --attn torch_varlen`` builds its model with ``build_causal_lm_from_config`` (CUDA
+    faked for the choice; the weights stay on CPU): the model runs packed rows through varlen_attn."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = models["sdpa"].config.__class__.from_dict(models["sdpa"].config.to_dict())
+    model = model_loading.build_causal_lm_from_config(config, attn_implementation="torch_varlen", seed=0)
+    assert model.config._attn_implementation == "torch_varlen"
+    model.load_state_dict(models["sdpa"].state_dict())
+    batch = padded_batch([33, 1, 66], seed=6)
+    log_probs, _ = forward_response_log_probs(model, *batch, RESPONSE_LENGTH, use_remove_padding=True)
+    expected, _ = forward_response_log_probs(models["sdpa"], *batch, RESPONSE_LENGTH)
+    torch.testing.assert_close(log_probs, expected, rtol=0, atol=1e-5)
+    assert len(reference.calls) == LAYERS and reference.calls[0][0].tolist() == [0, 33, 34, 100]
+
+
 # ------------------------------------------------------------------------------------------- GPU (the lead's)
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
