@@ -15,7 +15,15 @@ passes ``actor_rollout_ref.model.path``. Options:
   6e-6 for sdpa and flex.
   On a GPU without flash-attn prefer ``flex_attention`` for packed rows: measured on 2x H200, Qwen2.5-1.5B,
   update_policy 32.9k tokens/s/GPU (flex, packed) vs 22.7k (sdpa, padded) vs 11.0k (sdpa, packed; the dense
-  mask costs O(T^2)). On CPU use ``sdpa`` (flex needs a compiler backend);
+  mask costs O(T^2)). On CPU use ``sdpa`` (flex needs a compiler backend).
+  ``torch_varlen`` (opt-in, never chosen automatically): packed rows through PyTorch's own FA2 variable-length
+  kernels, ``torch.nn.attention.varlen.varlen_attn`` (no flash-attn package and no torch.compile needed;
+  ``verl/workers/actor/varlen_attention.py`` registers it with transformers when asked for). Needs CUDA and
+  torch >= 2.10 (``ValueError`` otherwise); float32 inputs are computed in bf16 (FA2 kernels). Its speed is not
+  measured yet; measure it against flex_attention with ``torchrun --standalone --nproc_per_node=1
+  benchmarks/bench_update_policy.py --shape qwen2.5-1.5b --attn torch_varlen --layout memagent --conversations 32
+  --chunks 3 --chunk 5000 --memory 1024 --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1
+  --no-baseline --grad-ckpt`` (and the same with ``--attn flex_attention``);
 * ``gradient_checkpointing`` (non-reentrant);
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;

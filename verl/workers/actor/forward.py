@@ -28,6 +28,14 @@ Two layouts, same numbers (tested to 1e-5 in float32):
   specialisation (CPU, torch 2.13, 8 lengths: 2 graphs instead of 3; 4 instead of 6 while transformers compiled
   the mask too; ``tests/test_flex_attention_shapes.py``, ``benchmarks/bench_flex_shapes.py``). The padding adds
   fewer than 256 tokens per micro-batch.
+* **packed, torch_varlen** (opt-in ``attn_implementation``; CUDA, torch >= 2.10): PyTorch's FA2 variable-length
+  kernels (``torch.nn.attention.varlen.varlen_attn``) with no mask, no compile and no flash-attn package
+  (``varlen_attention.py``). ``pack_rows`` computes the sequence boundaries (``cu_seq_lens``, ``max_length``)
+  from the row lengths, on the host when a host plan is used, and ``packed_model_inputs`` passes them as
+  transformers' ``cu_seq_lens_q``/``max_length_q`` keyword arguments, which reach every attention layer: one
+  tensor per micro-batch, no per-layer device synchronisation. Tested on CPU with a reference in place of the
+  kernel (``tests/test_varlen_attention.py``); its GPU speed is not measured yet (the command is in
+  ``verl/utils/model_loading.py``'s docstring and ``docs/config.md``).
 
 Where it runs: on CPU (tests) packing goes through sdpa's dense block-diagonal mask (exact: 1e-6 in fp32).
 On GPU, fp32 packed vs padded agree within 6e-6 for sdpa and flex_attention (H200). Speed on GPU: FA2 varlen
