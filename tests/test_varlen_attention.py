@@ -160,12 +160,11 @@ def test_padded_rows_through_the_mask_path_equal_padded_sdpa(models, reference):
 def test_boundaries_computed_once_per_forward(models, reference, monkeypatch):
     """Every layer gets the tensor pack_rows built (same object); nothing derives boundaries inside a layer, also
     when gradient checkpointing recomputes the layers in the backward."""
-    import transformers.modeling_flash_attention_utils as fa_utils
 
     def forbidden(*args, **kwargs):
         raise AssertionError("boundaries computed inside a layer")
 
-    monkeypatch.setattr(fa_utils, "prepare_fa_kwargs_from_position_ids", forbidden)
+    monkeypatch.setattr(varlen_attention, "_boundaries_from_positions", forbidden)
     monkeypatch.setattr(varlen_attention, "_boundaries_from_mask", forbidden)
     batch = padded_batch([5, 1, 3, 7], seed=1)
     plan = host_plan(*batch, RESPONSE_LENGTH, True, False, 1, torch.device("cpu"))
@@ -221,6 +220,16 @@ def test_scale_and_grouped_heads_against_masked_sdpa(models, reference):
     assert weights is None and out.shape == (1, 9, 4, 8)
     torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-5)
     assert reference.calls[0][0].tolist() == [0, 4, 6, 9] and reference.calls[0][1] == 4
+    # two rows: a row start is a sequence start even where the positions continue (no mask, no cu_seq_lens)
+    two, key2, value2 = torch.randn(2, 4, 4, 8, generator=gen), *torch.randn(2, 2, 2, 4, 8, generator=gen)
+    out, _ = varlen_attention.torch_varlen_attention(
+        module, two, key2, value2, None, scaling=0.3, position_ids=torch.tensor([[0, 1, 2, 3], [4, 5, 0, 1]])
+    )
+    assert reference.calls[1][0].tolist() == [0, 4, 6, 8] and reference.calls[1][1] == 4
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    masks = torch.stack([causal, causal & torch.tensor([[1, 1, 0, 0]] * 2 + [[0, 0, 1, 1]] * 2, dtype=torch.bool)])
+    expected = F.scaled_dot_product_attention(two, key2, value2, attn_mask=masks[:, None], scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=0, atol=1e-5)
 
 
 def test_unsupported_layers_are_clear_errors(models, reference):

@@ -15,8 +15,9 @@ sequence boundaries come from, in order:
   tokens of each row are gathered into one sequence per row, and the output scattered back (zeros at padding);
   the boundaries are computed again in every layer (a device synchronisation each), correct but meant only for
   micro-batches that cannot be packed;
-* otherwise ``position_ids`` that restart at 0 start a new sequence (transformers'
-  ``prepare_fa_kwargs_from_position_ids``; again per layer).
+* otherwise every row, and within a row every position that does not follow the previous one by 1, starts a
+  sequence (``_boundaries_from_positions``: the documents transformers' ``find_packed_sequence_indices`` gives
+  sdpa and flex_attention; again per layer).
 
 Masking is causal within each sequence. torch's signature changed between releases: 2.10 has ``is_causal`` and no
 ``scale``; 2.11 has ``window_size=(-1, 0)`` for causal and ``scale``; 2.12+ adds ``enable_gqa``. The signature is
@@ -129,6 +130,16 @@ def _boundaries_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return indices, cu_seq_lens, int(lengths.max())
 
 
+def _boundaries_from_positions(position_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
+    """Offsets and longest length of the sequences of ``[B or 1, T]`` position_ids (module docstring)."""
+    positions = position_ids.expand(batch, -1)
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+    offsets = torch.nonzero(starts.reshape(-1)).reshape(-1).to(torch.int32)
+    cu_seq_lens = torch.cat([offsets, offsets.new_tensor([positions.numel()])])
+    return cu_seq_lens, int(cu_seq_lens.diff().max())
+
+
 def torch_varlen_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -153,7 +164,7 @@ def torch_varlen_attention(
     if cu_seq_lens_k is not None and cu_seq_lens_q is not None and cu_seq_lens_k is not cu_seq_lens_q:
         raise ValueError(f"attn_implementation='{NAME}' runs self-attention: cu_seq_lens_k must be cu_seq_lens_q")
     batch, heads, length, head_dim = query.shape
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # [B, T, H, D]
+    q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))  # [B, T, H, D]; a no-op after rope
     if attention_mask is not None:  # padded rows: one sequence per row of its valid tokens
         if attention_mask.dim() != 2:
             raise ValueError(f"attn_implementation='{NAME}' takes a 2-D padding mask, got {attention_mask.dim()}-D")
@@ -171,9 +182,7 @@ def torch_varlen_attention(
             cu_seq_lens_q = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=query.device)
             max_length_q = length
         else:
-            from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
-
-            (cu_seq_lens_q, _), (max_length_q, _) = prepare_fa_kwargs_from_position_ids(position_ids.expand(batch, -1))
+            cu_seq_lens_q, max_length_q = _boundaries_from_positions(position_ids, batch)
     elif batch != 1:
         raise ValueError(
             f"attn_implementation='{NAME}' with cu_seq_lens_q takes packed rows ([1, T]), got {batch} rows"
