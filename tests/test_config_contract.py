@@ -116,6 +116,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{M}.lora_alpha": (_loader(f"{M}.lora_alpha"), "tests/test_lora.py::test_engine_holds_the_merged_actor_weights"),
     f"{M}.target_modules": (_loader(f"{M}.target_modules"), "tests/test_lora.py::test_target_modules_must_be_names"),
     f"{M}.use_liger": (_loader(f"{M}.use_liger"),),
+    f"{M}.compile_layers": (
+        "tests/test_compile_layers.py::test_worker_compiles_the_actor_and_ref_layers",
+        "tests/test_compile_layers.py::test_flex_attention_refused_at_validation_on_cpu",
+    ),
     f"{M}.trust_remote_code": (OVERRIDES,),
     # actor
     **{

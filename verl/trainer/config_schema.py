@@ -184,6 +184,7 @@ def validate_config(cfg: Any) -> None:
     _check_batch_sizes(c)
     _check_log_prob_passes(c)
     _check_rollout(c)
+    _check_compile_layers(c)
     _check_algorithm(c)
     _check_recurrent(c)
     if c.errors:
@@ -251,6 +252,18 @@ def _check_rollout(c: _Checker) -> None:
         if _is_int(tp) and tp >= 1 and world is not None and world % tp != 0:
             c.error(
                 f"{r}.tensor_model_parallel_size ({tp}) must divide trainer.nnodes x trainer.n_gpus_per_node ({world})"
+            )
+
+
+def _check_compile_layers(c: _Checker) -> None:
+    """Per-layer compile with flex_attention needs CUDA (``verl/utils/compile_layers.py``)."""
+    m = "actor_rollout_ref.model"
+    if c.get(f"{m}.compile_layers") and c.get(f"{m}.attn_implementation") == "flex_attention":
+        if resolve_device(c.cfg) == "cpu":
+            c.error(
+                f"{m}.compile_layers=True with {m}.attn_implementation=flex_attention needs trainer.device=cuda "
+                f"(got {resolve_device(c.cfg)}): inductor cannot compile flex_attention inside a layer with a "
+                f"dynamic length on CPU; use attn_implementation=sdpa or compile_layers=False"
             )
 
 

@@ -28,7 +28,9 @@ passes ``actor_rollout_ref.model.path``. Options:
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;
 * ``use_liger``: apply liger-kernel's fused RMSNorm/SwiGLU/RoPE kernels; only on CUDA and only when the
-  package imports (it has no CPU backend); otherwise a warning and nothing changes.
+  package imports (it has no CPU backend); otherwise a warning and nothing changes;
+* ``compile_layers``: ``torch.compile`` each decoder layer in place (``verl/utils/compile_layers.py``), after
+  the three above, before the worker shards the model with FSDP2.
 
 Nothing here downloads anything: paths must be local folders (or already in the local HF cache).
 """
@@ -172,8 +174,10 @@ def prepare_for_training(
     gradient_checkpointing: bool = False,
     lora: Optional[dict[str, Any]] = None,
     use_liger: bool = False,
+    compile_layers: bool = False,
 ) -> nn.Module:
-    """Apply liger kernels, gradient checkpointing and LoRA (in that order) and return the (maybe wrapped) model."""
+    """Apply liger kernels, gradient checkpointing, LoRA and the per-layer compile (in that order) and return the
+    (maybe wrapped) model."""
     if use_liger:
         apply_liger_kernel(model)
     if gradient_checkpointing:
@@ -184,6 +188,10 @@ def prepare_for_training(
         if gradient_checkpointing and hasattr(model, "enable_input_require_grads"):
             model.enable_input_require_grads()  # frozen embeddings + checkpointing need grads on the inputs
         model = apply_lora(model, lora)
+    if compile_layers:
+        from verl.utils.compile_layers import compile_decoder_layers
+
+        compile_decoder_layers(model)
     return model
 
 
@@ -206,6 +214,7 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     lora: Optional[dict[str, Any]] = None,
     use_liger: bool = False,
+    compile_layers: bool = False,
     trust_remote_code: bool = False,
     device: Union[str, torch.device, None] = None,
     override_config: Optional[dict[str, Any]] = None,
@@ -217,7 +226,7 @@ def load_causal_lm(
         path: local HF model folder (``config.json`` + weights).
         dtype: parameter dtype (see module docstring).
         attn_implementation: ``None``/``"auto"`` for the automatic choice, or a transformers backend name.
-        gradient_checkpointing, lora, use_liger: see ``prepare_for_training``.
+        gradient_checkpointing, lora, use_liger, compile_layers: see ``prepare_for_training``.
         trust_remote_code: passed to transformers.
         device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
@@ -236,7 +245,7 @@ def load_causal_lm(
     )
     if device is not None:
         model.to(device)
-    return prepare_for_training(model, gradient_checkpointing, lora, use_liger)
+    return prepare_for_training(model, gradient_checkpointing, lora, use_liger, compile_layers)
 
 
 def build_causal_lm_from_config(
@@ -246,6 +255,8 @@ def build_causal_lm_from_config(
     gradient_checkpointing: bool = False,
     device: Union[str, torch.device, None] = None,
     seed: Optional[int] = 0,
+    use_liger: bool = False,
+    compile_layers: bool = False,
 ) -> nn.Module:
     """Randomly initialise a causal LM from a transformers config object (benchmarks and tests)."""
     from transformers import AutoModelForCausalLM
@@ -255,4 +266,4 @@ def build_causal_lm_from_config(
     config._attn_implementation = resolve_attn_implementation(attn_implementation, device)
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
-    return prepare_for_training(model, gradient_checkpointing)
+    return prepare_for_training(model, gradient_checkpointing, use_liger=use_liger, compile_layers=compile_layers)

@@ -126,6 +126,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             lora=model_cfg.lora,
             use_liger=model_cfg.use_liger,
+            compile_layers=model_cfg.compile_layers,
             trust_remote_code=model_cfg.trust_remote_code,
         ).to(device)
         if model_cfg.lora is not None:
@@ -159,6 +160,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 attn_implementation=model_cfg.attn_implementation,
                 remove_padding=model_cfg.use_remove_padding,
                 override_config=model_cfg.override_config or None,
+                compile_layers=model_cfg.compile_layers,  # the ref model follows the actor
                 trust_remote_code=model_cfg.trust_remote_code,
             ).to(device)
             ref_module.requires_grad_(False)

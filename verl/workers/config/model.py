@@ -55,6 +55,8 @@ class ModelConfig(BaseConfig):
     target_modules: Any = "all-linear"
     # Use Liger kernels when installed (GPU only).
     use_liger: bool = False
+    # torch.compile each decoder layer (regional compilation; actor and ref model); off by default.
+    compile_layers: bool = False
     # Log-probs and entropy from the last hidden states a chunk of tokens at a time (no [tokens, vocab] logits).
     use_fused_kernels: bool = True
     # Options of the fused log-prob head.

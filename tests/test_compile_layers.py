@@ -1,0 +1,150 @@
+"""``actor_rollout_ref.model.compile_layers``: each decoder layer ``torch.compile``-d in place gives the eager numbers.
+
+What is checked (CPU, float32, the tiny Qwen2 model, packed rows through ``forward_response_log_probs``):
+
+* sdpa, with and without gradient checkpointing: the log-probs and every parameter gradient of one backward equal
+  the eager model's to 1e-5 over four packed lengths (100 to 300 tokens), and the compiled layers (two, sharing
+  their code) make 1 graph in all (``dynamic=True``: the length is symbolic from the first call);
+* LoRA (peft adapters inside the compiled layers): the same, for the adapter gradients, in 2 graphs (the first
+  layer's input does not require grad: the embeddings are frozen);
+* flex_attention with our BlockMask: the log-probs (no gradient: flex_attention has no backward on CPU, compiled
+  or not) equal eager at static shapes; with dynamic shapes it is refused without CUDA, at load time and at
+  config validation (``trainer.device=cpu``), naming the key;
+* the key reaches the actor and the ref model the worker builds (``ActorRolloutRefWorker.init_model``): their
+  layers are compiled; off by default.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.packed_batches import RESPONSE_LENGTH, padded_batch
+from verl.utils.compile_layers import KEY, compile_decoder_layers, decoder_layers, is_compiled
+from verl.utils.model_loading import load_causal_lm
+from verl.workers.actor.forward import forward_response_log_probs
+
+TOTALS = [100, 140, 60, 300]  # packed lengths of the micro-batches, in tokens
+
+
+def _batch(call: int, total: int):
+    lengths = [total // 3, total // 3, total - 2 * (total // 3)]
+    return padded_batch(lengths, seed=call)
+
+
+def _step(model, batch, backward: bool):
+    """Packed log-probs of one micro-batch and, when ``backward``, the gradients of their sum."""
+    input_ids, attention_mask, position_ids = batch
+    model.zero_grad(set_to_none=True)
+    with torch.set_grad_enabled(backward):
+        log_probs, _ = forward_response_log_probs(
+            model, input_ids, attention_mask, position_ids, RESPONSE_LENGTH, use_remove_padding=True
+        )
+    grads = {}
+    if backward:
+        (log_probs * attention_mask[:, -RESPONSE_LENGTH:]).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return log_probs.detach(), grads
+
+
+def _pair(path, compile_dynamic, **kwargs):
+    """An eager model and a copy with compiled layers (same weights)."""
+    eager = load_causal_lm(path, dtype="float32", **kwargs)
+    compiled = load_causal_lm(path, dtype="float32", **kwargs)
+    compiled.load_state_dict(eager.state_dict())
+    assert compile_decoder_layers(compiled, dynamic=compile_dynamic) == len(decoder_layers(compiled)) == 2
+    return eager.train(), compiled.train()
+
+
+def _compare(eager, compiled, totals, backward: bool) -> dict:
+    """Run both models over ``totals``; returns the largest differences and the number of compiled graphs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    worst = {"log_probs": 0.0, "grads": 0.0}
+    for call, total in enumerate(totals):
+        batch = _batch(call, total)
+        (lp_e, g_e), (lp_c, g_c) = _step(eager, batch, backward), _step(compiled, batch, backward)
+        assert int(batch[1].sum()) == total and lp_e.abs().sum() > 0
+        torch.testing.assert_close(lp_c, lp_e, rtol=0, atol=1e-5)
+        worst["log_probs"] = max(worst["log_probs"], (lp_c - lp_e).abs().max().item())
+        assert g_c.keys() == g_e.keys() and (len(g_e) > 0) == backward
+        for name in g_e:
+            torch.testing.assert_close(g_c[name], g_e[name], rtol=0, atol=1e-5, msg=name)
+            worst["grads"] = max(worst["grads"], (g_c[name] - g_e[name]).abs().max().item())
+    worst["graphs"] = counters["stats"]["unique_graphs"]
+    worst["graph_breaks"] = sum(counters["graph_break"].values())
+    return worst
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True], ids=["plain", "grad_ckpt"])
+def test_sdpa_log_probs_and_gradients_match_eager(tiny_model_path, grad_ckpt):
+    eager, compiled = _pair(tiny_model_path, True, attn_implementation="sdpa", gradient_checkpointing=grad_ckpt)
+    worst = _compare(eager, compiled, TOTALS, backward=True)
+    # measured: log-probs within 1e-6, gradients within 2e-6; one graph for both layers and all four lengths
+    assert worst["graphs"] == 1 and worst["graph_breaks"] == 0, worst
+
+
+def test_lora_adapters_inside_compiled_layers(tiny_model_path):
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    eager, compiled = _pair(tiny_model_path, True, attn_implementation="sdpa", lora=lora)
+    assert any("lora_A" in name for name, p in compiled.named_parameters() if p.requires_grad)
+    worst = _compare(eager, compiled, TOTALS, backward=True)
+    # 2 graphs, whatever the number of layers: the first layer's input does not require grad (frozen embeddings),
+    # the later layers' inputs do (requires_grad is part of the guard)
+    assert worst["graphs"] == 2 and worst["graph_breaks"] == 0, worst
+
+
+def test_flex_attention_block_mask_static_shapes(tiny_model_path):
+    eager, compiled = _pair(tiny_model_path, False, attn_implementation="flex_attention")
+    # 100, 140 and 60 tokens all pad to 256 (two flex blocks): one shape, no recompilation
+    worst = _compare(eager.eval(), compiled.eval(), TOTALS[:3], backward=False)
+    assert worst["graphs"] <= 2, worst  # measured 2: the layer graph split around the attention call
+
+
+def test_flex_attention_with_dynamic_shapes_needs_cuda(tiny_model_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=f"{KEY}=True with actor_rollout_ref.model.attn_implementation=flex"):
+        load_causal_lm(tiny_model_path, attn_implementation="flex_attention", compile_layers=True)
+
+
+def test_flex_attention_refused_at_validation_on_cpu(tmp_path):
+    from tests.test_config import compose_config, script_overrides
+    from verl.trainer.config_schema import ConfigError, validate_config
+
+    base = script_overrides("run_memory_7B.sh", tmp_path)
+    flex = ["actor_rollout_ref.model.attn_implementation=flex_attention", "actor_rollout_ref.model.compile_layers=True"]
+    with pytest.raises(ConfigError, match=f"{KEY}=True with actor_rollout_ref.model.attn_implementation=flex"):
+        validate_config(compose_config(base + flex + ["trainer.device=cpu"]))
+    validate_config(compose_config(base + flex + ["trainer.device=cuda"]))
+    validate_config(compose_config(base + flex[1:] + ["trainer.device=cpu"]))  # sdpa/auto on CPU is fine
+
+
+def test_decoder_layers_are_found_through_peft(tiny_model_path):
+    model = load_causal_lm(tiny_model_path, lora={"r": 2})
+    layers = decoder_layers(model)
+    assert [type(layer).__name__ for layer in layers] == ["Qwen2DecoderLayer"] * 2
+    assert layers[0] is model.get_base_model().model.layers[0]
+    assert not any(is_compiled(layer) for layer in layers)
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_worker_compiles_the_actor_and_ref_layers(tiny_model_path, flag):
+    """Built as the trainer builds it; nothing runs a forward, so nothing compiles yet (compilation is lazy)."""
+    from tests.test_config import compose_config
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    overrides = [
+        f"actor_rollout_ref.model.path={tiny_model_path}",
+        "actor_rollout_ref.model.attn_implementation=sdpa",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ] + ([f"{KEY}=True"] if flag else [])  # off is the default
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ActorRolloutRefWorker, "_init_rollout", lambda self: None)  # no rollout engine needed here
+        worker = ActorRolloutRefWorker(compose_config(overrides).actor_rollout_ref, "cpu")
+        worker.init_model()
+    for module in (worker.actor_module, worker.ref.actor_module):
+        layers = decoder_layers(module)
+        assert len(layers) == 2 and [is_compiled(layer) for layer in layers] == [flag, flag]

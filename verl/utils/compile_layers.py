@@ -1,0 +1,83 @@
+"""Regional compilation: ``torch.compile`` each decoder layer of a causal LM in place (``model.compile_layers``).
+
+At hidden sizes of 1-2k the memory-bound elementwise ops of a decoder layer (RMSNorm, SiLU * mul, rotary
+embedding, residual adds, dtype casts) take a large share of an eager step; compiling each transformer block
+separately fuses them, and since every layer runs the same code, the one graph compiled for the first layer is
+reused by the others (torchtitan's "regional compilation"; compiling whole models instead costs minutes and
+breaks on the data-dependent packing code around the layers).
+
+How it composes:
+
+* ``nn.Module.compile`` (not ``torch.compile(module)``): the layer object stays in place, so its name in the
+  state dict, FSDP2's ``fully_shard`` on the layer and transformers' ``GradientCheckpointingLayer.__call__``
+  (which checkpoints ``nn.Module.__call__``, now the compiled call) all still apply. It is applied in
+  ``model_loading.prepare_for_training``, after gradient checkpointing is enabled and before the worker
+  shards the model with FSDP2 (torchtitan's order: activation checkpointing, compile, FSDP). The order with
+  FSDP2 does not change the compiled code: FSDP2's pre/post-forward hooks are ``torch._dynamo.disable``-d,
+  so they run eagerly around the layer's graph whichever came first, and dynamo does not guard on the
+  FSDP-managed parameters (``torch._dynamo.config.skip_fsdp_guards``);
+* packed rows change length every micro-batch: ``dynamic=True`` compiles one graph with a symbolic length for
+  all of them; the default ``dynamic=None`` (automatic dynamic shapes) compiles the first length static and a
+  second, dynamic graph at the first new length (tiny Qwen2 on CPU, lengths 100..300: 1 graph vs 2,
+  ``tests/test_compile_layers.py``);
+* LoRA: peft replaces the linears inside the layers; the compiled layer traces through the adapter forward. The
+  layers are found in the model peft wraps (``verl.utils.lora.base_model``).
+
+On CPU inductor compiles C++. flex_attention there is refused with dynamic shapes: inductor's CPU flex template
+fails to compile the packed-rows mask inside a layer graph with a symbolic length (a C++ compile error, torch
+2.13); static shapes (``dynamic=False``) work but recompile at every new length.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from torch import nn
+
+KEY = "actor_rollout_ref.model.compile_layers"
+
+__all__ = ["decoder_layers", "compile_decoder_layers", "is_compiled"]
+
+logger = logging.getLogger(__name__)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a (maybe peft-wrapped) transformers model: the modules whose class the model lists in
+    ``_no_split_modules`` (``Qwen2DecoderLayer``, ``LlamaDecoderLayer``, ...), in order."""
+    from verl.utils.fsdp_utils import get_decoder_layer_classes
+    from verl.utils.lora import base_model
+
+    inner = base_model(model)
+    classes = get_decoder_layer_classes(inner)
+    return [module for module in inner.modules() if type(module).__name__ in classes]
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """True when ``module.compile()`` was applied (its ``__call__`` runs a ``torch.compile``-d ``_call_impl``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def compile_decoder_layers(model: nn.Module, dynamic: Optional[bool] = True, **compile_kwargs) -> int:
+    """``layer.compile(dynamic=dynamic, **compile_kwargs)`` on every decoder layer of ``model``, in place; returns
+    the number of layers compiled. Raises ``ValueError``, naming ``actor_rollout_ref.model.compile_layers``, for a
+    model without declared decoder layers (a custom architecture whose ``_no_split_modules`` is empty) and for
+    flex_attention with dynamic shapes without CUDA (see the module docstring)."""
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(
+            f"{KEY}=True: the model declares no decoder layer classes "
+            f"(_no_split_modules of {type(model).__name__} is empty); set {KEY}=False for this model"
+        )
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn == "flex_attention" and dynamic is not False and not torch.cuda.is_available():
+        raise ValueError(
+            f"{KEY}=True with actor_rollout_ref.model.attn_implementation=flex_attention needs CUDA: on CPU "
+            "inductor cannot compile flex_attention inside a layer with a dynamic sequence length; "
+            f"use attn_implementation=sdpa or {KEY}=False"
+        )
+    for layer in layers:
+        layer.compile(dynamic=dynamic, **compile_kwargs)
+    logger.info("compile_layers: %d %s layers compiled (torch.compile)", len(layers), type(layers[0]).__name__)
+    return len(layers)
