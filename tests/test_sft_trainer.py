@@ -519,6 +519,14 @@ def test_every_key_has_a_comment_line_above_it():
         assert OmegaConf.select(cfg, key, default="missing") != "missing", key
 
 
+@pytest.mark.parametrize("flag", [True, False])
+def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, flag):
+    from verl.utils.compile_layers import decoder_layers, is_compiled
+
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, f"model.compile_layers={str(flag).lower()}"))
+    assert [is_compiled(layer) for layer in decoder_layers(trainer.model)] == [flag, flag]
+
+
 @pytest.mark.parametrize(
     ("override", "world", "message"),
     [
@@ -528,6 +536,7 @@ def test_every_key_has_a_comment_line_above_it():
         ("trainer.total_training_steps=0", 1, "trainer.total_training_steps must be null or an integer >= 1"),
         ("optim.warmup_steps_ratio=1.5", 1, r"optim.warmup_steps_ratio must be in \[0, 1\], got 1.5"),
         ("data.train_files=''", 1, "data.train_files must name at least one parquet/json/jsonl file, got nothing"),
+        ("model.compile_layers=1", 1, "model.compile_layers must be true or false, got 1"),
     ],
 )
 def test_config_is_validated_early_with_the_key_named(tiny_model_path, data_file, tmp_path, override, world, message):
