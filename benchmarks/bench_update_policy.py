@@ -12,6 +12,8 @@ done for long sequences. ``--peak-flops`` defaults to 790e12 (dense bf16 measure
 
 Every timed call gets a fresh batch with new lengths (after one warm-up call), so recompiles of
 ``flex_attention`` for new shapes are part of what is measured.
+``--compile-layers`` compiles in the warm-up call too; the JSON records ``compiled_graphs``, the graphs
+``torch.compile`` made in this process (layers, and flex_attention's own), and whether liger was applied.
 
 Measured on 2x H200 (torch 2.11, transformers 5.17, no flash-attn; 16 rows/GPU, prompts 2-4K, responses
 256-1K tokens, ~60K valid tokens/GPU per call, dynamic bsz 16K tokens/micro-batch, FSDP2 bf16/fp32 reduce;
@@ -38,6 +40,12 @@ Examples:
         --prompt-len 64 --response-len 32 --token-budget 256 --steps 1
     # a real checkpoint by path, one process
     python benchmarks/bench_update_policy.py --model-path /models/Qwen2.5-7B-Instruct
+    # compiled decoder layers (model.compile_layers) and liger kernels (model.use_liger), with a profile of one
+    # compute_log_prob and one update_policy call after the timed ones
+    torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b \\
+        --attn flex_attention --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024 \\
+        --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1 --no-baseline --grad-ckpt \\
+        --compile-layers --liger --profile /tmp/update_profile.txt
 """
 
 from __future__ import annotations
@@ -76,6 +84,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per update_policy call")
     p.add_argument("--no-remove-padding", action="store_true", help="padded forward instead of packed rows")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (actor and baseline)")
+    p.add_argument(
+        "--compile-layers",
+        action="store_true",
+        help="model.compile_layers: torch.compile each decoder layer (actor and baseline; compiles in the warm-up)",
+    )
+    p.add_argument(
+        "--liger",
+        action="store_true",
+        help="model.use_liger: liger-kernel's fused RMSNorm/SwiGLU/RoPE (CUDA only; actor and baseline)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="after the timed calls, profile one compute_log_prob and one update_policy call (torch.profiler) and "
+        "write their key_averages tables to PATH (rank 0)",
+    )
     p.add_argument(
         "--attn",
         default=None,
@@ -175,6 +200,8 @@ def build_model(args, device: torch.device):
             attn_implementation=args.attn,
             device=device,
             gradient_checkpointing=args.grad_ckpt,
+            use_liger=args.liger,
+            compile_layers=args.compile_layers,
         )
     return build_causal_lm_from_config(
         shape_config(args.shape),
@@ -183,7 +210,33 @@ def build_model(args, device: torch.device):
         device=device,
         gradient_checkpointing=args.grad_ckpt,
         seed=0,
+        use_liger=args.liger,
+        compile_layers=args.compile_layers,
     )
+
+
+def liger_applied(model: torch.nn.Module) -> bool:
+    """True when some module of ``model`` is a liger-kernel class (``apply_liger_kernel`` swaps the norms in)."""
+    return any(type(module).__module__.startswith("liger_kernel") for module in model.modules())
+
+
+def profile_calls(calls: dict, device: torch.device, path: str, write: bool) -> None:
+    """Run each of ``calls`` (name -> no-argument function) once under ``torch.profiler.profile`` and write its
+    ``key_averages()`` table (40 rows, by self CUDA time on CUDA, else self CPU time) to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    tables = []
+    for name, call in calls.items():
+        with profile(activities=activities) as prof:
+            call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        tables.append(f"== {name} (sorted by {sort_by})\n{prof.key_averages().table(sort_by=sort_by, row_limit=40)}")
+    if write:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("\n\n".join(tables) + "\n")
 
 
 def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
@@ -339,6 +392,15 @@ def main(argv=None) -> dict:
         metrics.update(actor.update_policy(batches[i]))
 
     update_seconds = timed(update_call, args.steps, device)
+    if args.profile:  # after the timed calls: compiled graphs and caches are warm
+        profile_calls(
+            {"compute_log_prob": lambda: log_prob_call(1), "update_policy": lambda: update_call(1)},
+            device,
+            args.profile,
+            write=rank == 0,
+        )
+    from torch._dynamo.utils import counters
+
     result = {
         "shape": args.model_path or args.shape,
         "params": num_params,
@@ -347,6 +409,11 @@ def main(argv=None) -> dict:
         "attn_implementation": attn,
         "remove_padding": not args.no_remove_padding,
         "grad_ckpt": args.grad_ckpt,
+        "compile_layers": args.compile_layers,
+        "compiled_graphs": int(counters["stats"]["unique_graphs"]),
+        "liger": args.liger,
+        "liger_applied": liger_applied(model),
+        "profile": args.profile,
         "fused_kernels": actor.use_fused_kernels,
         "calculate_entropy": args.calculate_entropy,
         "param_dtype": args.param_dtype,
@@ -416,7 +483,8 @@ def update_policy_table(result: dict) -> str:
     head = (
         f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
         f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
-        f"grad_ckpt={result['grad_ckpt']}, {result['tokens_global_per_call']:,.0f} tokens per call; "
+        f"grad_ckpt={result['grad_ckpt']}, compile_layers={result['compile_layers']}, liger={result['liger']}, "
+        f"{result['tokens_global_per_call']:,.0f} tokens per call; "
         f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
     )
     return "\n".join(

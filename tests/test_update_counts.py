@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -57,3 +58,39 @@ def test_timed_runs_use_the_memagent_rows():
     assert width == max(prompts) and batch.batch["responses"].shape[1] == max(responses)
     assert mask[:, :width].sum(-1).tolist() == prompts
     assert mask[:, width:].sum(-1).tolist() == responses
+
+
+def test_bench_model_flags_reach_the_model():
+    """``--compile-layers`` and ``--liger`` build the model through ``model_loading`` as the workers do."""
+    from argparse import Namespace
+
+    from bench_update_policy import build_model, liger_applied, parse_args
+
+    from verl.utils.compile_layers import decoder_layers, is_compiled
+
+    args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--compile-layers", "--liger"])
+    assert args.compile_layers and args.liger and args.profile is None
+    model = build_model(args, torch.device("cpu"))
+    assert [is_compiled(layer) for layer in decoder_layers(model)] == [True, True]
+    assert not liger_applied(model)  # liger-kernel needs CUDA: ignored with a warning on CPU
+    plain = build_model(Namespace(**{**vars(args), "compile_layers": False}), torch.device("cpu"))
+    assert not any(is_compiled(layer) for layer in decoder_layers(plain))
+
+
+def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_path):
+    import json
+    import subprocess
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update_policy.py"
+    out, profile = tmp_path / "result.json", tmp_path / "profile.txt"
+    command = [sys.executable, str(bench), "--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--rows", "2",
+               "--prompt-len", "32", "--response-len", "16", "--token-budget", "256", "--log-prob-token-budget",
+               "256", "--steps", "1", "--no-baseline", "--liger", "--profile", str(profile), "--out", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert (result["compile_layers"], result["liger"], result["liger_applied"]) == (False, True, False)
+    assert result["compiled_graphs"] == 0 and result["profile"] == str(profile)
+    text = profile.read_text()
+    assert "== compute_log_prob (sorted by self_cpu_time_total)" in text
+    assert "== update_policy (sorted by self_cpu_time_total)" in text
+    assert "aten::mm" in text and len(text) < 100_000
