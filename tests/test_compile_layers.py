@@ -59,6 +59,7 @@ def _pair(path, compile_dynamic, **kwargs):
     compiled = load_causal_lm(path, dtype="float32", **kwargs)
     compiled.load_state_dict(eager.state_dict())
     assert compile_decoder_layers(compiled, dynamic=compile_dynamic) == len(decoder_layers(compiled)) == 2
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # in place: checkpoints and weight sync unchanged
     return eager.train(), compiled.train()
 
 
