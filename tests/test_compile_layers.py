@@ -202,11 +202,18 @@ def test_fsdp2_gradient_checkpointing_and_fused_head(tiny_model_path, tmp_path):
 # ------------------------------------------------------------------------------------------- GPU (the lead's)
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad_ckpt", [False, True], ids=["plain", "grad_ckpt"])
-def test_cuda_flex_log_probs_and_gradients_match_eager(tiny_model_path, grad_ckpt):
-    """flex_attention with our BlockMask inside compiled layers, dynamic shapes, with backward (CUDA only)."""
+@pytest.mark.parametrize("attn", ["flex_attention", "torch_varlen"])
+def test_cuda_packed_log_probs_and_gradients_match_eager(tiny_model_path, grad_ckpt, attn):
+    """flex_attention (our BlockMask) and torch_varlen (cu_seq_lens kwargs) inside compiled layers, dynamic shapes,
+    with backward (CUDA only; not run here: no GPU on the test machine)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    kwargs = dict(attn_implementation="flex_attention", gradient_checkpointing=grad_ckpt)
+    if attn == "torch_varlen":
+        from verl.workers.actor.varlen_attention import varlen_available
+
+        if not varlen_available():
+            pytest.skip("needs torch.nn.attention.varlen (torch >= 2.10)")
+    kwargs = dict(attn_implementation=attn, gradient_checkpointing=grad_ckpt)
     eager, compiled = (m.cuda() for m in _pair(tiny_model_path, True, **kwargs))
 
     def cuda_batch(call, total):
@@ -219,8 +226,10 @@ def test_cuda_flex_log_probs_and_gradients_match_eager(tiny_model_path, grad_ckp
     for call, total in enumerate([100, 140, 60, 300, 700, 1000]):
         batch = cuda_batch(call, total)
         (lp_e, g_e), (lp_c, g_c) = _step(eager, batch, True), _step(compiled, batch, True)
-        torch.testing.assert_close(lp_c, lp_e, rtol=0, atol=1e-5)
+        # torch_varlen computes attention in bf16 (FA2 kernels) in both models; the bounds are not measured
+        atol = 1e-5 if attn == "flex_attention" else 1e-2
+        torch.testing.assert_close(lp_c, lp_e, rtol=0, atol=atol)
         for name in g_e:
-            torch.testing.assert_close(g_c[name], g_e[name], rtol=0, atol=1e-4, msg=name)
+            torch.testing.assert_close(g_c[name], g_e[name], rtol=0, atol=100 * atol, msg=name)
     # a bound, not a measurement: the eager model's own compiled flex_attention counts here too
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])
