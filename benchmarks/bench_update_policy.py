@@ -104,8 +104,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--attn",
         default=None,
-        help="attention implementation (default: flash_attention_2 if "
-        "installed on CUDA, else sdpa; also flex_attention, torch_varlen (CUDA, torch >= 2.10), eager)",
+        help="attention implementation (default, as the trainer's: flash_attention_2 if installed on CUDA, else "
+        "flex_attention on CUDA for packed rows, else sdpa; the padded baseline's default skips flex_attention; "
+        "also torch_varlen (CUDA, torch >= 2.10), eager)",
     )
     p.add_argument(
         "--no-fused-kernels",
@@ -192,12 +193,15 @@ def setup_distributed(device_type: str) -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def build_model(args, device: torch.device):
+def build_model(args, device: torch.device, remove_padding: bool):
+    """The model of ``--model-path`` or ``--shape``; ``remove_padding`` (packed rows) picks the automatic attention
+    as the trainer does (``resolve_attn_implementation``)."""
     if args.model_path:
         return load_causal_lm(
             args.model_path,
             dtype="float32",
             attn_implementation=args.attn,
+            remove_padding=remove_padding,
             device=device,
             gradient_checkpointing=args.grad_ckpt,
             use_liger=args.liger,
@@ -212,6 +216,7 @@ def build_model(args, device: torch.device):
         seed=0,
         use_liger=args.liger,
         compile_layers=args.compile_layers,
+        remove_padding=remove_padding,
     )
 
 
@@ -284,7 +289,7 @@ def global_sum(value: float, device: torch.device) -> float:
 
 def run_baseline(args, batches: list[DataProto], device: torch.device, num_params: int) -> dict:
     """Plain transformers: padded micro-batches, bf16 autocast, full logits, fwd+bwd, AdamW (one GPU)."""
-    model = build_model(args, device)
+    model = build_model(args, device, remove_padding=False)  # padded micro-batches
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     width = batches[0].batch["input_ids"].shape[1]
@@ -333,7 +338,7 @@ def main(argv=None) -> dict:
     device_type = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world, device = setup_distributed(device_type)
     torch.manual_seed(0)
-    model = build_model(args, device)
+    model = build_model(args, device, remove_padding=not args.no_remove_padding)
     num_params = count_parameters(model)
     vocab_size = model.config.vocab_size
     attn = model.config._attn_implementation

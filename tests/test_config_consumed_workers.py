@@ -155,6 +155,7 @@ def test_model_keys_reach_the_loader(actor_build, key):
         value = {k: (list(v) if not isinstance(v, (str, int)) else v) for k, v in value.items()}
     assert value == expected, key
     assert loads[1]["attn_implementation"] == "eager"  # the reference model too
+    assert loads[1]["use_liger"] is True  # the reference model runs the actor's kernels (verl passes it to both)
 
 
 def test_use_remove_padding_reaches_the_loader(actor_build):

@@ -35,7 +35,12 @@ from transformers.masking_utils import (
 from tests.packed_batches import RESPONSE_LENGTH, padded_batch
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.forward import forward_response_log_probs, host_plan, pack_rows
-from verl.workers.actor.packed_block_mask import document_ids, packed_attention_mask, packed_block_mask
+from verl.workers.actor.packed_block_mask import (
+    document_ids,
+    document_starts,
+    packed_attention_mask,
+    packed_block_mask,
+)
 
 FIELDS = (
     "kv_num_blocks",
@@ -79,6 +84,10 @@ def _assert_same_block_mask(position_ids: torch.Tensor, block_size: int = 128) -
 
 def test_document_ids():
     assert document_ids(torch.tensor([[0, 1, 0, 1, 2, 0, 0, 1]])).tolist() == [[0, 0, 1, 1, 1, 2, 3, 3]]
+    # every row starts a document, also where its positions do not start at 0 (varlen_attention's boundaries)
+    starts = document_starts(torch.tensor([[0, 1, 2, 3], [4, 5, 0, 1]]))
+    assert starts.tolist() == [[True, False, False, False], [True, False, True, False]]
+    assert document_ids(torch.tensor([[4, 5, 0, 1]])).tolist() == [[0, 0, 1, 1]]
 
 
 LAYOUTS = {

@@ -70,10 +70,10 @@ def test_bench_model_flags_reach_the_model():
 
     args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--compile-layers", "--liger"])
     assert args.compile_layers and args.liger and args.profile is None
-    model = build_model(args, torch.device("cpu"))
+    model = build_model(args, torch.device("cpu"), remove_padding=True)
     assert [is_compiled(layer) for layer in decoder_layers(model)] == [True, True]
     assert not liger_applied(model)  # liger-kernel needs CUDA: ignored with a warning on CPU
-    plain = build_model(Namespace(**{**vars(args), "compile_layers": False}), torch.device("cpu"))
+    plain = build_model(Namespace(**{**vars(args), "compile_layers": False}), torch.device("cpu"), remove_padding=True)
     assert not any(is_compiled(layer) for layer in decoder_layers(plain))
 
 
@@ -94,3 +94,33 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     assert "== compute_log_prob (sorted by self_cpu_time_total)" in text
     assert "== update_policy (sorted by self_cpu_time_total)" in text
     assert "aten::mm" in text and len(text) < 100_000
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed):
+    """No ``--attn``: the actor's model gets the trainer's automatic choice for its layout (flex_attention for packed
+    rows on CUDA without flash-attn, sdpa padded) and the padded baseline sdpa. CUDA is faked for the choice only
+    (the weights stay on CPU)."""
+    import importlib.util
+
+    from bench_update_policy import build_model, parse_args
+
+    from verl.utils import model_loading
+
+    real_find_spec, real_choice = importlib.util.find_spec, model_loading.resolve_attn_implementation
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a, **k: None if name == "flash_attn" else real_find_spec(name, *a, **k),
+    )
+    monkeypatch.setattr(
+        model_loading,
+        "resolve_attn_implementation",
+        lambda requested=None, device=None, remove_padding=False: real_choice(requested, "cuda", remove_padding),
+    )
+    args = parse_args(["--shape", "tiny"] + ([] if packed else ["--no-remove-padding"]))
+    assert args.attn is None
+    actor = build_model(args, torch.device("cpu"), remove_padding=not args.no_remove_padding)
+    assert actor.config._attn_implementation == ("flex_attention" if packed else "sdpa")
+    baseline = build_model(args, torch.device("cpu"), remove_padding=False)
+    assert baseline.config._attn_implementation == "sdpa"

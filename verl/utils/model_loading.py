@@ -257,13 +257,15 @@ def build_causal_lm_from_config(
     seed: Optional[int] = 0,
     use_liger: bool = False,
     compile_layers: bool = False,
+    remove_padding: bool = False,
 ) -> nn.Module:
-    """Randomly initialise a causal LM from a transformers config object (benchmarks and tests)."""
+    """Randomly initialise a causal LM from a transformers config object (benchmarks and tests); the options are
+    ``load_causal_lm``'s."""
     from transformers import AutoModelForCausalLM
 
     if seed is not None:
         torch.manual_seed(seed)
-    config._attn_implementation = resolve_attn_implementation(attn_implementation, device)
+    config._attn_implementation = resolve_attn_implementation(attn_implementation, device, remove_padding)
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
     return prepare_for_training(model, gradient_checkpointing, use_liger=use_liger, compile_layers=compile_layers)

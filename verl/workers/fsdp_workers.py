@@ -160,7 +160,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 attn_implementation=model_cfg.attn_implementation,
                 remove_padding=model_cfg.use_remove_padding,
                 override_config=model_cfg.override_config or None,
-                compile_layers=model_cfg.compile_layers,  # the ref model follows the actor
+                use_liger=model_cfg.use_liger,  # the ref model runs the actor's kernels (as verl's does)
+                compile_layers=model_cfg.compile_layers,
                 trust_remote_code=model_cfg.trust_remote_code,
             ).to(device)
             ref_module.requires_grad_(False)

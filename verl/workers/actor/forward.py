@@ -239,7 +239,6 @@ def pack_rows(
         pad_positions = torch.arange(num_padding, device=packed_positions.device, dtype=packed_positions.dtype)
         packed_positions = torch.cat([packed_positions, pad_positions])
         sequence_lengths = torch.cat([sequence_lengths, sequence_lengths.new_tensor([num_padding])])
-    cu_seq_lens = torch.nn.functional.pad(torch.cumsum(sequence_lengths, dim=0, dtype=torch.int32), (1, 0))
     return PackedRows(
         input_ids=packed_ids.unsqueeze(0),
         position_ids=packed_positions.unsqueeze(0),
@@ -247,7 +246,7 @@ def pack_rows(
         label_index=label_index,
         target_mask=target_mask,
         num_padding=num_padding,
-        cu_seq_lens=cu_seq_lens,
+        cu_seq_lens=varlen_attention.cu_seq_lens_from_lengths(sequence_lengths),
         max_length=int(sequence_lengths.max()),
     )
 

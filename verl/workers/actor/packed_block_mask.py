@@ -37,15 +37,19 @@ from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE, BlockM
 
 from verl.utils.lora import base_model
 
-__all__ = ["attn_implementation", "document_ids", "packed_block_mask", "packed_attention_mask"]
+__all__ = ["attn_implementation", "document_starts", "document_ids", "packed_block_mask", "packed_attention_mask"]
+
+
+def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool, True where a document starts: at the first token of every row and wherever a position does
+    not follow the previous one by 1 (transformers' ``find_packed_sequence_indices``)."""
+    return torch.diff(position_ids, prepend=position_ids[:, :1], dim=-1) != 1
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` document index of every token: a new document starts wherever a position does not follow the
-    previous one by 1 (transformers' ``find_packed_sequence_indices``), e.g. positions ``[0, 1, 0, 1, 2, 0]`` ->
+    """``[B, T]`` document index of every token (``document_starts``), e.g. positions ``[0, 1, 0, 1, 2, 0]`` ->
     ``[0, 0, 1, 1, 1, 2]``."""
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
-    return (step != 1).cumsum(dim=-1)
+    return document_starts(position_ids).cumsum(dim=-1) - 1
 
 
 def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,16 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-__all__ = ["NAME", "varlen_available", "register", "varlen_kwargs", "torch_varlen_attention"]
+from verl.workers.actor.packed_block_mask import document_starts
+
+__all__ = [
+    "NAME",
+    "varlen_available",
+    "register",
+    "varlen_kwargs",
+    "cu_seq_lens_from_lengths",
+    "torch_varlen_attention",
+]
 
 NAME = "torch_varlen"
 
@@ -66,6 +75,11 @@ def varlen_kwargs(cu_seq_lens: torch.Tensor, max_length: int) -> dict:
     """Model keyword arguments that carry the sequence boundaries of packed rows to every attention layer:
     ``cu_seq_lens`` ``[N + 1]`` int32 offsets of the ``N`` sequences, ``max_length`` the longest (a host int)."""
     return dict(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=max_length, max_length_k=max_length)
+
+
+def cu_seq_lens_from_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    """``[N + 1]`` int32 offsets (0 first) of ``N`` consecutive sequences of ``lengths`` ``[N]``."""
+    return nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
 
 
 class _Options(NamedTuple):
@@ -126,17 +140,14 @@ def _boundaries_from_mask(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     """Flat indices of the valid tokens of a ``[B, T]`` mask, their per-row offsets and the longest row."""
     lengths = mask.sum(dim=-1, dtype=torch.int32)
     indices = torch.nonzero(mask.reshape(-1)).reshape(-1)
-    cu_seq_lens = nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
-    return indices, cu_seq_lens, int(lengths.max())
+    return indices, cu_seq_lens_from_lengths(lengths), int(lengths.max())
 
 
 def _boundaries_from_positions(position_ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, int]:
     """Offsets and longest length of the sequences of ``[B or 1, T]`` position_ids (module docstring)."""
-    positions = position_ids.expand(batch, -1)
-    starts = torch.ones_like(positions, dtype=torch.bool)
-    starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
-    offsets = torch.nonzero(starts.reshape(-1)).reshape(-1).to(torch.int32)
-    cu_seq_lens = torch.cat([offsets, offsets.new_tensor([positions.numel()])])
+    starts = document_starts(position_ids.expand(batch, -1)).reshape(-1)  # every row starts a sequence
+    offsets = torch.nonzero(starts).reshape(-1).to(torch.int32)
+    cu_seq_lens = torch.cat([offsets, offsets.new_tensor([starts.numel()])])
     return cu_seq_lens, int(cu_seq_lens.diff().max())
 
 
