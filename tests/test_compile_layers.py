@@ -229,6 +229,7 @@ def test_cuda_packed_log_probs_and_gradients_match_eager(tiny_model_path, grad_c
         # torch_varlen computes attention in bf16 (FA2 kernels) in both models; the bounds are not measured
         atol = 1e-5 if attn == "flex_attention" else 1e-2
         torch.testing.assert_close(lp_c, lp_e, rtol=0, atol=atol)
+        assert g_c.keys() == g_e.keys() and len(g_e) == len(list(eager.parameters()))  # every parameter compared
         for name in g_e:
             torch.testing.assert_close(g_c[name], g_e[name], rtol=0, atol=100 * atol, msg=name)
     # a bound, not a measurement: the eager model's own compiled flex_attention counts here too
