@@ -1,19 +1,81 @@
 #!/usr/bin/env bash
-# Everything we measure on a multi-GPU node, in one go (results and logs land in $OUT).
-#   bash benchmarks/gpu_suite.sh            (expects PYTHONPATH to hold ray/hydra/tensordict, see README)
+# The GPU measurements behind benchmarks/RESULTS.md, one GPU or more, in one go. Each run writes its JSON report and
+# its log into $OUT; the tables in RESULTS.md are made from those reports. Random-init Qwen2.5 shapes at MemAgent's
+# real sizes (5,000-token chunks, 1,024-token memory), so nothing is downloaded.
+#
+#   OUT=benchmarks/results/$(date +%F) bash benchmarks/gpu_suite.sh            # everything (about an hour on one H200)
+#   ONLY="update_attn train_step" bash benchmarks/gpu_suite.sh                # some sections (names below)
+#   DRY_RUN=1 bash benchmarks/gpu_suite.sh                                     # print the commands, run nothing
+#
+# Sections (ONLY picks; default all, in this order):
+#   update_attn   update_policy at the memory-agent layout, side by side: flex_attention, torch_varlen,
+#                 flex + compile_layers, flex + liger (bench_update_policy.py; MFU per pass)
+#   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both)
+#   small_step    the 135M step: packed flex vs padded sdpa (the miniature's sizes)
+#   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
+#   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
+#   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
+#   gpu_tests     the GPU-marked tests
+# Needs the project installed with its GPU extras (pip install -e .[gpu]) on a machine with CUDA.
 set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+ONLY=${ONLY:-update_attn train_step small_step weight_sync vs_verl big_step gpu_tests}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpus.txt"
-run() { local name=$1; shift; echo "=== $name: $*"; ( time "$@" ) >"$OUT/$name.log" 2>&1; echo "rc=$?" >>"$OUT/$name.log"; tail -25 "$OUT/$name.log"; }
-# 1. update_policy MFU: FSDP2 over all GPUs (NCCL) vs a plain single-GPU transformers fwd+bwd
-run update_policy_fsdp torchrun --standalone --nproc_per_node="$NGPU" benchmarks/bench_update_policy.py \
-    --shape qwen2.5-1.5b --rows 8 --prompt-len 3072 --response-len 1024 --token-budget 16384 --grad-ckpt \
-    --steps 3 --out "$OUT/update_policy.json"
-# 2. HF rollout engine vs model.generate on the same batch (Qwen2-0.5B shape)
-run hf_engine_b64 python3 benchmarks/bench_hf_engine.py --shape qwen2-0.5b --batch 64 --prompt-len 1024 --new-tokens 128 --device cuda --repeats 2
-run hf_engine_b256 python3 benchmarks/bench_hf_engine.py --shape qwen2-0.5b --batch 256 --prompt-len 1024 --new-tokens 128 --device cuda --repeats 1
-# 3. GPU-marked tests (NCCL through Ray worker groups; trainer on GPUs)
-run gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider
+want() { [[ " $ONLY " == *" $1 "* ]]; }
+run() {  # run NAME CMD...: CMD's output and exit code into $OUT/NAME.log (DRY_RUN=1: print "NAME: CMD" only)
+    local name=$1; shift
+    if [ "${DRY_RUN:-0}" = 1 ]; then echo "$name: $*"; return 0; fi
+    echo "=== $name: $*"; ( time "$@" ) >"$OUT/$name.log" 2>&1; echo "rc=$?" >>"$OUT/$name.log"; tail -15 "$OUT/$name.log"
+}
+[ "${DRY_RUN:-0}" = 1 ] || nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpus.txt"
+
+UPDATE="torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b --layout memagent
+  --conversations 32 --chunks 3 --chunk 5000 --memory 1024 --final-len 1024 --mini-batches 4 --token-budget 16384
+  --steps 1 --no-baseline --grad-ckpt"
+STEP="python3 benchmarks/bench_train_step.py --device cuda --gpus 1 --rollout vllm"
+BIG_SIZES="--batch 4 --n 8 --chunk 5000 --chunks 3 --memory 1024"
+BIG_OVERRIDES="actor_rollout_ref.model.attn_implementation=flex_attention actor_rollout_ref.model.use_remove_padding=True
+  actor_rollout_ref.rollout.max_model_len=8192 actor_rollout_ref.rollout.enforce_eager=False"
+SMALL_SIZES="--batch 16 --n 8 --chunk 512 --chunks 8 --memory 128"
+SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
+
+if want update_attn; then
+    run update_flex $UPDATE --attn flex_attention --out "$OUT/update_policy_flex.json"
+    run update_varlen $UPDATE --attn torch_varlen --out "$OUT/update_policy_torch_varlen.json"
+    run update_compile $UPDATE --attn flex_attention --compile-layers --out "$OUT/update_policy_flex_compile_layers.json" \
+        --profile "$OUT/update_policy_flex_compile_layers_profile.txt"
+    run update_liger $UPDATE --attn flex_attention --liger --out "$OUT/update_policy_flex_liger.json"
+fi
+if want train_step; then
+    run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \
+        --out "$OUT/train_step_qwen2.5-1.5b_overlap.json" -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.45
+fi
+if want small_step; then
+    run train_step_135m_flex $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed_flex.json" \
+        -- $SMALL_OVERRIDES actor_rollout_ref.model.attn_implementation=flex_attention actor_rollout_ref.model.use_remove_padding=True
+    run train_step_135m_sdpa $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_padded_sdpa.json" \
+        -- $SMALL_OVERRIDES actor_rollout_ref.model.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False
+fi
+if want weight_sync; then
+    run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \
+        --out "$OUT/weight_sync_qwen2.5-1.5b.json"
+    run weight_sync_7b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-7b --device cuda --rollout vllm \
+        --out "$OUT/weight_sync_qwen2.5-7b.json"
+fi
+if want vs_verl; then
+    if [ -n "${VERL_WHEEL:-}" ]; then
+        run vs_verl python3 benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda --attn flex_attention \
+            --upstream-wheel "$VERL_WHEEL" --out "$OUT/vs_verl_qwen2.5-1.5b.json"
+    else
+        echo "=== vs_verl skipped: set VERL_WHEEL to a verl-0.7.1 wheel (pip download verl==0.7.1 --no-deps)"
+    fi
+fi
+if want big_step; then
+    run train_step_7b $STEP --shape qwen2.5-7b $BIG_SIZES --steps 2 --out "$OUT/train_step_qwen2.5-7b_optim_offload.json" \
+        -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+fi
+if want gpu_tests; then
+    run gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider
+fi

@@ -1,0 +1,103 @@
+"""``benchmarks/gpu_suite.sh``: every command it would run names a benchmark that exists, passes flags and choices that
+benchmark's parser accepts, and Hydra overrides that the trainer's config has (checked with ``DRY_RUN=1``: nothing
+runs, no GPU needed)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_config import compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
+
+
+class _Parsed(Exception):
+    """Raised by the patched parser once the arguments parsed (the benchmark's main stops there)."""
+
+    def __init__(self, result):
+        self.result = result
+
+
+def suite_commands(tmp_path: Path) -> dict[str, list[str]]:
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "VERL_WHEEL": str(tmp_path / "verl.whl")}
+    out = subprocess.run(["bash", str(SUITE)], env=env, capture_output=True, text=True, check=True).stdout
+    commands = {}
+    for line in out.splitlines():
+        name, _, command = line.partition(": ")
+        if command:
+            commands[name] = command.split()
+    return commands
+
+
+def parse_with(script: str, argv: list[str], monkeypatch):
+    """Run ``benchmarks/<script>``'s ``main(argv)`` up to its argument parsing; return what the parser returned."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    module = importlib.import_module(Path(script).stem)
+    real_parse_known = argparse.ArgumentParser.parse_known_args
+
+    def parse_args(self, args=None, namespace=None):  # argparse's own rule: no argument left over
+        parsed, extra = real_parse_known(self, args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        raise _Parsed(parsed)
+
+    def parse_known_args(self, args=None, namespace=None):
+        raise _Parsed(real_parse_known(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
+    with pytest.raises(_Parsed) as parsed:
+        module.main(argv)
+    return parsed.value.result
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    return suite_commands(tmp_path_factory.mktemp("suite"))
+
+
+def test_every_section_has_commands(commands):
+    assert {"update_flex", "update_varlen", "update_compile", "update_liger", "train_step_1p5b", "train_step_7b",
+            "train_step_135m_flex", "train_step_135m_sdpa", "weight_sync_1p5b", "weight_sync_7b", "vs_verl",
+            "gpu_tests"} <= set(commands)  # fmt: skip
+
+
+def test_only_picks_sections(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "ONLY": "weight_sync"}
+    out = subprocess.run(["bash", str(SUITE)], env=env, capture_output=True, text=True, check=True).stdout
+    assert [line.split(":")[0] for line in out.splitlines()] == ["weight_sync_1p5b", "weight_sync_7b"]
+
+
+def test_benchmark_flags_parse(commands, monkeypatch):
+    checked = 0
+    for name, command in commands.items():
+        scripts = [i for i, word in enumerate(command) if word.startswith("benchmarks/bench_")]
+        if not scripts:
+            continue
+        script = command[scripts[0]]
+        assert (ROOT / script).is_file(), f"{name}: {script} does not exist"
+        argv = command[scripts[0] + 1 :]
+        with monkeypatch.context() as patch:
+            result = parse_with(script, argv, patch)
+        if isinstance(result, tuple):  # parse_known_args: (namespace, the Hydra overrides)
+            _, extra = result
+            overrides = [word for word in extra if word != "--"]
+            assert all("=" in word and not word.startswith("-") for word in overrides), f"{name}: {overrides}"
+            compose_config(overrides)  # every key exists in the trainer's config
+        checked += 1
+    assert checked >= 11
+
+
+def test_a_wrong_flag_is_caught(monkeypatch):
+    """The check above can fail: an unknown flag or choice stops the parser."""
+    with pytest.raises(SystemExit):
+        parse_with("benchmarks/bench_update_policy.py", ["--attn", "flex_attention", "--no-such-flag"], monkeypatch)
+    with pytest.raises(SystemExit):
+        parse_with("benchmarks/bench_weight_sync.py", ["--shape", "qwen9"], monkeypatch)
