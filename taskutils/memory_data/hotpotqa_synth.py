@@ -25,10 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from taskutils.memory_data.documents import (
     sample_rng,
     select_documents,
 )
+from taskutils.memory_data.fork_pool import fork_available, fork_pool
 from taskutils.memory_data.io_utils import qa_row, qa_schema, write_json_list, write_sharded_parquet
 from taskutils.memory_data.sources import DataFormatError, QAItem, QASource, read_hotpotqa
 
@@ -134,23 +135,27 @@ def build_process_split(
         "fixed_layout": fixed_layout,
         "pool_size": len(source.docs),
     }
-    use_pool = workers > 1 and "fork" in multiprocessing.get_all_start_methods()
-    pool = multiprocessing.get_context("fork").Pool(workers) if use_pool else None
+    use_pool = workers > 1 and fork_available()
     bar = tqdm(total=len(items), desc=f"{split} ({num_docs} docs)", unit="q")
 
-    def make_rows(start: int, end: int) -> Iterator[dict[str, Any]]:
-        step = max(1, (end - start + 4 * workers - 1) // (4 * workers)) if pool else end - start
-        ranges = [(a, min(end, a + step)) for a in range(start, end, step)]
-        results = pool.imap(_rows_for_range, ranges) if pool else map(_rows_for_range, ranges)
-        for rows in results:
-            yield from rows
+    def write(pool: Pool | None) -> None:
+        def make_rows(start: int, end: int) -> Iterator[dict[str, Any]]:
+            step = max(1, (end - start + 4 * workers - 1) // (4 * workers)) if pool else end - start
+            ranges = [(a, min(end, a + step)) for a in range(start, end, step)]
+            results = pool.imap(_rows_for_range, ranges) if pool else map(_rows_for_range, ranges)
+            for rows in results:
+                yield from rows
+
+        write_sharded_parquet(out, len(items), make_rows, PROCESS_SCHEMA, params, shard_size, bar.update)
 
     try:
-        write_sharded_parquet(out, len(items), make_rows, PROCESS_SCHEMA, params, shard_size, bar.update)
+        if use_pool:
+            with fork_pool(workers) as pool:
+                write(pool)
+        else:
+            write(None)
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
         _STATE.clear()
     return out
 

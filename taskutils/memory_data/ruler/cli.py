@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from taskutils.memory_data.fork_pool import fork_available, fork_pool
 from taskutils.memory_data.io_utils import json_list_length, write_json_list
 from taskutils.memory_data.ruler import DEFAULT_LENGTHS, DEFAULT_TASKS, TASKS, RulerResources, generate_sample
 from taskutils.memory_data.sources import DataFormatError
@@ -125,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(t, n) for n in lengths for t in tasks]
-    if args.workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+    if args.workers > 1 and fork_available():
         _RES.update(res=res, num_samples=args.num_samples, out=out_dir, force=args.force)
-        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        with fork_pool(args.workers) as pool:
             for path in tqdm(pool.imap_unordered(_run_job, jobs), total=len(jobs), desc="RULER files"):
                 logger.info("wrote %s", path)
     else:
