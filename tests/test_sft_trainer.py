@@ -537,10 +537,15 @@ def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, 
         ("optim.warmup_steps_ratio=1.5", 1, r"optim.warmup_steps_ratio must be in \[0, 1\], got 1.5"),
         ("data.train_files=''", 1, "data.train_files must name at least one parquet/json/jsonl file, got nothing"),
         ("model.compile_layers=1", 1, "model.compile_layers must be true or false, got 1"),
+        (
+            "model.compile_layers=true model.attn_implementation=flex_attention",
+            1,
+            "model.compile_layers=True with model.attn_implementation=flex_attention needs CUDA",
+        ),
     ],
 )
 def test_config_is_validated_early_with_the_key_named(tiny_model_path, data_file, tmp_path, override, world, message):
-    cfg = _cfg(tiny_model_path, data_file, tmp_path, override)
+    cfg = _cfg(tiny_model_path, data_file, tmp_path, *override.split())
     with pytest.raises(ValueError, match=message):
         validate_sft_config(cfg, world)
 

@@ -257,14 +257,13 @@ def _check_rollout(c: _Checker) -> None:
 
 def _check_compile_layers(c: _Checker) -> None:
     """Per-layer compile with flex_attention needs CUDA (``verl/utils/compile_layers.py``)."""
+    from verl.utils.compile_layers import unsupported
+
     m = "actor_rollout_ref.model"
-    if c.get(f"{m}.compile_layers") and c.get(f"{m}.attn_implementation") == "flex_attention":
-        if resolve_device(c.cfg) == "cpu":
-            c.error(
-                f"{m}.compile_layers=True with {m}.attn_implementation=flex_attention needs trainer.device=cuda "
-                f"(got {resolve_device(c.cfg)}): inductor cannot compile flex_attention inside a layer with a "
-                f"dynamic length on CPU; use attn_implementation=sdpa or compile_layers=False"
-            )
+    if c.get(f"{m}.compile_layers"):
+        reason = unsupported(c.get(f"{m}.attn_implementation"), on_cuda=resolve_device(c.cfg) == "cuda", section=m)
+        if reason:
+            c.error(f"{reason} (trainer.device={resolve_device(c.cfg)})")
 
 
 def _world_size(c: _Checker) -> Optional[int]:

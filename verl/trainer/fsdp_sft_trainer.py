@@ -72,12 +72,13 @@ def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
     compile_layers = OmegaConf.select(cfg, "model.compile_layers", default=False)
     if not isinstance(compile_layers, bool):
         raise ValueError(f"model.compile_layers must be true or false, got {compile_layers!r}")
-    attn = OmegaConf.select(cfg, "model.attn_implementation")
-    if compile_layers and attn == "flex_attention" and not torch.cuda.is_available():
-        raise ValueError(
-            "model.compile_layers=true with model.attn_implementation=flex_attention needs CUDA: on CPU inductor "
-            "cannot compile flex_attention inside a layer with a dynamic length; use sdpa or compile_layers=false"
-        )
+    if compile_layers:
+        from verl.utils.compile_layers import unsupported
+
+        attn = OmegaConf.select(cfg, "model.attn_implementation")
+        reason = unsupported(attn, torch.cuda.is_available(), section="model")
+        if reason:
+            raise ValueError(reason)
     if str(optim.get("lr_scheduler", "cosine")) not in LR_SCHEDULERS:
         raise ValueError(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {optim.get('lr_scheduler')!r}")
     ratio = float(optim.get("warmup_steps_ratio", 0.0) or 0.0)

@@ -38,7 +38,7 @@ from torch import nn
 
 KEY = "actor_rollout_ref.model.compile_layers"
 
-__all__ = ["decoder_layers", "compile_decoder_layers", "is_compiled"]
+__all__ = ["decoder_layers", "compile_decoder_layers", "is_compiled", "unsupported"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,19 @@ def is_compiled(module: nn.Module) -> bool:
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
+def unsupported(attn_implementation: Optional[str], on_cuda: bool, section: str = "actor_rollout_ref.model") -> str:
+    """Why ``{section}.compile_layers=True`` cannot run with this attention here, or ``""`` when it can: flex_attention
+    with a dynamic length needs CUDA (module docstring). One rule for the RL config check, the SFT config check and
+    the loader; ``section`` names the config section in the message (``model`` in the SFT trainer)."""
+    if attn_implementation == "flex_attention" and not on_cuda:
+        return (
+            f"{section}.compile_layers=True with {section}.attn_implementation=flex_attention needs CUDA: on CPU "
+            "inductor cannot compile flex_attention inside a layer with a dynamic sequence length; "
+            f"use {section}.attn_implementation=sdpa or {section}.compile_layers=False"
+        )
+    return ""
+
+
 def compile_decoder_layers(model: nn.Module, dynamic: Optional[bool] = True, **compile_kwargs) -> int:
     """``layer.compile(dynamic=dynamic, **compile_kwargs)`` on every decoder layer of ``model``, in place; returns
     the number of layers compiled. Raises ``ValueError``, naming ``actor_rollout_ref.model.compile_layers``, for a
@@ -70,13 +83,12 @@ def compile_decoder_layers(model: nn.Module, dynamic: Optional[bool] = True, **c
             f"{KEY}=True: the model declares no decoder layer classes "
             f"(_no_split_modules of {type(model).__name__} is empty); set {KEY}=False for this model"
         )
-    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if attn == "flex_attention" and dynamic is not False and not torch.cuda.is_available():
-        raise ValueError(
-            f"{KEY}=True with actor_rollout_ref.model.attn_implementation=flex_attention needs CUDA: on CPU "
-            "inductor cannot compile flex_attention inside a layer with a dynamic sequence length; "
-            f"use attn_implementation=sdpa or {KEY}=False"
-        )
+    if dynamic is not False:
+        from verl.workers.actor.packed_block_mask import attn_implementation
+
+        reason = unsupported(attn_implementation(model), torch.cuda.is_available())
+        if reason:
+            raise ValueError(reason)
     for layer in layers:
         layer.compile(dynamic=dynamic, **compile_kwargs)
     logger.info("compile_layers: %d %s layers compiled (torch.compile)", len(layers), type(layers[0]).__name__)
