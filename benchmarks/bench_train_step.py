@@ -24,6 +24,15 @@ carries the process's one-off warm-ups in its step 1, which the steady state lea
 On one GPU (``--device cuda --gpus 1``) the worker runs in a Ray GPU actor (FSDP2 over a 1-rank NCCL
 group, the vLLM engine in-process); every process that builds a vLLM engine needs
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in its environment (Ray workers inherit this process's).
+
+Nothing finished is lost when a run is cut short: each run logs every step's metrics to
+``<log dir>/{sync,overlap}/metrics.jsonl`` as the step ends (flushed and fsynced; ``--log-dir``, by default
+``<out>.steps/`` beside ``--out``), with the benchmark's arguments in ``<log dir>/run.json``. A run that raises
+writes the steps it finished to ``--out`` (``"complete": false`` and the error); a run stopped by SIGTERM finishes
+its step, writes the report of the steps done and does not start the next run of ``--overlap both``; and after a
+SIGKILL, ``--report-from <log dir>`` rebuilds the report from the logged steps::
+
+    python benchmarks/bench_train_step.py --report-from /results/train_step.steps --out /results/train_step.json
 """
 
 from __future__ import annotations
@@ -70,8 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         help="trainer.rollout_overlap: off, on, or both side by side (one-step-off vs synchronous)",
     )
     p.add_argument("--out", help="write the JSON report here")
+    p.add_argument(
+        "--log-dir",
+        help="per-step metrics of each run (<dir>/sync, <dir>/overlap: metrics.jsonl, written as each step ends) and "
+        "the benchmark's arguments (<dir>/run.json); default: <out>.steps beside --out, else a temporary folder",
+    )
+    p.add_argument(
+        "--report-from",
+        metavar="LOG_DIR",
+        help="do not run: build the report from the steps logged in LOG_DIR (the --log-dir of an earlier run, e.g. "
+        "one killed before it wrote --out) and write it to --out",
+    )
     args, overrides = p.parse_known_args(argv)
     overrides = [o for o in overrides if o != "--"]
+    if args.report_from:
+        return report_from_log_dir(Path(args.report_from), args.out)
 
     import pandas as pd
     from hydra import compose, initialize_config_dir
@@ -93,6 +115,16 @@ def main(argv: list[str] | None = None) -> int:
 
         model = smollm2_path()
     work = Path(tempfile.mkdtemp(prefix="bench_step_"))
+    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir(args.out, work)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        **{key: getattr(args, key) for key in RUN_KEYS},
+        "model": str(model),
+        "device": bc.device_name(args.device),
+        "overrides": overrides,
+    }
+    (log_dir / RUN_FILE).write_text(json.dumps(meta, indent=2))
+    print(f"[bench_train_step] per-step metrics: {log_dir}/{{sync,overlap}}/metrics.jsonl", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(model)
     dataset_rows = make_needle_qa_dataset(
         args.batch * args.steps,
@@ -144,47 +176,119 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     def run(overlap: bool) -> list[dict]:
+        name = RUN_NAMES[overlap]
         extra = [
             f"trainer.default_local_dir={work / ('ckpt_overlap' if overlap else 'ckpt')}",
+            f"trainer.log_dir={log_dir / name}",
             f"trainer.rollout_overlap={overlap}",
         ]
         with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
             cfg = compose(config_name="ppo_trainer", overrides=[*cfg_overrides, *extra, *overrides])
-        return step_rows(main_ppo.run(cfg), args.batch * args.n)
+        return main_ppo.run(cfg)
 
-    modes = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    results = {overlap: run(overlap) for overlap in modes}
-    rows = results[modes[0]]
+    histories: dict[str, list[dict]] = {}
+    try:
+        for overlap in MODES[args.overlap]:
+            histories[RUN_NAMES[overlap]] = run(overlap)
+            if len(step_rows(histories[RUN_NAMES[overlap]], 1)) < args.steps:
+                print("[bench_train_step] the run stopped early (SIGTERM?): no further run", file=sys.stderr)
+                break
+    except BaseException as exc:
+        # the steps finished before the error, from the per-step log (the run's return value is lost)
+        partial = build_report(meta, logged_histories(log_dir), error=f"{type(exc).__name__}: {exc}")
+        bc.write_json(args.out, partial)
+        print(f"[bench_train_step] failed; the report of the finished steps is in {args.out}", file=sys.stderr)
+        raise
+    report = build_report(meta, histories)
+    bc.write_json(args.out, report)
+    print_report(report)
+    return 0
+
+
+# benchmark arguments a report needs, kept in <log dir>/run.json
+RUN_KEYS = ("gpus", "rollout", "batch", "n", "chunks", "chunk", "memory", "steps", "overlap")
+RUN_FILE = "run.json"
+RUN_NAMES = {False: "sync", True: "overlap"}
+MODES = {"off": [False], "on": [True], "both": [False, True]}
+
+
+def default_log_dir(out: str | None, work: Path) -> Path:
+    """``<out without .json>.steps`` beside ``--out``; without ``--out`` a folder in the run's temporary folder."""
+    if not out:
+        return work / "logs"
+    out_path = Path(out)
+    return out_path.with_name(out_path.stem + ".steps")
+
+
+def logged_histories(log_dir: Path) -> dict[str, list[dict]]:
+    """The steps each run logged (``<log_dir>/<run>/metrics.jsonl``), by run name; a torn last line is skipped."""
+    histories = {}
+    for name in RUN_NAMES.values():
+        path = log_dir / name / "metrics.jsonl"
+        if not path.exists():
+            continue
+        history = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                history.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        histories[name] = history
+    return histories
+
+
+def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None = None) -> dict:
+    """The JSON report of the runs in ``histories`` (``sync`` / ``overlap``, the trainer's per-step metrics);
+    ``complete`` says whether every run of ``meta["overlap"]`` logged all ``meta["steps"]`` steps."""
+    trajectories = meta["batch"] * meta["n"]
+    rows = {name: step_rows(history, trajectories) for name, history in histories.items()}
+    wanted = [RUN_NAMES[overlap] for overlap in MODES[meta["overlap"]]]
     report = {
         "benchmark": "train_step",
-        "model": str(model),
-        "device": bc.device_name(args.device),
-        "ranks": args.gpus,
-        "rollout": args.rollout,
-        "batch": args.batch,
-        "n": args.n,
-        "chunks": args.chunks,
-        "chunk": args.chunk,
-        "memory": args.memory,
-        "overrides": overrides,
-        "rollout_overlap": args.overlap,
-        "steps": rows,
+        **{key: meta[key] for key in ("model", "device")},
+        "ranks": meta["gpus"],
+        **{key: meta[key] for key in ("rollout", "batch", "n", "chunks", "chunk", "memory", "overrides")},
+        "rollout_overlap": meta["overlap"],
+        "steps": rows.get(wanted[0], []),
+        "complete": all(len(rows.get(name, [])) >= meta["steps"] for name in wanted) and error is None,
         "env": bc.environment(),
     }
-    if args.overlap == "both":
-        report["overlap_steps"] = results[True]
-        report["overlap_summary"] = overlap_summary(results[False], results[True])
-    bc.write_json(args.out, report)
+    if error is not None:
+        report["error"] = error
+    if meta["overlap"] == "both" and rows.get("overlap"):
+        report["overlap_steps"] = rows["overlap"]
+        report["overlap_summary"] = overlap_summary(rows["sync"], rows["overlap"])
+    return report
+
+
+def report_from_log_dir(log_dir: Path, out: str | None) -> int:
+    """``--report-from``: the report of the steps logged in ``log_dir`` (written to ``out``), printed."""
+    run_file = log_dir / RUN_FILE
+    if not run_file.exists():
+        raise SystemExit(f"--report-from {log_dir}: no {RUN_FILE} there (is it the --log-dir of a benchmark run?)")
+    meta = json.loads(run_file.read_text())
+    histories = logged_histories(log_dir)
+    if not histories:
+        raise SystemExit(f"--report-from {log_dir}: no logged steps (sync/metrics.jsonl, overlap/metrics.jsonl)")
+    report = build_report(meta, histories)
+    bc.write_json(out, report)
+    print_report(report)
+    return 0
+
+
+def print_report(report: dict) -> None:
+    """The report as JSON (stderr), its tables and the per-step memory peaks (stdout)."""
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
-    for r in rows:
+    for r in report["steps"]:
         print(
             f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB, "
             f"host RSS peak {r['host_peak_rss_gib']} GiB"
         )
-    if args.overlap == "both":
+    if "overlap_steps" in report:
         print("\n" + overlap_table(report))
-    return 0
+    if not report["complete"]:
+        print(f"\nincomplete: {report.get('error', 'a run stopped before its last step')}")
 
 
 def step_rows(history: list[dict], trajectories: int) -> list[dict]:

@@ -167,6 +167,17 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
     printed = capsys.readouterr().out
     assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
+    assert report["complete"] is True and "error" not in report
+    # every step of both runs was logged beside --out as it ended; the report rebuilt from that log is the same
+    log_dir = tmp_path / "train_step.steps"
+    for name in ("sync", "overlap"):
+        lines = (log_dir / name / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [1, 2, 3], name
+    rebuilt_path = tmp_path / "rebuilt.json"
+    assert main(["--report-from", str(log_dir), "--out", str(rebuilt_path)]) == 0
+    rebuilt = json.loads(rebuilt_path.read_text())
+    for key in ("steps", "overlap_steps", "overlap_summary", "complete", "batch", "n", "chunks", "overrides"):
+        assert rebuilt[key] == report[key], key
 
 
 @pytest.mark.vllm

@@ -1,0 +1,141 @@
+"""``benchmarks/bench_train_step.py`` keeps what a cut-short run finished: every step is logged as it ends
+(``<log dir>/{sync,overlap}/metrics.jsonl``), a run that raises writes the finished steps to ``--out`` with
+``"complete": false``, a run stopped early (SIGTERM) starts no further run, and ``--report-from`` rebuilds the report
+from the log after a SIGKILL. The real end-to-end path (the trainer writing the log) is checked in
+``tests/test_rollout_overlap_e2e.py::test_bench_train_step_runs_overlapped_and_synchronous_side_by_side``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_train_step as bts  # noqa: E402
+
+META = {
+    "gpus": 1,
+    "rollout": "hf",
+    "batch": 2,
+    "n": 2,
+    "chunks": 3,
+    "chunk": 64,
+    "memory": 16,
+    "steps": 3,
+    "overlap": "both",
+    "model": "m",
+    "device": "cpu",
+    "overrides": ["x=1"],
+}
+
+
+def _metrics(step: int, total: float) -> dict:
+    return {
+        "step": step,
+        "timing_s/gen": 1.0,
+        "timing_s/update_actor": 2.0,
+        "timing_s/step": total,
+        "perf/total_num_tokens": 400,
+        "trajectory/num_conv/mean": 3.0,
+        "response_length/mean": 10.0,
+        "rollout/staleness": 0.0 if step == 1 else 1.0,
+    }
+
+
+def _log(log_dir: Path, name: str, steps: list[tuple[int, float]], torn: bool = False) -> None:
+    (log_dir / name).mkdir(parents=True)
+    text = "".join(json.dumps(_metrics(*s)) + "\n" for s in steps)
+    if torn:
+        text += '{"step": 9, "timing_s/'  # a writer killed mid-line
+    (log_dir / name / "metrics.jsonl").write_text(text)
+
+
+def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
+    """A SIGKILL during the overlapped run's step 2: the sync run's 3 steps and the overlapped run's step 1 come back,
+    numbers as logged (tokens/s = 400 / step seconds; generated = 10 tokens x 3 conversations x 4 trajectories)."""
+    log_dir = tmp_path / "steps"
+    log_dir.mkdir()
+    (log_dir / "run.json").write_text(json.dumps(META))
+    _log(log_dir, "sync", [(1, 8.0), (2, 4.0), (3, 5.0)])
+    _log(log_dir, "overlap", [(1, 10.0)], torn=True)
+    out = tmp_path / "report.json"
+    assert bts.main(["--report-from", str(log_dir), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] is False
+    assert [r["step"] for r in report["steps"]] == [1, 2, 3]
+    assert [r["total"] for r in report["steps"]] == [8.0, 4.0, 5.0]
+    assert report["steps"][1]["tokens_per_s"] == pytest.approx(100.0)
+    assert report["steps"][1]["generated_tokens_per_s"] == pytest.approx(10 * 3 * 4 / 4.0)
+    assert [r["step"] for r in report["overlap_steps"]] == [1]
+    assert report["overlap_summary"]["overlap_step_s"] is None  # no steady-state step of the overlapped run
+    assert report["overrides"] == ["x=1"] and report["batch"] == 2
+    assert "incomplete" in capsys.readouterr().out
+
+
+def test_report_from_a_folder_without_a_run_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="no run.json"):
+        bts.main(["--report-from", str(tmp_path)])
+    (tmp_path / "run.json").write_text(json.dumps(META))
+    with pytest.raises(SystemExit, match="no logged steps"):
+        bts.main(["--report-from", str(tmp_path)])
+
+
+def test_default_log_dir_is_beside_out(tmp_path):
+    assert bts.default_log_dir(str(tmp_path / "r" / "step.json"), tmp_path / "w") == tmp_path / "r" / "step.steps"
+    assert bts.default_log_dir(None, tmp_path / "w") == tmp_path / "w" / "logs"
+
+
+def _fake_trainer(steps_done: int, error: BaseException | None):
+    """Stands in for ``main_ppo.run``: logs ``steps_done`` steps where the composed config says (trainer.log_dir,
+    through the real jsonl logger), then raises ``error`` or returns the history like a trainer stopped by SIGTERM."""
+    from verl.utils.tracking import Tracking
+
+    calls = []
+
+    def run(cfg):
+        calls.append(bool(cfg.trainer.rollout_overlap))
+        tracking = Tracking("p", "e", default_backend=["jsonl"], log_dir=cfg.trainer.log_dir)
+        history = []
+        for step in range(1, steps_done + 1):
+            tracking.log(_metrics(step, 2.0 * step), step=step)
+            history.append(_metrics(step, 2.0 * step))
+        tracking.finish()
+        if error is not None:
+            raise error
+        return history
+
+    return run, calls
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA out of memory"), SystemExit(143)], ids=["error", "2nd_sigterm"])
+def test_a_run_that_raises_writes_its_finished_steps(tiny_model_path, tmp_path, monkeypatch, error):
+    import verl.trainer.main_ppo as main_ppo
+
+    run, calls = _fake_trainer(2, error)
+    monkeypatch.setattr(main_ppo, "run", run)
+    out = tmp_path / "step.json"
+    argv = ["--model", str(tiny_model_path), "--steps", "3", "--overlap", "both", "--out", str(out)]
+    with pytest.raises(type(error)):
+        bts.main(argv)
+    report = json.loads(out.read_text())
+    assert calls == [False]  # the overlapped run never started
+    assert report["complete"] is False and report["error"].startswith(type(error).__name__)
+    assert [r["total"] for r in report["steps"]] == [2.0, 4.0]
+    assert (tmp_path / "step.steps" / "run.json").exists()
+
+
+def test_a_run_stopped_early_starts_no_further_run(tiny_model_path, tmp_path, monkeypatch):
+    """SIGTERM: the trainer finishes its step and returns a short history; ``--overlap both`` then stops there."""
+    import verl.trainer.main_ppo as main_ppo
+
+    run, calls = _fake_trainer(1, None)
+    monkeypatch.setattr(main_ppo, "run", run)
+    out = tmp_path / "step.json"
+    argv = ["--model", str(tiny_model_path), "--steps", "3", "--overlap", "both", "--out", str(out)]
+    assert bts.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert calls == [False]
+    assert report["complete"] is False and "error" not in report
+    assert [r["step"] for r in report["steps"]] == [1] and "overlap_steps" not in report
