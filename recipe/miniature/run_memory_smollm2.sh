@@ -74,8 +74,9 @@ OVERRIDES=(
     data.max_prompt_length=1536
     data.max_response_length=256
     "actor_rollout_ref.model.path=${MODEL_PATH}"
-    # padded rows: without flash-attn, packed rows under sdpa build a dense (tokens x tokens) mask,
-    # which ran out of the H200's memory at 32K tokens per micro-batch (docs/results/README.md)
+    # padded rows, as in the recorded runs (docs/results/README.md): then, packed rows under sdpa built a dense
+    # (tokens x tokens) mask and ran out of the H200's memory at 32K tokens per micro-batch. Packed rows now get a
+    # varlen/flex kernel on CUDA automatically (model.attn_implementation); not yet measured at these sizes
     actor_rollout_ref.model.use_remove_padding=False
     actor_rollout_ref.model.enable_gradient_checkpointing=False
     "actor_rollout_ref.actor.seed=${TRAIN_SEED}"
