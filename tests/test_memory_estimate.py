@@ -386,3 +386,33 @@ def test_gpu_capacity_comes_from_nvidia_smi_without_a_cuda_context(tmp_path: Pat
     gpu, host = memory_estimate.device_capacities("cuda")
     assert gpu == 81559 * 2**20 and host > 0
     assert memory_estimate.device_capacities("cpu")[0] is None
+
+
+def test_startup_suggests_turning_gradient_checkpointing_off_only_when_that_fits(tmp_path: Path, capsys) -> None:
+    """The 1.5B shape at MemAgent's 16K-token update budget on an H200: with checkpointing on, the estimate suggests
+    turning it off (its peak without is printed, as estimate_memory computes it); not when the peak without it would
+    pass 80% of a smaller device, and not when checkpointing is already off."""
+    cfg = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"])
+    est = startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
+    without = estimate_memory(est.shape, dataclasses.replace(est.plan, gradient_checkpointing=False), H200)
+    phase, peak = without.gpu_peak
+    # the update's tokens without checkpointing: 28 layers x (24 h + 6 kv + 8 i) bytes per token
+    assert without.gpu["update"]["activations"] == est.plan.update_tokens * 28 * (24 * 1536 + 6 * 256 + 8 * 8960)
+    assert phase == "update" and est.gpu_peak[0] == "rollout"
+    hint = f"enable_gradient_checkpointing=False is estimated to fit (peak {peak / GiB:.1f} GiB ({phase}), "
+    assert hint in capsys.readouterr().out
+    # a device on which the peak without checkpointing passes 80% (but the config as given fits): no hint
+    smaller = int(peak / 0.81)
+    est_small = startup_memory_check(cfg, "cuda", capacities=(smaller, HOST))
+    assert est_small.problems() == []
+    assert (
+        estimate_memory(
+            est_small.shape, dataclasses.replace(est_small.plan, gradient_checkpointing=False), smaller
+        ).gpu_peak[1]
+        > 0.8 * smaller
+    )
+    assert "hint:" not in capsys.readouterr().out
+    # already off: nothing to suggest
+    off = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.model.enable_gradient_checkpointing=False"])
+    startup_memory_check(off, "cuda", capacities=(H200, HOST))
+    assert "hint:" not in capsys.readouterr().out
