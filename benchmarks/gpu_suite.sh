@@ -43,7 +43,8 @@ SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.
 
 if want update_attn; then
     run update_flex $UPDATE --attn flex_attention --out "$OUT/update_policy_flex.json"
-    run update_varlen $UPDATE --attn torch_varlen --out "$OUT/update_policy_torch_varlen.json"
+    run update_varlen $UPDATE --attn torch_varlen --out "$OUT/update_policy_torch_varlen.json" \
+        --profile "$OUT/update_policy_torch_varlen_profile.txt"
     # compile_layers with flex_attention is refused (inductor fails on it with GQA models: benchmarks/RESULTS.md)
     run update_compile $UPDATE --attn torch_varlen --compile-layers --out "$OUT/update_policy_varlen_compile_layers.json" \
         --profile "$OUT/update_policy_varlen_compile_layers_profile.txt"
