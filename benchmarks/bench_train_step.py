@@ -46,6 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
 
+from verl.workers.memory_peaks import METRIC_PREFIX as PHASE_PEAK_PREFIX  # noqa: E402
+
 # (trainer timing name ``timing_s/<name>``, report key, table title)
 PHASES = [
     ("gen", "gen", "gen"),
@@ -281,9 +283,10 @@ def print_report(report: dict) -> None:
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
     for r in report["steps"]:
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in r.get("gpu_peak_by_phase_gib", {}).items())
         print(
-            f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB, "
-            f"host RSS peak {r['host_peak_rss_gib']} GiB"
+            f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB"
+            f"{f' (by phase, GiB: {phases})' if phases else ''}, host RSS peak {r['host_peak_rss_gib']} GiB"
         )
     if "overlap_steps" in report:
         print("\n" + overlap_table(report))
@@ -318,6 +321,10 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 "score_mean": h.get("critic/score/mean"),
                 # the actor worker's peaks after its update (GiB): GPU allocated, host resident set of the process
                 "gpu_peak_allocated_gib": h.get("perf/max_memory_allocated_gb"),
+                # per phase of the worker (verl/workers/memory_peaks.py; none when the phases overlapped in time)
+                "gpu_peak_by_phase_gib": {
+                    k.removeprefix(PHASE_PEAK_PREFIX): v for k, v in h.items() if k.startswith(PHASE_PEAK_PREFIX)
+                },
                 "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
             }
         )

@@ -41,6 +41,9 @@ def _metrics(step: int, total: float) -> dict:
         "trajectory/num_conv/mean": 3.0,
         "response_length/mean": 10.0,
         "rollout/staleness": 0.0 if step == 1 else 1.0,
+        "perf/max_memory_allocated_gb": 30.0,
+        "perf/max_memory_allocated_gb/update": 28.5,
+        "perf/max_memory_allocated_gb/rollout": 29.0,
     }
 
 
@@ -71,6 +74,8 @@ def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
     assert [r["step"] for r in report["overlap_steps"]] == [1]
     assert report["overlap_summary"]["overlap_step_s"] is None  # no steady-state step of the overlapped run
     assert report["overrides"] == ["x=1"] and report["batch"] == 2
+    assert report["steps"][0]["gpu_peak_by_phase_gib"] == {"update": 28.5, "rollout": 29.0}
+    assert report["steps"][0]["gpu_peak_allocated_gib"] == 30.0
     assert "incomplete" in capsys.readouterr().out
 
 

@@ -34,6 +34,7 @@ from verl.single_controller import Dispatch, register
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.settings import plain_values
 from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
+from verl.workers.memory_peaks import PhasePeaks
 from verl.workers.rollout.guard import RolloutGuard
 from verl.workers.rollout.tp_layout import ROLLOUT_MESH, RolloutLayout, outputs_digest
 from verl.workers.training_worker import TrainingWorker
@@ -45,14 +46,18 @@ ROLLOUT_GROUP, TRAIN_GROUP = "rollout", "train"
 OVERLAP_CONCURRENCY_GROUPS = {ROLLOUT_GROUP: 1, TRAIN_GROUP: 1}
 
 
-def memory_metrics(device: str) -> dict[str, float]:
-    """Peak accelerator memory (GiB) and this process's resident host memory (GiB)."""
+def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, float]:
+    """Peak accelerator memory (GiB) and this process's resident host memory (GiB); with ``peaks``, the
+    allocated peak across its per-phase resets and the peaks per phase (``perf/max_memory_allocated_gb/<phase>``)."""
     import resource
 
     out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     if device == "cuda":
-        out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        allocated = peaks.lifetime_peak() if peaks is not None else torch.cuda.max_memory_allocated()
+        out["perf/max_memory_allocated_gb"] = allocated / 2**30
         out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    if peaks is not None:
+        out.update(peaks.report())
     return out
 
 
@@ -101,6 +106,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.rollout = None
         self.ref = None
         self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
+        self.phase_peaks = PhasePeaks(enabled=device == "cuda")  # perf/max_memory_allocated_gb/<phase>
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -288,7 +294,7 @@ class ActorRolloutRefWorker(TrainingWorker):
 
         With a tensor-parallel engine every rank of a TP group gets the same prompts and seeds; TP rank 0 returns
         the outputs, the others a :class:`GroupDigest` of theirs (``RolloutClient`` checks that they agree)."""
-        with self.rollout_guard.generating("generate"):
+        with self.rollout_guard.generating("generate"), self.phase_peaks.phase("rollout"):
             return self._generate(prompts, params, seeds)
 
     def _generate(self, prompts: list[list[int]], params: dict, seeds: list[int] | None):
@@ -323,7 +329,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         cache wakes, so the peak memory is weights + training state, never weights + KV cache + a host copy.
         Refused (RuntimeError) while a generation is in flight on this worker (:class:`RolloutGuard`).
         """
-        with self.rollout_guard.changing("sync_rollout_weights"):
+        with self.rollout_guard.changing("sync_rollout_weights"), self.phase_peaks.phase("sync"):
             return self._sync_weights()
 
     def _sync_weights(self) -> float:
@@ -365,7 +371,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, concurrency_group=TRAIN_GROUP)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        with self._resident("actor"):
+        with self._resident("actor"), self.phase_peaks.phase("log-prob"):
             # no entropies: nothing reads them, and they cost a pass over [tokens, vocab] logits (and rule out
             # liger-kernel's fused log-prob kernel on GPU)
             log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
@@ -375,7 +381,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
-        with self._resident("ref"):
+        with self._resident("ref"), self.phase_peaks.phase("ref"):
             log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
@@ -386,13 +392,13 @@ class ActorRolloutRefWorker(TrainingWorker):
         import time
 
         t0, busy0 = time.perf_counter(), self.rollout_guard.busy_seconds()
-        with self._resident("actor"):
+        with self._resident("actor"), self.phase_peaks.phase("update"):
             metrics = self.actor.update_policy(data)
         overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
         metrics["perf/update_generation_overlap_s"] = overlap
         metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
-        metrics.update(memory_metrics(self.device_name))
+        metrics.update(memory_metrics(self.device_name, self.phase_peaks))
         if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
             torch.cuda.empty_cache()
         self.lr_scheduler.step()

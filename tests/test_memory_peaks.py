@@ -1,0 +1,184 @@
+"""Per-phase GPU peaks of the actor worker (``perf/max_memory_allocated_gb/<phase>``, verl/workers/memory_peaks.py).
+
+torch's device counters (``max_memory_allocated`` / ``reset_peak_memory_stats``) need CUDA; a counter with the same
+semantics stands in for them (allocations planted by forward hooks and stub engines), on one in-process CPU worker
+(tiny Qwen2) for the wiring of each phase."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tests.test_log_prob_budgets import build_worker
+from verl.utils.model_loading import load_causal_lm
+from verl.workers.fsdp_workers import memory_metrics
+from verl.workers.memory_peaks import METRIC_PREFIX, PhasePeaks
+
+GIB = 2**30
+
+
+class FakeDeviceCounter:
+    """``torch.cuda``'s allocated-bytes counter: the peak since the last reset, a reset sets it to the current."""
+
+    def __init__(self, current_gib: float = 0.0):
+        self.current = int(current_gib * GIB)
+        self.peak = self.current
+
+    def alloc(self, gib: float) -> None:
+        self.current += int(gib * GIB)
+        self.peak = max(self.peak, self.current)
+
+    def free(self, gib: float) -> None:
+        self.current -= int(gib * GIB)
+
+    def max_memory_allocated(self, device=None) -> int:
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        self.peak = self.current
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    fake = FakeDeviceCounter(current_gib=10)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", fake.max_memory_allocated)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak_memory_stats)
+    return fake
+
+
+def _gib(report: dict) -> dict:
+    return {k.removeprefix(METRIC_PREFIX): round(v, 6) for k, v in report.items()}
+
+
+def test_each_phase_keeps_its_own_peak_and_the_process_peak_survives_the_resets(counter):
+    peaks = PhasePeaks(enabled=True)
+    counter.alloc(20)  # before any phase: 30 GiB, the process peak so far
+    counter.free(20)
+    with peaks.phase("rollout"):
+        counter.alloc(7)
+        counter.free(7)
+    with peaks.phase("log-prob"):
+        counter.alloc(3)
+        counter.free(3)
+    with peaks.phase("rollout"):  # a second generation call of the same step: the larger of the two
+        counter.alloc(9)
+        counter.free(9)
+    assert _gib(peaks.report()) == {"rollout": 19.0, "log-prob": 13.0}
+    assert peaks.report() == {}  # reported once
+    assert peaks.lifetime_peak() == 30 * GIB
+    with peaks.phase("update"):
+        counter.alloc(1)
+        counter.free(1)
+    assert _gib(peaks.report()) == {"update": 11.0}
+
+
+def test_phases_running_at_the_same_time_report_nothing(counter):
+    """rollout_overlap: generation (rollout thread) during the update (train thread); one counter mixes them."""
+    peaks = PhasePeaks(enabled=True)
+    in_update, generated = threading.Event(), threading.Event()
+
+    def generation():
+        in_update.wait()
+        with peaks.phase("rollout"):
+            counter.alloc(5)
+            counter.free(5)
+        generated.set()
+
+    thread = threading.Thread(target=generation)
+    thread.start()
+    with peaks.phase("update"):
+        counter.alloc(2)
+        in_update.set()
+        generated.wait()
+        counter.free(2)
+    thread.join()
+    assert peaks.report() == {}
+    assert peaks.lifetime_peak() == 17 * GIB
+    with peaks.phase("update"):  # the next report, without overlap, is per phase again
+        counter.alloc(2)
+        counter.free(2)
+    assert _gib(peaks.report()) == {"update": 12.0}
+
+
+def test_disabled_touches_no_device_counter(monkeypatch):
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CPU worker must not read CUDA counters")
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", no_cuda)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", no_cuda)
+    peaks = PhasePeaks(enabled=False)
+    with peaks.phase("update"):
+        pass
+    assert peaks.report() == {} and peaks.lifetime_peak() == 0
+    assert set(memory_metrics("cpu", peaks)) == {"perf/cpu_memory_peak_rss_gb"}
+
+
+def test_memory_metrics_reports_the_process_peak_across_resets(counter, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 40 * GIB)
+    peaks = PhasePeaks(enabled=True)
+    counter.alloc(25)
+    counter.free(25)
+    with peaks.phase("update"):
+        counter.alloc(4)
+        counter.free(4)
+    out = memory_metrics("cuda", peaks)
+    assert out["perf/max_memory_allocated_gb"] == 35.0  # not the last phase's 14
+    assert out[METRIC_PREFIX + "update"] == 14.0
+
+
+class _StubEngine:
+    """The rollout engine's calls the worker makes in generate and the weight sync, each planting GPU memory."""
+
+    def __init__(self, counter: FakeDeviceCounter):
+        self.counter = counter
+
+    def generate_batch(self, prompts, sampling_params):
+        self.counter.alloc(7)
+        self.counter.free(7)
+        return [[1] for _ in prompts]
+
+    def wake_up(self, tags=None):
+        pass
+
+    def update_weights(self, bucket):
+        self.counter.alloc(1)
+        self.counter.free(1)
+
+
+def test_worker_phases_are_measured_where_they_run(monkeypatch, tiny_model_path, counter):
+    """generate -> rollout, compute_log_prob -> log-prob, compute_ref_log_prob -> ref, update_actor -> update (its
+    metrics carry the step's phases), sync_rollout_weights -> sync (in the next update's metrics)."""
+    model = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
+    from tests.test_dp_actor import make_update_data
+
+    data = make_update_data(model, num_conv=4, seed=5)
+    worker = build_worker(monkeypatch, tiny_model_path)
+    worker.phase_peaks = PhasePeaks(enabled=True)
+    worker.rollout = _StubEngine(counter)
+
+    def planted(gib_no_grad: float, gib_grad: float):
+        def pre(_module, _args):
+            counter.alloc(gib_grad if torch.is_grad_enabled() else gib_no_grad)
+
+        def post(_module, _args, _out):
+            counter.free(gib_grad if torch.is_grad_enabled() else gib_no_grad)
+
+        return pre, post
+
+    for module, (lp, upd) in ((worker.actor_module, (3, 5)), (worker.ref.actor_module, (2, 2))):
+        pre, post = planted(lp, upd)
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+    worker.generate([[1, 2, 3]], {"max_tokens": 1})
+    worker.compute_log_prob(data)
+    worker.compute_ref_log_prob(data)
+    metrics = worker.update_actor(data)
+    step1 = _gib({k: v for k, v in metrics.items() if k.startswith(METRIC_PREFIX)})
+    assert step1 == {"rollout": 17.0, "log-prob": 13.0, "ref": 12.0, "update": 15.0}
+    worker.sync_rollout_weights()
+    metrics = worker.update_actor(data)
+    step2 = _gib({k: v for k, v in metrics.items() if k.startswith(METRIC_PREFIX)})
+    assert step2 == {"sync": 11.0, "update": 15.0}
