@@ -6,13 +6,17 @@ layers or attention dropout, else flex_attention; sdpa otherwise; never flex_att
 from __future__ import annotations
 
 import importlib.util
+from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import MistralConfig, Qwen2Config
 
 from verl.utils import model_loading
 from verl.utils.model_loading import resolve_attn_implementation
 from verl.workers.actor import varlen_attention
+
+REAL_GPU_SUPPORTED = varlen_attention.gpu_supported  # the autouse fixture below replaces it
 
 
 @pytest.fixture(params=[False, True], ids=["no-flash-attn", "flash-attn"])
@@ -26,6 +30,12 @@ def flash_installed(request, monkeypatch):
 
     monkeypatch.setattr(model_loading.importlib.util, "find_spec", find_spec)
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def ampere_gpu(monkeypatch):
+    """The (faked) CUDA device can run FA2 kernels; ``test_pre_ampere_gpus_fall_back_to_flex`` says otherwise."""
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
 
 
 @pytest.fixture(params=[False, True], ids=["torch-no-varlen", "torch-varlen"])
@@ -80,6 +90,9 @@ def test_model_unsupported_by_varlen_names_what():
     assert varlen_attention.model_unsupported(SLIDING["mistral"]) == "sliding-window layers (sliding_window=4096)"
     assert "sliding-window layers" in varlen_attention.model_unsupported(SLIDING["qwen2-sliding"])
     assert varlen_attention.model_unsupported(SLIDING["dropout"]) == "attention dropout (attention_dropout=0.1)"
+    # only the layer types say so (a config class that keeps no window size)
+    layer_types = SimpleNamespace(layer_types=["full_attention", "sliding_attention"], sliding_window=None)
+    assert varlen_attention.model_unsupported(layer_types) == "sliding-window layers (sliding_window=None)"
 
 
 @pytest.mark.parametrize("name", list(SLIDING))
@@ -92,6 +105,22 @@ def test_models_varlen_cannot_run_fall_back_to_flex(no_flash, monkeypatch, name)
         ValueError, match=r"attn_implementation='torch_varlen' does not run this model's (sliding|atte)"
     ):
         resolve_attn_implementation("torch_varlen", "cuda", True, model_config=config)
+
+
+def test_pre_ampere_gpus_fall_back_to_flex(no_flash, monkeypatch):
+    seen = []
+
+    def gpu_supported(device=None):
+        seen.append(device)
+        return False
+
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", gpu_supported)
+    assert resolve_attn_implementation(None, "cuda:1", remove_padding=True) == "flex_attention"
+    assert seen == ["cuda:1"]  # the device the model is loaded for
+    with pytest.raises(ValueError, match=r"not torch_varlen: the GPU is older than Ampere \(compute capability < 8"):
+        resolve_attn_implementation(None, "cuda", True, compile_layers=True)
+    assert resolve_attn_implementation("torch_varlen", "cuda", True) == "torch_varlen"  # asked for: kept
 
 
 def test_compile_layers_never_gets_flex_automatically(no_flash, monkeypatch):
@@ -142,3 +171,47 @@ def test_loader_builds_packed_models_with_the_automatic_choice(tiny_model_path, 
     monkeypatch.setattr(model_loading, "resolve_attn_implementation", spy)
     model = model_loading.load_causal_lm(str(tiny_model_path), remove_padding=True)
     assert seen == [(True, "Qwen2Config", False)] and model.config._attn_implementation == "sdpa"
+
+
+def test_critic_loader_hands_the_model_config_to_the_choice(tiny_model_path, monkeypatch):
+    from verl.workers.critic.critic_worker import load_value_model
+
+    seen = []
+    real = model_loading.resolve_attn_implementation
+
+    def spy(requested=None, device=None, remove_padding=False, **kwargs):
+        seen.append((remove_padding, type(kwargs["model_config"]).__name__))
+        return real(requested, device, remove_padding, **kwargs)
+
+    monkeypatch.setattr(model_loading, "resolve_attn_implementation", spy)
+    load_value_model(str(tiny_model_path), remove_padding=True)
+    assert seen == [(True, "Qwen2Config")]
+
+
+def test_benchmark_builder_hands_config_and_compile_layers_to_the_choice(no_flash, monkeypatch):
+    """``build_causal_lm_from_config`` (the benchmarks' builder), CUDA faked for the choice, weights on CPU: a
+    sliding-window model gets flex_attention; compile_layers without varlen is refused before anything is built."""
+    monkeypatch.setattr(model_loading.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    small = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, vocab_size=64)
+    sliding = MistralConfig(sliding_window=16, num_hidden_layers=1, **small)
+    model = model_loading.build_causal_lm_from_config(sliding, remove_padding=True)
+    assert model.config._attn_implementation == "flex_attention"
+    plain = Qwen2Config(num_hidden_layers=1, **small)
+    assert model_loading.build_causal_lm_from_config(plain, remove_padding=True).config._attn_implementation == (
+        "torch_varlen"
+    )
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: False)
+    with pytest.raises(ValueError, match="attn_implementation is null: the automatic choice"):
+        model_loading.build_causal_lm_from_config(plain, remove_padding=True, compile_layers=True)
+
+
+def test_gpu_supported_is_compute_capability_8_or_newer(monkeypatch):
+    seen = []
+
+    for capability, expected in (((7, 5), False), ((8, 0), True), ((8, 9), True), ((9, 0), True), ((12, 0), True)):
+        monkeypatch.setattr(
+            torch.cuda, "get_device_capability", lambda device=None, c=capability: seen.append(device) or c
+        )
+        assert REAL_GPU_SUPPORTED("cuda:0") is expected, capability
+    assert seen == ["cuda:0"] * 5

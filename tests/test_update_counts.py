@@ -116,6 +116,7 @@ def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed, varlen):
         lambda name, *a, **k: None if name == "flash_attn" else real_find_spec(name, *a, **k),
     )
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: varlen)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)  # an Ampere or newer GPU
     monkeypatch.setattr(
         model_loading,
         "resolve_attn_implementation",

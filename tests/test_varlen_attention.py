@@ -267,6 +267,7 @@ def test_torch_varlen_on_cuda_is_kept_and_registered(monkeypatch):
 
     monkeypatch.setattr(model_loading.importlib.util, "find_spec", lambda name, *a, **k: None)  # no flash-attn
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
     for remove_padding in (True, False):
         assert model_loading.resolve_attn_implementation("torch_varlen", "cuda", remove_padding) == "torch_varlen"
         # the automatic choice: torch_varlen for packed rows, sdpa for padded ones

@@ -7,8 +7,8 @@ passes ``actor_rollout_ref.model.path``. Options:
   ``"bfloat16"`` for a frozen reference model);
 * ``attn_implementation``: ``None`` picks, in order: ``flash_attention_2`` when CUDA is available and the
   ``flash_attn`` package is installed; on CUDA with packed rows (``remove_padding``, the config's
-  ``use_remove_padding``) ``torch_varlen`` when torch has ``torch.nn.attention.varlen`` (torch >= 2.10) and the
-  model has nothing it cannot run (sliding-window layers, attention dropout:
+  ``use_remove_padding``) ``torch_varlen`` when torch has ``torch.nn.attention.varlen`` (torch >= 2.10), the GPU
+  is Ampere or newer and the model has nothing it cannot run (sliding-window layers, attention dropout:
   ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``.
   All of them run packed (remove-padding) sequences exactly: transformers derives variable-length boundaries (FA2)
   or a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
@@ -96,8 +96,8 @@ def resolve_attn_implementation(
     compile_layers: bool = False,
 ) -> str:
     """Attention backend: ``requested`` if given, else (module docstring) ``flash_attention_2`` on CUDA with
-    flash-attn installed, else for packed rows (``remove_padding``) on CUDA ``torch_varlen`` (torch >= 2.10 and a
-    ``model_config`` it can run) or ``flex_attention``, else ``sdpa``.
+    flash-attn installed, else for packed rows (``remove_padding``) on CUDA ``torch_varlen`` (torch >= 2.10, an
+    Ampere or newer GPU and a ``model_config`` it can run) or ``flex_attention``, else ``sdpa``.
 
     ``device`` defaults to CUDA when available. ``model_config``: the transformers config to be built (``None``:
     assumed runnable by ``torch_varlen``). ``compile_layers``: the layers will be compiled; an automatic choice of
@@ -116,18 +116,21 @@ def resolve_attn_implementation(
             return "flash_attention_2"
         if not (on_cuda and remove_padding):
             return "sdpa"  # sdpa's dense [T, T] mask on packed rows is ~3x slower than flex/varlen on H200
-        not_varlen = varlen_attention.model_unsupported(model_config)
-        if varlen_attention.varlen_available() and not not_varlen:
+        why_not_varlen = varlen_attention.model_unsupported(model_config)
+        if not varlen_attention.varlen_available():
+            why_not_varlen = f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+        elif not why_not_varlen and not varlen_attention.gpu_supported(device):
+            why_not_varlen = "the GPU is older than Ampere (compute capability < 8.0: no FA2 kernels)"
+        if not why_not_varlen:
             varlen_attention.register()
             return varlen_attention.NAME
         from verl.utils.compile_layers import unsupported
 
         reason = unsupported("flex_attention", on_cuda) if compile_layers else ""
         if reason:
-            why = not_varlen or f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
             raise ValueError(
                 f"{reason} ({key} is null: the automatic choice for packed rows on CUDA is flex_attention here, "
-                f"not torch_varlen: {why})"
+                f"not torch_varlen: {why_not_varlen})"
             )
         return "flex_attention"
     if requested == "flash_attention_2" and not (on_cuda and has_flash):

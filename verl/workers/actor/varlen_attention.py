@@ -31,7 +31,9 @@ kernels take fp16/bf16 only: float32 inputs on CUDA are computed in bf16 (or the
 
 What it does not do (``model_unsupported`` names it, so the automatic choice falls back to flex_attention and an
 explicit ``torch_varlen`` is refused at load): sliding-window layers (a config with ``sliding_window`` set or a
-``"sliding_attention"`` entry in ``layer_types``) and attention dropout (``attention_dropout > 0``).
+``"sliding_attention"`` entry in ``layer_types``) and attention dropout (``attention_dropout > 0``). GPUs older than
+Ampere (compute capability < 8.0, ``gpu_supported``) have no FA2 kernels: the automatic choice takes flex_attention
+there too.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from verl.workers.actor.packed_block_mask import document_starts
 __all__ = [
     "NAME",
     "varlen_available",
+    "gpu_supported",
     "model_unsupported",
     "register",
     "varlen_kwargs",
@@ -67,6 +70,12 @@ def varlen_available() -> bool:
         return importlib.util.find_spec("torch.nn.attention.varlen") is not None
     except ModuleNotFoundError:
         return False
+
+
+def gpu_supported(device=None) -> bool:
+    """True when the CUDA ``device`` (default: the current one) can run PyTorch's FA2 kernels: compute capability
+    8.0 (Ampere) or newer."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def model_unsupported(config) -> str:
