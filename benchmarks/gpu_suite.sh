@@ -9,7 +9,8 @@
 #
 # Sections (ONLY picks; default all, in this order):
 #   update_attn   update_policy at the memory-agent layout, side by side: flex_attention, torch_varlen,
-#                 flex + compile_layers, flex + liger (bench_update_policy.py; MFU per pass)
+#                 torch_varlen + compile_layers (flex + compile_layers is refused), flex + liger
+#                 (bench_update_policy.py; MFU per pass)
 #   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both)
 #   small_step    the 135M step: packed flex vs padded sdpa (the miniature's sizes)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
@@ -44,8 +45,9 @@ SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.
 if want update_attn; then
     run update_flex $UPDATE --attn flex_attention --out "$OUT/update_policy_flex.json"
     run update_varlen $UPDATE --attn torch_varlen --out "$OUT/update_policy_torch_varlen.json"
-    run update_compile $UPDATE --attn flex_attention --compile-layers --out "$OUT/update_policy_flex_compile_layers.json" \
-        --profile "$OUT/update_policy_flex_compile_layers_profile.txt"
+    run update_compile $UPDATE --attn torch_varlen --compile-layers \
+        --out "$OUT/update_policy_torch_varlen_compile_layers.json" \
+        --profile "$OUT/update_policy_torch_varlen_compile_layers_profile.txt"
     run update_liger $UPDATE --attn flex_attention --liger --out "$OUT/update_policy_flex_liger.json"
 fi
 if want train_step; then
