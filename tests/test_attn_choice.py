@@ -1,7 +1,8 @@
 """The automatic attention implementation (``model.attn_implementation: null``): flash-attn when installed on CUDA;
-on CUDA for packed rows torch_varlen when torch has ``torch.nn.attention.varlen`` and the model has no sliding-window
-layers or attention dropout, else flex_attention; sdpa otherwise; never flex_attention under ``compile_layers``
-(refused instead); what is asked for is kept."""
+on CUDA for packed rows torch_varlen when torch has ``torch.nn.attention.varlen``, the GPU is Ampere or newer and the
+model has no sliding-window layers or attention dropout, else flex_attention; sdpa otherwise; never flex_attention
+under ``compile_layers`` (refused instead); what is asked for is kept. The loaders (actor/ref, critic, the benchmarks'
+builder) hand the model's config and compile_layers to the choice."""
 
 from __future__ import annotations
 
