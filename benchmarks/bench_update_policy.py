@@ -105,8 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--attn",
         default=None,
         help="attention implementation (default, as the trainer's: flash_attention_2 if installed on CUDA, else "
-        "flex_attention on CUDA for packed rows, else sdpa; the padded baseline's default skips flex_attention; "
-        "also torch_varlen (CUDA, torch >= 2.10), eager)",
+        "on CUDA for packed rows torch_varlen (torch >= 2.10) or flex_attention, else sdpa; the padded baseline's "
+        "default is sdpa; also eager)",
     )
     p.add_argument(
         "--no-fused-kernels",

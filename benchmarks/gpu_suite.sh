@@ -11,7 +11,7 @@
 #   update_attn   update_policy at the memory-agent layout, side by side: flex_attention, torch_varlen,
 #                 torch_varlen + compile_layers, torch_varlen + liger (bench_update_policy.py; MFU per pass)
 #   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both)
-#   small_step    the 135M step: packed flex vs padded sdpa (the miniature's sizes)
+#   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
@@ -36,7 +36,7 @@ UPDATE="torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.
   --steps 1 --no-baseline --grad-ckpt"
 STEP="python3 benchmarks/bench_train_step.py --device cuda --gpus 1 --rollout vllm"
 BIG_SIZES="--batch 4 --n 8 --chunk 5000 --chunks 3 --memory 1024"
-BIG_OVERRIDES="actor_rollout_ref.model.attn_implementation=flex_attention actor_rollout_ref.model.use_remove_padding=True
+BIG_OVERRIDES="actor_rollout_ref.model.use_remove_padding=True
   actor_rollout_ref.rollout.max_model_len=8192 actor_rollout_ref.rollout.enforce_eager=False"
 SMALL_SIZES="--batch 16 --n 8 --chunk 512 --chunks 8 --memory 128"
 SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
@@ -55,8 +55,8 @@ if want train_step; then
         --out "$OUT/train_step_qwen2.5-1.5b_overlap.json" -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.45
 fi
 if want small_step; then
-    run train_step_135m_flex $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed_flex.json" \
-        -- $SMALL_OVERRIDES actor_rollout_ref.model.attn_implementation=flex_attention actor_rollout_ref.model.use_remove_padding=True
+    run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \
+        -- $SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True
     run train_step_135m_sdpa $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_padded_sdpa.json" \
         -- $SMALL_OVERRIDES actor_rollout_ref.model.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False
 fi

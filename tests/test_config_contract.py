@@ -118,7 +118,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{M}.use_liger": (_loader(f"{M}.use_liger"),),
     f"{M}.compile_layers": (
         "tests/test_compile_layers.py::test_worker_compiles_the_actor_and_ref_layers",
-        "tests/test_compile_layers.py::test_flex_attention_refused_at_validation_on_cpu",
+        "tests/test_compile_layers.py::test_flex_attention_refused_at_validation",
     ),
     f"{M}.trust_remote_code": (OVERRIDES,),
     # actor

@@ -540,7 +540,7 @@ def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, 
         (
             "model.compile_layers=true model.attn_implementation=flex_attention",
             1,
-            "model.compile_layers=True with model.attn_implementation=flex_attention needs CUDA",
+            "model.compile_layers=True with model.attn_implementation=flex_attention is not supported: on C",
         ),
     ],
 )

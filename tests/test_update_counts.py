@@ -96,16 +96,18 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     assert "aten::mm" in text and len(text) < 100_000
 
 
+@pytest.mark.parametrize("varlen", [True, False], ids=["torch-varlen", "torch-no-varlen"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
-def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed):
-    """No ``--attn``: the actor's model gets the trainer's automatic choice for its layout (flex_attention for packed
-    rows on CUDA without flash-attn, sdpa padded) and the padded baseline sdpa. CUDA is faked for the choice only
-    (the weights stay on CPU)."""
+def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed, varlen):
+    """No ``--attn``: the actor's model gets the trainer's automatic choice for its layout (for packed rows on CUDA
+    without flash-attn torch_varlen, or flex_attention without ``torch.nn.attention.varlen``; sdpa padded) and the
+    padded baseline sdpa. CUDA is faked for the choice only (the weights stay on CPU)."""
     import importlib.util
 
     from bench_update_policy import build_model, parse_args
 
     from verl.utils import model_loading
+    from verl.workers.actor import varlen_attention
 
     real_find_spec, real_choice = importlib.util.find_spec, model_loading.resolve_attn_implementation
     monkeypatch.setattr(
@@ -113,14 +115,19 @@ def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed):
         "find_spec",
         lambda name, *a, **k: None if name == "flash_attn" else real_find_spec(name, *a, **k),
     )
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: varlen)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)  # an Ampere or newer GPU
     monkeypatch.setattr(
         model_loading,
         "resolve_attn_implementation",
-        lambda requested=None, device=None, remove_padding=False: real_choice(requested, "cuda", remove_padding),
+        lambda requested=None, device=None, remove_padding=False, **kw: real_choice(
+            requested, "cuda", remove_padding, **kw
+        ),
     )
     args = parse_args(["--shape", "tiny"] + ([] if packed else ["--no-remove-padding"]))
     assert args.attn is None
     actor = build_model(args, torch.device("cpu"), remove_padding=not args.no_remove_padding)
-    assert actor.config._attn_implementation == ("flex_attention" if packed else "sdpa")
+    packed_choice = "torch_varlen" if varlen else "flex_attention"
+    assert actor.config._attn_implementation == (packed_choice if packed else "sdpa")
     baseline = build_model(args, torch.device("cpu"), remove_padding=False)
     assert baseline.config._attn_implementation == "sdpa"

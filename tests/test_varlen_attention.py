@@ -2,7 +2,8 @@
 
 The FA2 kernel behind ``torch.nn.attention.varlen.varlen_attn`` runs on CUDA only, so on CPU it is replaced by a
 reference with the same contract (causal sdpa over every ``cu_seq_lens`` slice, grouped-query heads honoured) in
-both signatures torch has shipped: 2.12+ (``window_size``, ``scale``, ``enable_gqa``) and 2.10
+the signatures torch has shipped: 2.12+ (``window_size``, ``scale``, ``enable_gqa``), 2.11 (exactly the signature
+printed on a GPU machine with torch 2.11: ``window_size`` and ``scale``, no ``enable_gqa``) and 2.10
 (``is_causal``, neither ``scale`` nor ``enable_gqa``: the key/value heads must arrive repeated). What is checked:
 
 * ``pack_rows`` gives the hand-computed ``cu_seq_lens``/``max_length`` (empty rows skipped, flex's padding as one
@@ -13,7 +14,8 @@ both signatures torch has shipped: 2.12+ (``window_size``, ``scale``, ``enable_g
 * the kernel is called once per layer, each time with the very tensor ``pack_rows`` built (computed once per
   forward, never from the mask or the position_ids inside a layer), gradient-checkpointing recomputes included;
 * ``resolve_attn_implementation`` refuses ``torch_varlen`` without CUDA or without ``torch.nn.attention.varlen``
-  (a ValueError naming ``actor_rollout_ref.model.attn_implementation``) and leaves the automatic choice alone;
+  (a ValueError naming ``actor_rollout_ref.model.attn_implementation``); it is the automatic choice for packed rows
+  on CUDA (the order: ``tests/test_attn_choice.py``);
 * GPU (``@pytest.mark.gpu``): the real kernel against flex_attention (packed) and sdpa (padded), bf16 and float32,
   log-probs and gradients.
 """
@@ -57,6 +59,14 @@ class Reference:
         self.calls.append((cu_seq_q, max_q))
         return _attend(query, key, value, cu_seq_q, max_q, scale, enable_gqa)
 
+    def v2_11(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+              window_size=(-1, -1)):  # fmt: skip
+        """torch 2.11, as printed there: causal through window_size, scale, no GQA (equal head counts required)."""
+        assert window_size == (-1, 0) and return_aux is None and cu_seq_k is cu_seq_q and max_k == max_q
+        assert key.shape[1] == query.shape[1]
+        self.calls.append((cu_seq_q, max_q))
+        return _attend(query, key, value, cu_seq_q, max_q, scale, False)
+
     def old(self, query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
         """torch 2.10: no scale (the default 1/sqrt(D)), no GQA (equal head counts required)."""
         assert is_causal and cu_seq_k is cu_seq_q and max_k == max_q and key.shape[1] == query.shape[1]
@@ -64,12 +74,13 @@ class Reference:
         return _attend(query, key, value, cu_seq_q, max_q, None, False)
 
 
-@pytest.fixture(params=["torch-2.12", "torch-2.10"])
+@pytest.fixture(params=["torch-2.12", "torch-2.11", "torch-2.10"])
 def reference(request, monkeypatch):
     from torch.nn.attention import varlen
 
     ref = Reference()
-    monkeypatch.setattr(varlen, "varlen_attn", ref.new if request.param == "torch-2.12" else ref.old)
+    kernel = {"torch-2.12": ref.new, "torch-2.11": ref.v2_11, "torch-2.10": ref.old}[request.param]
+    monkeypatch.setattr(varlen, "varlen_attn", kernel)
     return ref
 
 
@@ -256,10 +267,11 @@ def test_torch_varlen_on_cuda_is_kept_and_registered(monkeypatch):
 
     monkeypatch.setattr(model_loading.importlib.util, "find_spec", lambda name, *a, **k: None)  # no flash-attn
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
     for remove_padding in (True, False):
         assert model_loading.resolve_attn_implementation("torch_varlen", "cuda", remove_padding) == "torch_varlen"
-        # opt-in only: the automatic choice stays flex_attention / sdpa
-        expected = "flex_attention" if remove_padding else "sdpa"
+        # the automatic choice: torch_varlen for packed rows, sdpa for padded ones
+        expected = "torch_varlen" if remove_padding else "sdpa"
         assert model_loading.resolve_attn_implementation(None, "cuda", remove_padding) == expected
     assert AttentionInterface._global_mapping["torch_varlen"] is varlen_attention.torch_varlen_attention
     assert AttentionMaskInterface._global_mapping["torch_varlen"] is flash_attention_mask

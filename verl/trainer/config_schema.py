@@ -256,7 +256,8 @@ def _check_rollout(c: _Checker) -> None:
 
 
 def _check_compile_layers(c: _Checker) -> None:
-    """Per-layer compile with flex_attention needs CUDA (``verl/utils/compile_layers.py``)."""
+    """Per-layer compile does not take flex_attention, on any device (``verl/utils/compile_layers.py``); an automatic
+    choice (null) never is flex_attention under compile_layers (``model_loading.resolve_attn_implementation``)."""
     from verl.utils.compile_layers import unsupported
 
     m = "actor_rollout_ref.model"

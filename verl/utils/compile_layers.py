@@ -23,9 +23,22 @@ How it composes:
 * LoRA: peft replaces the linears inside the layers; the compiled layer traces through the adapter forward. The
   layers are found in the model peft wraps (``verl.utils.lora.base_model``).
 
-On CPU inductor compiles C++. flex_attention there is refused with dynamic shapes: inductor's CPU flex template
-fails to compile the packed-rows mask inside a layer graph with a symbolic length (a C++ compile error, torch
-2.13); static shapes (``dynamic=False``) work but recompile at every new length.
+flex_attention is refused on every device (``unsupported``: one rule for the RL config check, the SFT config check
+and the loader; with ``attn_implementation: null`` the automatic choice is never flex_attention under compile_layers,
+``model_loading.resolve_attn_implementation``):
+
+* CUDA (torch 2.11, one H200, 2026-12-03, Qwen2.5-1.5B): the first compiled layer fails in inductor's lowering,
+  ``LoweringException: TypeError: unsupported operand type(s) for &: 'floor' and 'Add'`` in
+  ``torch/_inductor/kernel/flex/flex_decoding.py::_use_flex_decoding`` (``sympy.Eq(ratio & (ratio - 1), 0)``, the
+  query/key-value head ratio, symbolic there with ``dynamic=True``). The GPU test's tiny model (2 query / 1
+  key-value head, not FSDP-sharded) compiled with flex on the same machine; what made the ratio symbolic in the
+  benchmark (its 12 / 2 heads, or its FSDP2-managed weights) was not isolated, so flex is refused everywhere;
+* CPU: inductor's flex template fails to compile the packed-rows mask inside a layer graph with a symbolic length
+  (a C++ compile error, torch 2.13).
+
+Static shapes (``dynamic=False``, tests only) are not refused: they work on CPU but recompile at every new length.
+Use ``torch_varlen`` on CUDA (torch >= 2.10; PyTorch's FA2 varlen kernels, no flex compile; compiled layers tested on
+the GPU) or ``sdpa``.
 """
 
 from __future__ import annotations
@@ -60,23 +73,30 @@ def is_compiled(module: nn.Module) -> bool:
 
 
 def unsupported(attn_implementation: Optional[str], on_cuda: bool, section: str = "actor_rollout_ref.model") -> str:
-    """Why ``{section}.compile_layers=True`` cannot run with this attention here, or ``""`` when it can: flex_attention
-    with a dynamic length needs CUDA (module docstring). One rule for the RL config check, the SFT config check and
-    the loader; ``section`` names the config section in the message (``model`` in the SFT trainer)."""
-    if attn_implementation == "flex_attention" and not on_cuda:
-        return (
-            f"{section}.compile_layers=True with {section}.attn_implementation=flex_attention needs CUDA: on CPU "
-            "inductor cannot compile flex_attention inside a layer with a dynamic sequence length; "
-            f"use {section}.attn_implementation=sdpa or {section}.compile_layers=False"
-        )
-    return ""
+    """Why ``{section}.compile_layers=True`` cannot run with this attention, or ``""`` when it can: flex_attention
+    fails to compile inside a layer with a dynamic length on CUDA and on CPU (module docstring); ``on_cuda`` picks the
+    failure named. One rule for the RL config check, the SFT config check and the loader; ``section`` names the
+    config section in the message (``model`` in the SFT trainer)."""
+    if attn_implementation != "flex_attention":
+        return ""
+    failure = (
+        "on CUDA inductor fails to lower flex_attention in a layer with a dynamic length (a TypeError in "
+        "_use_flex_decoding on Qwen2.5-1.5B, torch 2.11)"
+        if on_cuda
+        else "on CPU inductor cannot compile flex_attention inside a layer with a dynamic sequence length"
+    )
+    return (
+        f"{section}.compile_layers=True with {section}.attn_implementation=flex_attention is not supported: {failure}; "
+        f"use {section}.attn_implementation=torch_varlen (CUDA, torch >= 2.10) or sdpa, "
+        f"or {section}.compile_layers=False"
+    )
 
 
 def compile_decoder_layers(model: nn.Module, dynamic: Optional[bool] = True, **compile_kwargs) -> int:
     """``layer.compile(dynamic=dynamic, **compile_kwargs)`` on every decoder layer of ``model``, in place; returns
     the number of layers compiled. Raises ``ValueError``, naming ``actor_rollout_ref.model.compile_layers``, for a
     model without declared decoder layers (a custom architecture whose ``_no_split_modules`` is empty) and for
-    flex_attention with dynamic shapes without CUDA (see the module docstring)."""
+    flex_attention with dynamic shapes (``unsupported``, see the module docstring)."""
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(

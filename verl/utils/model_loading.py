@@ -5,25 +5,29 @@ passes ``actor_rollout_ref.model.path``. Options:
 
 * ``dtype``: parameter dtype (``"float32"`` for a trained actor whose FSDP mixed precision computes in bf16;
   ``"bfloat16"`` for a frozen reference model);
-* ``attn_implementation``: ``None`` picks ``flash_attention_2`` when CUDA is available and the ``flash_attn``
-  package is installed; else, on CUDA with packed rows (``remove_padding``, the config's ``use_remove_padding``),
-  ``flex_attention``; otherwise ``sdpa``. All of them run packed (remove-padding) sequences exactly:
-  transformers derives variable-length boundaries (FA2) or a dense block-diagonal mask (``sdpa``/``eager``)
-  from ``position_ids`` that restart at 0 when no ``attention_mask`` is passed; for ``flex_attention`` the
-  actor and critic pass the block-diagonal ``BlockMask`` themselves (``verl/workers/actor/packed_block_mask.py``:
-  built without transformers' compiled ``create_block_mask``). fp32 on H200: packed vs padded log-probs within
-  6e-6 for sdpa and flex.
-  On a GPU without flash-attn prefer ``flex_attention`` for packed rows: measured on 2x H200, Qwen2.5-1.5B,
-  update_policy 32.9k tokens/s/GPU (flex, packed) vs 22.7k (sdpa, padded) vs 11.0k (sdpa, packed; the dense
-  mask costs O(T^2)). On CPU use ``sdpa`` (flex needs a compiler backend).
-  ``torch_varlen`` (opt-in, never chosen automatically): packed rows through PyTorch's own FA2 variable-length
-  kernels, ``torch.nn.attention.varlen.varlen_attn`` (no flash-attn package and no torch.compile needed;
-  ``verl/workers/actor/varlen_attention.py`` registers it with transformers when asked for). Needs CUDA and
-  torch >= 2.10 (``ValueError`` otherwise); float32 inputs are computed in bf16 (FA2 kernels). Its speed is not
-  measured yet; measure it against flex_attention with ``torchrun --standalone --nproc_per_node=1
-  benchmarks/bench_update_policy.py --shape qwen2.5-1.5b --attn torch_varlen --layout memagent --conversations 32
-  --chunks 3 --chunk 5000 --memory 1024 --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1
-  --no-baseline --grad-ckpt`` (and the same with ``--attn flex_attention``);
+* ``attn_implementation``: ``None`` picks, in order: ``flash_attention_2`` when CUDA is available and the
+  ``flash_attn`` package is installed; on CUDA with packed rows (``remove_padding``, the config's
+  ``use_remove_padding``) ``torch_varlen`` when torch has ``torch.nn.attention.varlen`` (torch >= 2.10), the GPU
+  is Ampere or newer and the model has nothing it cannot run (sliding-window layers, attention dropout:
+  ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``.
+  All of them run packed (remove-padding) sequences exactly: transformers derives variable-length boundaries (FA2)
+  or a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
+  ``attention_mask`` is passed; for ``flex_attention`` the actor and critic pass the block-diagonal ``BlockMask``
+  themselves (``verl/workers/actor/packed_block_mask.py``: built without transformers' compiled
+  ``create_block_mask``), for ``torch_varlen`` the sequence offsets (``cu_seq_lens``). fp32 on H200: packed vs
+  padded log-probs within 6e-6 for sdpa and flex.
+  Why this order on a GPU without flash-attn (one H200, 2026-12-03, torch 2.11, Qwen2.5-1.5B, the MemAgent layout of
+  ``benchmarks/bench_update_policy.py --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024
+  --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1 --no-baseline --grad-ckpt``, 659,686 tokens per
+  call): ``torch_varlen`` compute_log_prob 112.9k tokens/s (44.1% MFU) and update_policy 26.5k (31.0% MFU) vs
+  ``flex_attention`` 104.8k (41.0%) and 25.1k (29.5%), the same peak memory (28.8 GiB) and grad norm (3.1939 vs
+  3.1933), and no flex compile at start-up (the whole process 89 s vs 125 s). Earlier (2x H200): flex on packed
+  rows 32.9k tokens/s/GPU vs sdpa 22.7k padded and 11.0k packed (sdpa's dense mask costs O(T^2)). On CPU use
+  ``sdpa`` (flex needs a compiler backend; varlen is CUDA only). ``torch_varlen`` asked for explicitly needs CUDA,
+  torch >= 2.10 and a model it can run (``ValueError`` otherwise); ``verl/workers/actor/varlen_attention.py``
+  registers it with transformers; float32 inputs are computed in bf16 (FA2 kernels). With ``compile_layers`` the
+  automatic choice never is ``flex_attention`` (``verl/utils/compile_layers.py``): where it would be, loading
+  raises a ``ValueError`` that says so;
 * ``gradient_checkpointing`` (non-reentrant);
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;
@@ -84,35 +88,67 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
 
 
 def resolve_attn_implementation(
-    requested: Optional[str] = None, device: Union[str, torch.device, None] = None, remove_padding: bool = False
+    requested: Optional[str] = None,
+    device: Union[str, torch.device, None] = None,
+    remove_padding: bool = False,
+    *,
+    model_config: Any = None,
+    compile_layers: bool = False,
 ) -> str:
-    """Attention backend: ``requested`` if given, else ``flash_attention_2`` on CUDA with flash-attn installed,
-    else ``flex_attention`` on CUDA for packed rows (``remove_padding``: sdpa would build a dense ``[T, T]`` mask
-    per micro-batch, ~3x slower than flex on H200), else ``sdpa``.
+    """Attention backend: ``requested`` if given, else (module docstring) ``flash_attention_2`` on CUDA with
+    flash-attn installed, else for packed rows (``remove_padding``) on CUDA ``torch_varlen`` (torch >= 2.10, an
+    Ampere or newer GPU and a ``model_config`` it can run) or ``flex_attention``, else ``sdpa``.
 
-    ``device`` defaults to CUDA when available. Asking for ``flash_attention_2`` without the package or
-    without CUDA raises ``ValueError``; so does ``torch_varlen`` without CUDA or without
-    ``torch.nn.attention.varlen`` (torch >= 2.10); asking for it registers it with transformers.
+    ``device`` defaults to CUDA when available. ``model_config``: the transformers config to be built (``None``:
+    assumed runnable by ``torch_varlen``). ``compile_layers``: the layers will be compiled; an automatic choice of
+    ``flex_attention`` then raises ``ValueError`` (``compile_layers.unsupported``) naming the keys. Asking for
+    ``flash_attention_2`` without the package or without CUDA raises ``ValueError``; so does ``torch_varlen``
+    without CUDA, without ``torch.nn.attention.varlen`` or for a model it cannot run; choosing it (asked for or
+    automatic) registers it with transformers.
     """
+    from verl.workers.actor import varlen_attention
+
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
+    key = "actor_rollout_ref.model.attn_implementation"
     if requested in (None, "", "auto"):
         if on_cuda and has_flash:
             return "flash_attention_2"
-        return "flex_attention" if on_cuda and remove_padding else "sdpa"
+        if not (on_cuda and remove_padding):
+            return "sdpa"  # sdpa's dense [T, T] mask on packed rows is ~3x slower than flex/varlen on H200
+        why_not_varlen = varlen_attention.model_unsupported(model_config)
+        if not varlen_attention.varlen_available():
+            why_not_varlen = f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+        elif not why_not_varlen and not varlen_attention.gpu_supported(device):
+            why_not_varlen = "the GPU is older than Ampere (compute capability < 8.0: no FA2 kernels)"
+        if not why_not_varlen:
+            varlen_attention.register()
+            return varlen_attention.NAME
+        from verl.utils.compile_layers import unsupported
+
+        reason = unsupported("flex_attention", on_cuda) if compile_layers else ""
+        if reason:
+            raise ValueError(
+                f"{reason} ({key} is null: the automatic choice for packed rows on CUDA is flex_attention here, "
+                f"not torch_varlen: {why_not_varlen})"
+            )
+        return "flex_attention"
     if requested == "flash_attention_2" and not (on_cuda and has_flash):
         raise ValueError(
             "attn_implementation='flash_attention_2' needs CUDA and the flash_attn package "
             f"(cuda={on_cuda}, flash_attn installed={has_flash}); use 'sdpa' or leave it unset"
         )
-    if requested == "torch_varlen":
-        from verl.workers.actor import varlen_attention
-
+    if requested == varlen_attention.NAME:
         if not (on_cuda and varlen_attention.varlen_available()):
             raise ValueError(
-                "actor_rollout_ref.model.attn_implementation='torch_varlen' needs CUDA and torch >= 2.10 "
+                f"{key}='torch_varlen' needs CUDA and torch >= 2.10 "
                 f"(torch.nn.attention.varlen; cuda={on_cuda}, torch {torch.__version__}, "
                 f"varlen available={varlen_attention.varlen_available()}); use 'flex_attention' or leave it unset"
+            )
+        not_varlen = varlen_attention.model_unsupported(model_config)
+        if not_varlen:
+            raise ValueError(
+                f"{key}='torch_varlen' does not run this model's {not_varlen}; use 'flex_attention' or leave it unset"
             )
         varlen_attention.register()
     return requested
@@ -239,7 +275,9 @@ def load_causal_lm(
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    attn = resolve_attn_implementation(attn_implementation, device, remove_padding)
+    attn = resolve_attn_implementation(
+        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers
+    )
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code
     )
@@ -265,7 +303,9 @@ def build_causal_lm_from_config(
 
     if seed is not None:
         torch.manual_seed(seed)
-    config._attn_implementation = resolve_attn_implementation(attn_implementation, device, remove_padding)
+    config._attn_implementation = resolve_attn_implementation(
+        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers
+    )
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
     return prepare_for_training(model, gradient_checkpointing, use_liger=use_liger, compile_layers=compile_layers)

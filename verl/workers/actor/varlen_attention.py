@@ -22,8 +22,18 @@ sequence boundaries come from, in order:
 Masking is causal within each sequence. torch's signature changed between releases: 2.10 has ``is_causal`` and no
 ``scale``; 2.11 has ``window_size=(-1, 0)`` for causal and ``scale``; 2.12+ adds ``enable_gqa``. The signature is
 read once per function (``_kernel_options``): grouped-query key/value heads are repeated here when ``enable_gqa``
-is missing, and a non-default ``scaling`` is folded into the query when ``scale`` is. The FA2 kernels take
-fp16/bf16 only: float32 inputs on CUDA are computed in bf16 (or the autocast dtype) and cast back.
+is missing, and a non-default ``scaling`` is folded into the query when ``scale`` is. Verified for torch 2.11 on
+one H200 (2026-12-03): its signature, printed there, is ``varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q,
+max_k, *, return_aux=None, scale=None, window_size=(-1, -1))`` (causal through ``window_size``, ``scale`` passed,
+GQA heads repeated here, ``return_aux`` left unset so one tensor comes back); Qwen2.5-1.5B's update_policy (12
+query / 2 key-value heads) ran through this module there to flex_attention's grad norm (3.1939 vs 3.1933). The FA2
+kernels take fp16/bf16 only: float32 inputs on CUDA are computed in bf16 (or the autocast dtype) and cast back.
+
+What it does not do (``model_unsupported`` names it, so the automatic choice falls back to flex_attention and an
+explicit ``torch_varlen`` is refused at load): sliding-window layers (a config with ``sliding_window`` set or a
+``"sliding_attention"`` entry in ``layer_types``) and attention dropout (``attention_dropout > 0``). GPUs older than
+Ampere (compute capability < 8.0, ``gpu_supported``) have no FA2 kernels: the automatic choice takes flex_attention
+there too.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from verl.workers.actor.packed_block_mask import document_starts
 __all__ = [
     "NAME",
     "varlen_available",
+    "gpu_supported",
+    "model_unsupported",
     "register",
     "varlen_kwargs",
     "cu_seq_lens_from_lengths",
@@ -58,6 +70,27 @@ def varlen_available() -> bool:
         return importlib.util.find_spec("torch.nn.attention.varlen") is not None
     except ModuleNotFoundError:
         return False
+
+
+def gpu_supported(device=None) -> bool:
+    """True when the CUDA ``device`` (default: the current one) can run PyTorch's FA2 kernels: compute capability
+    8.0 (Ampere) or newer."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def model_unsupported(config) -> str:
+    """What ``torch_varlen_attention`` cannot run of the transformers ``config`` (``None``: nothing known), or ``""``:
+    sliding-window layers and attention dropout (both raise in the attention function)."""
+    if config is None:
+        return ""
+    reasons = []
+    window, layer_types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
+    if window is not None or "sliding_attention" in layer_types:
+        reasons.append(f"sliding-window layers (sliding_window={window})")
+    dropout = getattr(config, "attention_dropout", 0.0) or 0.0
+    if dropout > 0:
+        reasons.append(f"attention dropout (attention_dropout={dropout})")
+    return " and ".join(reasons)
 
 
 @functools.cache

@@ -44,8 +44,8 @@ class ModelConfig(BaseConfig):
     enable_gradient_checkpointing: bool = True
     # Unpad sequences (varlen attention) in training forward passes.
     use_remove_padding: bool = False
-    # Attention kernel; null = flash_attention_2 when installed on CUDA, else flex_attention on CUDA with
-    # use_remove_padding, else sdpa.
+    # Attention kernel; null = flash_attention_2 when installed on CUDA, else on CUDA with use_remove_padding
+    # torch_varlen (torch >= 2.10, Ampere+, no sliding window) or flex_attention, else sdpa.
     attn_implementation: Optional[str] = None
     # LoRA rank; 0 = full fine-tuning (> 0: peft adapters train, the base is frozen, the rollout gets merged weights).
     lora_rank: int = 0

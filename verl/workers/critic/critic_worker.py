@@ -59,7 +59,8 @@ def load_value_model(
     config.classifier_dropout = 0.0
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    attn = resolve_attn_implementation(attn_implementation, device, remove_padding)  # flex for packed rows on CUDA
+    # torch_varlen (or flex_attention) for packed rows on CUDA
+    attn = resolve_attn_implementation(attn_implementation, device, remove_padding, model_config=config)
     try:
         model = AutoModelForTokenClassification.from_pretrained(
             path,
