@@ -96,6 +96,28 @@ def test_model_unsupported_by_varlen_names_what():
     assert varlen_attention.model_unsupported(layer_types) == "sliding-window layers (sliding_window=None)"
 
 
+def test_unsupported_gathers_the_rules_in_order(monkeypatch):
+    """torch first, then the model, then the GPU (asked only when nothing else rules varlen out, for the device
+    given): the first reason found is the one reported."""
+    asked = []
+
+    def gpu_supported(device=None):
+        asked.append(device)
+        return False
+
+    monkeypatch.setattr(varlen_attention, "gpu_supported", gpu_supported)
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: False)
+    no_varlen = f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+    assert varlen_attention.unsupported(SLIDING["dropout"], "cuda:0") == no_varlen
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    assert varlen_attention.unsupported(SLIDING["dropout"], "cuda:0") == "attention dropout (attention_dropout=0.1)"
+    assert asked == []
+    old_gpu = "the GPU is older than Ampere (compute capability < 8.0: no FA2 kernels)"
+    assert varlen_attention.unsupported(Qwen2Config(), "cuda:1") == old_gpu and asked == ["cuda:1"]
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
+    assert varlen_attention.unsupported(Qwen2Config(), "cuda:1") == "" == varlen_attention.unsupported()
+
+
 @pytest.mark.parametrize("name", list(SLIDING))
 def test_models_varlen_cannot_run_fall_back_to_flex(no_flash, monkeypatch, name):
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
@@ -172,6 +194,13 @@ def test_loader_builds_packed_models_with_the_automatic_choice(tiny_model_path, 
     monkeypatch.setattr(model_loading, "resolve_attn_implementation", spy)
     model = model_loading.load_causal_lm(str(tiny_model_path), remove_padding=True)
     assert seen == [(True, "Qwen2Config", False)] and model.config._attn_implementation == "sdpa"
+    # the config the choice sees is the one built, overrides applied (a window or dropout there rules varlen out)
+    configs = []
+    monkeypatch.setattr(
+        model_loading, "resolve_attn_implementation", lambda *a, **kw: configs.append(kw["model_config"]) or "sdpa"
+    )
+    model_loading.load_causal_lm(str(tiny_model_path), override_config={"attention_dropout": 0.25})
+    assert len(configs) == 1 and (type(configs[0]).__name__, configs[0].attention_dropout) == ("Qwen2Config", 0.25)
 
 
 def test_critic_loader_hands_the_model_config_to_the_choice(tiny_model_path, monkeypatch):
@@ -187,6 +216,13 @@ def test_critic_loader_hands_the_model_config_to_the_choice(tiny_model_path, mon
     monkeypatch.setattr(model_loading, "resolve_attn_implementation", spy)
     load_value_model(str(tiny_model_path), remove_padding=True)
     assert seen == [(True, "Qwen2Config")]
+    # the value model's config (num_labels=1), overrides applied before the choice
+    configs = []
+    monkeypatch.setattr(
+        model_loading, "resolve_attn_implementation", lambda *a, **kw: configs.append(kw["model_config"]) or "sdpa"
+    )
+    load_value_model(str(tiny_model_path), override_config={"attention_dropout": 0.25})
+    assert len(configs) == 1 and (configs[0].num_labels, configs[0].attention_dropout) == (1, 0.25)
 
 
 def test_benchmark_builder_hands_config_and_compile_layers_to_the_choice(no_flash, monkeypatch):

@@ -116,11 +116,7 @@ def resolve_attn_implementation(
             return "flash_attention_2"
         if not (on_cuda and remove_padding):
             return "sdpa"  # sdpa's dense [T, T] mask on packed rows is ~3x slower than flex/varlen on H200
-        why_not_varlen = varlen_attention.model_unsupported(model_config)
-        if not varlen_attention.varlen_available():
-            why_not_varlen = f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
-        elif not why_not_varlen and not varlen_attention.gpu_supported(device):
-            why_not_varlen = "the GPU is older than Ampere (compute capability < 8.0: no FA2 kernels)"
+        why_not_varlen = varlen_attention.unsupported(model_config, device)
         if not why_not_varlen:
             varlen_attention.register()
             return varlen_attention.NAME

@@ -33,7 +33,7 @@ What it does not do (``model_unsupported`` names it, so the automatic choice fal
 explicit ``torch_varlen`` is refused at load): sliding-window layers (a config with ``sliding_window`` set or a
 ``"sliding_attention"`` entry in ``layer_types``) and attention dropout (``attention_dropout > 0``). GPUs older than
 Ampere (compute capability < 8.0, ``gpu_supported``) have no FA2 kernels: the automatic choice takes flex_attention
-there too.
+there too. ``unsupported`` gathers the rules of the automatic choice (torch, model, GPU) with their reasons.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "varlen_available",
     "gpu_supported",
     "model_unsupported",
+    "unsupported",
     "register",
     "varlen_kwargs",
     "cu_seq_lens_from_lengths",
@@ -91,6 +92,18 @@ def model_unsupported(config) -> str:
     if dropout > 0:
         reasons.append(f"attention dropout (attention_dropout={dropout})")
     return " and ".join(reasons)
+
+
+def unsupported(config=None, device=None) -> str:
+    """Why the automatic choice cannot take ``NAME`` for packed rows on the CUDA ``device`` (default: the current
+    one) with the transformers ``config``, or ``""``: this torch has no ``torch.nn.attention.varlen``, the model has
+    what ``model_unsupported`` names, or the GPU is older than Ampere (``gpu_supported``, asked only when nothing
+    else rules varlen out). An explicit ``torch_varlen`` is checked by the loader without the GPU rule."""
+    if not varlen_available():
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+    return model_unsupported(config) or (
+        "" if gpu_supported(device) else "the GPU is older than Ampere (compute capability < 8.0: no FA2 kernels)"
+    )
 
 
 @functools.cache

@@ -45,7 +45,7 @@ class ModelConfig(BaseConfig):
     # Unpad sequences (varlen attention) in training forward passes.
     use_remove_padding: bool = False
     # Attention kernel; null = flash_attention_2 when installed on CUDA, else on CUDA with use_remove_padding
-    # torch_varlen (torch >= 2.10, Ampere+, no sliding window) or flex_attention, else sdpa.
+    # torch_varlen (torch >= 2.10, Ampere+, no sliding window or attention dropout) or flex_attention, else sdpa.
     attn_implementation: Optional[str] = None
     # LoRA rank; 0 = full fine-tuning (> 0: peft adapters train, the base is frozen, the rollout gets merged weights).
     lora_rank: int = 0
