@@ -173,7 +173,8 @@ class FSDPSFTTrainer:
             use_liger=bool(mc.get("use_liger", False)),
             compile_layers=bool(mc.get("compile_layers", False)),
             trust_remote_code=bool(mc.get("trust_remote_code", False)),
-        ).to(self.device)
+            device=self.device,
+        )
         if self.sharded:
             mesh = init_fsdp_mesh(
                 (mc.get("fsdp_config") or {}).get("fsdp_size", -1),

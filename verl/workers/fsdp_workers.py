@@ -134,7 +134,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             use_liger=model_cfg.use_liger,
             compile_layers=model_cfg.compile_layers,
             trust_remote_code=model_cfg.trust_remote_code,
-        ).to(device)
+            device=device,  # the automatic attention is the worker device's (not whether the host has a GPU)
+        )
         if model_cfg.lora is not None:
             self._check_lora(actor_module)
         self.sharded = self.world_size > 1 or self.device_name == "cuda"
@@ -169,7 +170,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 use_liger=model_cfg.use_liger,  # the ref model runs the actor's kernels (as verl's does)
                 compile_layers=model_cfg.compile_layers,
                 trust_remote_code=model_cfg.trust_remote_code,
-            ).to(device)
+                device=device,
+            )
             ref_module.requires_grad_(False)
             if self.sharded:
                 ref_module = apply_fsdp2(

@@ -108,7 +108,8 @@ class CriticWorker(TrainingWorker):
             trust_remote_code=bool(model_cfg.trust_remote_code),  # null: the YAML makes it follow the policy's
             override_config=model_cfg.override_config or None,
             remove_padding=bool(model_cfg.use_remove_padding),
-        ).to(device)
+            device=device,  # the automatic attention is the worker device's
+        )
         if self.world_size > 1 or self.device_name == "cuda":  # HSDP when fsdp_size divides the world size
             mesh = init_fsdp_mesh(
                 model_cfg.fsdp_config.fsdp_size,
