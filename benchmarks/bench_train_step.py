@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
 
+from verl.utils.tracking import METRICS_FILE, drop_superseded_lines  # noqa: E402
 from verl.workers.memory_peaks import METRIC_PREFIX as PHASE_PEAK_PREFIX  # noqa: E402
 
 # (trainer timing name ``timing_s/<name>``, report key, table title)
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
     }
     (log_dir / RUN_FILE).write_text(json.dumps(meta, indent=2))
+    for name in RUN_NAMES.values():  # an earlier benchmark's steps there (same --out) are not this run's
+        drop_superseded_lines(log_dir / name / METRICS_FILE, None)
     print(f"[bench_train_step] per-step metrics: {log_dir}/{{sync,overlap}}/metrics.jsonl", file=sys.stderr)
     tok = AutoTokenizer.from_pretrained(model)
     dataset_rows = make_needle_qa_dataset(
@@ -226,7 +229,7 @@ def logged_histories(log_dir: Path) -> dict[str, list[dict]]:
     """The steps each run logged (``<log_dir>/<run>/metrics.jsonl``), by run name; a torn last line is skipped."""
     histories = {}
     for name in RUN_NAMES.values():
-        path = log_dir / name / "metrics.jsonl"
+        path = log_dir / name / METRICS_FILE
         if not path.exists():
             continue
         history = []

@@ -121,11 +121,14 @@ def test_a_run_that_raises_writes_its_finished_steps(tiny_model_path, tmp_path, 
     run, calls = _fake_trainer(2, error)
     monkeypatch.setattr(main_ppo, "run", run)
     out = tmp_path / "step.json"
+    _log(tmp_path / "step.steps", "overlap", [(1, 7.0), (2, 7.0)])  # an earlier benchmark's log at the same --out
     argv = ["--model", str(tiny_model_path), "--steps", "3", "--overlap", "both", "--out", str(out)]
     with pytest.raises(type(error)):
         bts.main(argv)
     report = json.loads(out.read_text())
     assert calls == [False]  # the overlapped run never started
+    assert "overlap_steps" not in report  # so no overlapped steps, not the earlier benchmark's
+    assert (tmp_path / "step.steps" / "overlap" / "metrics.jsonl.superseded").read_text().count("\n") == 2
     assert report["complete"] is False and report["error"].startswith(type(error).__name__)
     assert [r["total"] for r in report["steps"]] == [2.0, 4.0]
     assert (tmp_path / "step.steps" / "run.json").exists()

@@ -20,24 +20,35 @@ GIB = 2**30
 
 
 class FakeDeviceCounter:
-    """``torch.cuda``'s allocated-bytes counter: the peak since the last reset, a reset sets it to the current."""
+    """``torch.cuda``'s allocated-bytes counter: the peak since the last reset, a reset sets it to the current; and
+    the caching allocator's reserved bytes (kept after a free until ``empty_cache``), whose peak a reset clears too."""
 
     def __init__(self, current_gib: float = 0.0):
         self.current = int(current_gib * GIB)
         self.peak = self.current
+        self.reserved = self.reserved_peak = self.current
 
     def alloc(self, gib: float) -> None:
         self.current += int(gib * GIB)
         self.peak = max(self.peak, self.current)
+        self.reserved = max(self.reserved, self.current)
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
 
     def free(self, gib: float) -> None:
         self.current -= int(gib * GIB)
 
+    def empty_cache(self) -> None:
+        self.reserved = self.current
+
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
 
+    def max_memory_reserved(self, device=None) -> int:
+        return self.reserved_peak
+
     def reset_peak_memory_stats(self, device=None) -> None:
         self.peak = self.current
+        self.reserved_peak = self.reserved
 
 
 @pytest.fixture
@@ -45,6 +56,8 @@ def counter(monkeypatch):
     fake = FakeDeviceCounter(current_gib=10)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", fake.max_memory_allocated)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak_memory_stats)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", fake.max_memory_reserved)
+    monkeypatch.setattr(torch.cuda, "empty_cache", fake.empty_cache)
     return fake
 
 
@@ -102,6 +115,32 @@ def test_phases_running_at_the_same_time_report_nothing(counter):
     assert _gib(peaks.report()) == {"update": 12.0}
 
 
+def test_a_phase_running_across_a_report_leaves_the_next_report_empty(counter):
+    """rollout_overlap: the update's metrics are reported while the rollout thread generates; that generation's peak
+    (counted from its start, before the report) lands in the next report, which therefore says nothing per phase."""
+    peaks = PhasePeaks(enabled=True)
+    with peaks.phase("log-prob"):
+        counter.alloc(3)
+        counter.free(3)
+    started, reported = threading.Event(), threading.Event()
+
+    def generation():
+        with peaks.phase("rollout"):
+            counter.alloc(6)
+            started.set()
+            reported.wait()
+            counter.free(6)
+
+    thread = threading.Thread(target=generation)
+    thread.start()
+    started.wait()
+    assert _gib(peaks.report()) == {"log-prob": 13.0}  # ended before the generation began: its own peak
+    reported.set()
+    thread.join()
+    assert peaks.report() == {}
+    assert peaks.lifetime_peak() == 16 * GIB
+
+
 def test_disabled_touches_no_device_counter(monkeypatch):
     def no_cuda(*args, **kwargs):
         raise AssertionError("a CPU worker must not read CUDA counters")
@@ -113,6 +152,7 @@ def test_disabled_touches_no_device_counter(monkeypatch):
         pass
     assert peaks.report() == {} and peaks.lifetime_peak() == 0
     assert set(memory_metrics("cpu", peaks)) == {"perf/cpu_memory_peak_rss_gb"}
+    assert peaks.lifetime_reserved_peak() == 0
 
 
 def test_memory_metrics_reports_the_process_peak_across_resets(counter, monkeypatch):
@@ -126,6 +166,23 @@ def test_memory_metrics_reports_the_process_peak_across_resets(counter, monkeypa
     out = memory_metrics("cuda", peaks)
     assert out["perf/max_memory_allocated_gb"] == 35.0  # not the last phase's 14
     assert out[METRIC_PREFIX + "update"] == 14.0
+
+
+def test_memory_metrics_reports_the_process_reserved_peak_across_resets(counter):
+    """torch's reset clears the reserved peak too: 30 GiB reserved before the phases (the cache emptied since) is
+    still the process's reserved peak, not the 14 GiB reserved since the update phase began."""
+    peaks = PhasePeaks(enabled=True)
+    counter.alloc(20)
+    counter.free(20)
+    counter.empty_cache()
+    with peaks.phase("update"):
+        counter.alloc(4)
+        counter.free(4)
+    assert torch.cuda.max_memory_reserved() == 14 * GIB  # what the counter alone says after the phase's reset
+    out = memory_metrics("cuda", peaks)
+    assert out["perf/max_memory_reserved_gb"] == 30.0
+    assert out["perf/max_memory_allocated_gb"] == 30.0
+    assert peaks.lifetime_reserved_peak() == 30 * GIB
 
 
 class _StubEngine:

@@ -48,14 +48,18 @@ OVERLAP_CONCURRENCY_GROUPS = {ROLLOUT_GROUP: 1, TRAIN_GROUP: 1}
 
 def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, float]:
     """Peak accelerator memory (GiB) and this process's resident host memory (GiB); with ``peaks``, the
-    allocated peak across its per-phase resets and the peaks per phase (``perf/max_memory_allocated_gb/<phase>``)."""
+    allocated and reserved peaks across its per-phase resets and the peaks per phase
+    (``perf/max_memory_allocated_gb/<phase>``)."""
     import resource
 
     out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     if device == "cuda":
-        allocated = peaks.lifetime_peak() if peaks is not None else torch.cuda.max_memory_allocated()
+        if peaks is not None:  # torch's counters restart at every phase; the process-wide peaks are kept there
+            allocated, reserved = peaks.lifetime_peak(), peaks.lifetime_reserved_peak()
+        else:
+            allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
         out["perf/max_memory_allocated_gb"] = allocated / 2**30
-        out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+        out["perf/max_memory_reserved_gb"] = reserved / 2**30
     if peaks is not None:
         out.update(peaks.report())
     return out

@@ -8,8 +8,9 @@ carry that step's rollout, log-prob and update peaks and the previous step's wei
 allocates through torch's allocator counts (vLLM's sleep-mode pool does).
 
 With ``trainer.rollout_overlap`` the rollout thread's generation and the train thread's passes run at the same time;
-one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peak
-stays exact either way (:meth:`PhasePeaks.lifetime_peak` keeps the maximum across the resets).
+one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peaks
+stay exact either way: torch's reset clears the allocated and the reserved peak, and :meth:`PhasePeaks.lifetime_peak`
+and :meth:`PhasePeaks.lifetime_reserved_peak` keep the maximum of each across the resets.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class PhasePeaks:
         self._concurrent = False
         self._peaks: dict[str, int] = {}
         self._lifetime = 0
+        self._lifetime_reserved = 0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -46,7 +48,7 @@ class PhasePeaks:
             if self._active:  # another phase is running in another thread: their peaks mix
                 self._concurrent = True
             else:
-                self._lifetime = max(self._lifetime, torch.cuda.max_memory_allocated())
+                self._fold_lifetime()
                 torch.cuda.reset_peak_memory_stats()
             self._active += 1
         try:
@@ -54,14 +56,29 @@ class PhasePeaks:
         finally:
             with self._lock:
                 self._active -= 1
-                peak = torch.cuda.max_memory_allocated()
-                self._lifetime = max(self._lifetime, peak)
-                self._peaks[name] = max(self._peaks.get(name, 0), peak)
+                self._fold_lifetime()
+                self._peaks[name] = max(self._peaks.get(name, 0), torch.cuda.max_memory_allocated())
+
+    def _fold_lifetime(self) -> None:
+        """Fold torch's peaks since its last reset into the process-wide ones (with the lock held)."""
+        self._lifetime = max(self._lifetime, torch.cuda.max_memory_allocated())
+        self._lifetime_reserved = max(self._lifetime_reserved, torch.cuda.max_memory_reserved())
 
     def lifetime_peak(self) -> int:
         """The process's peak allocated bytes since it started, across the per-phase resets."""
-        current = torch.cuda.max_memory_allocated() if self.enabled else 0
-        return max(self._lifetime, current)
+        if not self.enabled:
+            return 0
+        with self._lock:
+            self._fold_lifetime()
+            return self._lifetime
+
+    def lifetime_reserved_peak(self) -> int:
+        """The process's peak bytes reserved by torch's caching allocator since it started, across the resets."""
+        if not self.enabled:
+            return 0
+        with self._lock:
+            self._fold_lifetime()
+            return self._lifetime_reserved
 
     def report(self) -> dict[str, float]:
         """``{perf/max_memory_allocated_gb/<phase>: GiB}`` of the phases since the last report, then forgotten;
