@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         # the steps finished before the error, from the per-step log (the run's return value is lost)
         partial = build_report(meta, logged_histories(log_dir), error=f"{type(exc).__name__}: {exc}")
         bc.write_json(args.out, partial)
-        print(f"[bench_train_step] failed; the report of the finished steps is in {args.out}", file=sys.stderr)
+        where = f"is in {args.out}" if args.out else f"can be rebuilt with --report-from {log_dir}"
+        print(f"[bench_train_step] failed; the report of the finished steps {where}", file=sys.stderr)
         raise
     report = build_report(meta, histories)
     bc.write_json(args.out, report)
