@@ -39,6 +39,7 @@ ACTOR_SETTINGS = {
 MODEL_LOADER = {
     "actor_rollout_ref.model.attn_implementation": ("eager", "attn_implementation", "eager"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": (False, "gradient_checkpointing", False),
+    "actor_rollout_ref.model.gradient_checkpointing_every": (2, "gradient_checkpointing_every", 2),
     "actor_rollout_ref.model.use_liger": (True, "use_liger", True),
     "actor_rollout_ref.model.lora_rank": (4, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),
     "actor_rollout_ref.model.lora_alpha": (8, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),

@@ -107,6 +107,11 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         "tests/test_model_overrides.py::test_vllm_engine_gets_hf_overrides_and_trust_remote_code",
     ),
     f"{M}.enable_gradient_checkpointing": (_loader(f"{M}.enable_gradient_checkpointing"),),
+    f"{M}.gradient_checkpointing_every": (
+        _loader(f"{M}.gradient_checkpointing_every"),
+        "tests/test_selective_checkpointing.py::test_only_every_nth_layer_recomputes_and_gradients_are_unchanged",
+        "tests/test_selective_checkpointing.py::test_key_is_validated_from_the_yaml",
+    ),
     f"{M}.use_remove_padding": (_actor(f"{M}.use_remove_padding"),),
     f"{M}.attn_implementation": (_loader(f"{M}.attn_implementation"),),
     f"{M}.lora_rank": (

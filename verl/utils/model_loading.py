@@ -28,7 +28,9 @@ passes ``actor_rollout_ref.model.path``. Options:
   registers it with transformers; float32 inputs are computed in bf16 (FA2 kernels). With ``compile_layers`` the
   automatic choice never is ``flex_attention`` (``verl/utils/compile_layers.py``): where it would be, loading
   raises a ``ValueError`` that says so;
-* ``gradient_checkpointing`` (non-reentrant);
+* ``gradient_checkpointing`` (non-reentrant); ``gradient_checkpointing_every`` N > 1 keeps it only on the decoder
+  layers whose index is a multiple of N (torchtitan's selective activation checkpointing by layer: the other
+  layers keep their activations and skip the recomputed forward; ``select_checkpointed_layers``);
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;
 * ``use_liger``: apply liger-kernel's fused RMSNorm/SwiGLU/RoPE kernels; only on CUDA and only when the
@@ -56,12 +58,14 @@ __all__ = [
     "load_tokenizer",
     "build_causal_lm_from_config",
     "prepare_for_training",
+    "select_checkpointed_layers",
     "apply_lora",
     "apply_liger_kernel",
     "count_parameters",
 ]
 
 logger = logging.getLogger(__name__)
+CKPT_EVERY_KEY = "actor_rollout_ref.model.gradient_checkpointing_every"
 
 _DTYPES = {
     "float32": torch.float32,
@@ -201,19 +205,56 @@ def apply_liger_kernel(model: nn.Module) -> bool:
     return True
 
 
+def select_checkpointed_layers(model: nn.Module, every: int) -> list[int]:
+    """After ``gradient_checkpointing_enable``: keep checkpointing on the decoder layers whose index is a multiple of
+    ``every`` and turn it off on the others; returns the checkpointed layers' indices. transformers' decoder layers
+    are ``GradientCheckpointingLayer``s that checkpoint their call when ``self.gradient_checkpointing and
+    self.training``, so the flag is per layer; it is an attribute of the layer object, which ``nn.Module.compile``
+    and FSDP2's ``fully_shard`` keep. The layers are found as ``compile_layers.decoder_layers`` finds them (also
+    inside a peft wrapper). Raises ``ValueError`` naming the key for ``every`` that is not an integer >= 1 and, when
+    ``every`` > 1, for a model whose decoder layers are not ``GradientCheckpointingLayer``s."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from verl.utils.compile_layers import decoder_layers
+
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"{CKPT_EVERY_KEY} must be an integer >= 1 (got {every!r})")
+    layers = decoder_layers(model)
+    if every > 1 and (not layers or not all(isinstance(layer, GradientCheckpointingLayer) for layer in layers)):
+        raise ValueError(
+            f"{CKPT_EVERY_KEY}={every} needs decoder layers that are transformers GradientCheckpointingLayers "
+            f"({type(model).__name__} has {sorted({type(layer).__name__ for layer in layers}) or 'none declared'}); "
+            f"set {CKPT_EVERY_KEY}=1"
+        )
+    checkpointed = []
+    for index, layer in enumerate(layers):
+        if hasattr(layer, "gradient_checkpointing"):
+            layer.gradient_checkpointing = bool(layer.gradient_checkpointing) and index % every == 0
+            if layer.gradient_checkpointing:
+                checkpointed.append(index)
+    if every > 1:
+        logger.info(
+            "gradient checkpointing on %d of %d decoder layers: %s", len(checkpointed), len(layers), checkpointed
+        )
+    return checkpointed
+
+
 def prepare_for_training(
     model: nn.Module,
     gradient_checkpointing: bool = False,
     lora: Optional[dict[str, Any]] = None,
     use_liger: bool = False,
     compile_layers: bool = False,
+    gradient_checkpointing_every: int = 1,
 ) -> nn.Module:
-    """Apply liger kernels, gradient checkpointing, LoRA and the per-layer compile (in that order) and return the
-    (maybe wrapped) model."""
+    """Apply liger kernels, gradient checkpointing (on every ``gradient_checkpointing_every``-th decoder layer,
+    ``select_checkpointed_layers``), LoRA and the per-layer compile (in that order) and return the (maybe wrapped)
+    model."""
     if use_liger:
         apply_liger_kernel(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        select_checkpointed_layers(model, gradient_checkpointing_every)
         if hasattr(model.config, "use_cache"):
             model.config.use_cache = False
     if lora and int(lora.get("r", lora.get("lora_rank", 0)) or 0) > 0:
@@ -251,6 +292,7 @@ def load_causal_lm(
     device: Union[str, torch.device, None] = None,
     override_config: Optional[dict[str, Any]] = None,
     remove_padding: bool = False,
+    gradient_checkpointing_every: int = 1,
 ) -> nn.Module:
     """Load a causal LM from a local folder ``path`` and prepare it for training.
 
@@ -258,7 +300,8 @@ def load_causal_lm(
         path: local HF model folder (``config.json`` + weights).
         dtype: parameter dtype (see module docstring).
         attn_implementation: ``None``/``"auto"`` for the automatic choice, or a transformers backend name.
-        gradient_checkpointing, lora, use_liger, compile_layers: see ``prepare_for_training``.
+        gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every: see
+            ``prepare_for_training``.
         trust_remote_code: passed to transformers.
         device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
@@ -279,7 +322,9 @@ def load_causal_lm(
     )
     if device is not None:
         model.to(device)
-    return prepare_for_training(model, gradient_checkpointing, lora, use_liger, compile_layers)
+    return prepare_for_training(
+        model, gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every
+    )
 
 
 def build_causal_lm_from_config(
@@ -292,6 +337,7 @@ def build_causal_lm_from_config(
     use_liger: bool = False,
     compile_layers: bool = False,
     remove_padding: bool = False,
+    gradient_checkpointing_every: int = 1,
 ) -> nn.Module:
     """Randomly initialise a causal LM from a transformers config object (benchmarks and tests); the options are
     ``load_causal_lm``'s."""
@@ -304,4 +350,10 @@ def build_causal_lm_from_config(
     )
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
-    return prepare_for_training(model, gradient_checkpointing, use_liger=use_liger, compile_layers=compile_layers)
+    return prepare_for_training(
+        model,
+        gradient_checkpointing,
+        use_liger=use_liger,
+        compile_layers=compile_layers,
+        gradient_checkpointing_every=gradient_checkpointing_every,
+    )

@@ -134,6 +134,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             remove_padding=model_cfg.use_remove_padding,
             override_config=model_cfg.override_config or None,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+            gradient_checkpointing_every=model_cfg.gradient_checkpointing_every,
             lora=model_cfg.lora,
             use_liger=model_cfg.use_liger,
             compile_layers=model_cfg.compile_layers,

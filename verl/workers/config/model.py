@@ -42,6 +42,8 @@ class ModelConfig(BaseConfig):
     override_config: dict = field(default_factory=dict)
     # Activation checkpointing in the actor/ref forward.
     enable_gradient_checkpointing: bool = True
+    # Checkpoint every N-th decoder layer only (index % N == 0); 1 = every layer. Needs enable_gradient_checkpointing.
+    gradient_checkpointing_every: int = 1
     # Unpad sequences (varlen attention) in training forward passes.
     use_remove_padding: bool = False
     # Attention kernel; null = flash_attention_2 when installed on CUDA, else on CUDA with use_remove_padding
@@ -66,6 +68,7 @@ class ModelConfig(BaseConfig):
 
     def check(self, c: Checks) -> None:
         c.integer("lora_rank", 0)
+        c.integer("gradient_checkpointing_every", 1)
         c.integer("lora_alpha", 1)
         modules = self.target_modules
         names = [modules] if isinstance(modules, str) else modules
