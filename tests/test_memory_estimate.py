@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from verl.utils.memory_estimate import (
     count_params_on_meta,
     estimate_memory,
     plan_from_config,
-    startup_memory_check,
 )
+from verl.utils.memory_startup import startup_memory_check
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config"
 H200 = 141 * 10**9  # the simulated GPU of the issue (141 GB)
@@ -331,7 +332,7 @@ def test_startup_table_prints_on_cpu_without_checking(tmp_path: Path, capsys) ->
 
 def test_memory_check_warn_logs_and_off_skips(tmp_path: Path, capsys, caplog) -> None:
     cfg = _compose(tmp_path, QWEN25_7B, ["trainer.memory_check=warn"])
-    with caplog.at_level(logging.WARNING, logger="verl.utils.memory_estimate"):
+    with caplog.at_level(logging.WARNING, logger="verl.utils.memory_startup"):
         est = startup_memory_check(cfg, "cuda", capacities=(H200, HOST))
     assert est is not None and any("optimizer_offload=True" in r.getMessage() for r in caplog.records)
     capsys.readouterr()
@@ -352,12 +353,12 @@ def test_memory_check_key_is_validated() -> None:
 def test_main_ppo_refuses_before_any_model_loads(tmp_path: Path, monkeypatch) -> None:
     """The key reaches run(): on a (simulated) 1 GiB GPU the tiny config is refused before the tokenizer loads."""
     import verl.trainer.main_ppo as main_ppo
-    import verl.utils.memory_estimate as memory_estimate
+    import verl.utils.memory_startup as memory_startup
     import verl.utils.model_loading as model_loading
 
     cfg = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024"])
     monkeypatch.setattr(main_ppo, "pick_device", lambda cfg: "cuda")
-    monkeypatch.setattr(memory_estimate, "device_capacities", lambda device: (GiB, HOST))
+    monkeypatch.setattr(memory_startup, "device_capacities", lambda device: (GiB, HOST))
 
     def no_tokenizer(_):
         raise RuntimeError("tokenizer reached")
@@ -376,16 +377,16 @@ def test_main_ppo_refuses_before_any_model_loads(tmp_path: Path, monkeypatch) ->
 
 def test_gpu_capacity_comes_from_nvidia_smi_without_a_cuda_context(tmp_path: Path, monkeypatch) -> None:
     """The driver reads the GPU size from nvidia-smi (the smallest GPU), never through torch.cuda."""
-    import verl.utils.memory_estimate as memory_estimate
+    import verl.utils.memory_startup as memory_startup
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\nprintf '143771\\n81559\\n'\n")  # MiB, as --format=csv,noheader,nounits prints
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: pytest.fail("torch.cuda was used"))
-    gpu, host = memory_estimate.device_capacities("cuda")
+    gpu, host = memory_startup.device_capacities("cuda")
     assert gpu == 81559 * 2**20 and host > 0
-    assert memory_estimate.device_capacities("cpu")[0] is None
+    assert memory_startup.device_capacities("cpu")[0] is None
 
 
 def test_startup_suggests_turning_gradient_checkpointing_off_only_when_that_fits(tmp_path: Path, capsys) -> None:
@@ -411,8 +412,73 @@ def test_startup_suggests_turning_gradient_checkpointing_off_only_when_that_fits
         ).gpu_peak[1]
         > 0.8 * smaller
     )
-    assert "hint:" not in capsys.readouterr().out
+    # (a larger gradient_checkpointing_every may be suggested instead: test_hint_suggests_the_largest_every_...)
+    assert "enable_gradient_checkpointing=False" not in capsys.readouterr().out
     # already off: nothing to suggest
     off = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.model.enable_gradient_checkpointing=False"])
     startup_memory_check(off, "cuda", capacities=(H200, HOST))
     assert "hint:" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------- selective AC
+def test_selective_checkpointing_activation_bytes_hand_computed(tmp_path: Path) -> None:
+    """model.gradient_checkpointing_every=N: ceil(L / N) layers keep only their input (2 h), the others all their
+    activations (one_layer = 24 h + 6 kv + 8 i), plus one recomputed layer. 1.5B: h 1536, kv 2 x 128, i 8960."""
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_15B))
+    one_layer = 24 * 1536 + 6 * 256 + 8 * 8960
+    assert one_layer == 110_080
+    assert shape.activation_bytes_per_token(True) == 28 * 3072 + one_layer == 196_096  # every layer (N=1)
+    assert shape.activation_bytes_per_token(True, 2) == 14 * 3072 + 14 * one_layer + one_layer == 1_694_208
+    assert shape.activation_bytes_per_token(True, 3) == 10 * 3072 + 18 * one_layer + one_layer == 2_122_240
+    assert shape.activation_bytes_per_token(False, 2) == 28 * one_layer  # without checkpointing N does nothing
+    cfg = _compose(tmp_path, QWEN25_15B, ["actor_rollout_ref.model.gradient_checkpointing_every=2"])
+    plan = plan_from_config(cfg)
+    assert plan.gradient_checkpointing_every == 2 and plan.update_tokens == 16384 + 9216
+    assert estimate_memory(shape, plan).gpu["update"]["activations"] == 25_600 * 1_694_208
+    # an update that overflows with N > 1 names the key among the fixes
+    problems = " ".join(estimate_memory(shape, plan, gpu_capacity=60 * GiB).problems())
+    assert "phase 'update'" in problems
+    assert "lower actor_rollout_ref.model.gradient_checkpointing_every (now 2)" in problems
+
+
+@pytest.mark.parametrize(
+    "capacity_gib, every, suggested",
+    [
+        (100.0, 1, "gradient_checkpointing_every=3 is estimated to fit"),  # N=3 peaks at 77.4 GiB, N=4 at 85.0
+        (100.0, 2, "gradient_checkpointing_every=3 is estimated to fit"),
+        (100.0, 3, None),  # already there
+        (123.5, 1, "gradient_checkpointing_every=14 is estimated to fit"),  # N=27 fits: written as 14 (2 layers)
+        (123.5, 14, None),
+        (140.0, 1, "enable_gradient_checkpointing=False is estimated to fit"),  # off fits: 100.3 GiB < 112
+        (60.0, 1, None),  # not even N=2 (67.2 GiB) fits under 48
+    ],
+)
+def test_hint_suggests_the_largest_every_that_fits_when_off_does_not(
+    tmp_path: Path, capsys, capacity_gib, every, suggested
+) -> None:
+    """The 1.5B shape at MemAgent's 16K-token update budget: update peaks (GiB) without checkpointing 100.3, with
+    N = 1, 2, 3, 4, 14..27, 28: 31.4, 67.2, 77.4, 85.0, 97.8, 100.3 (the last above 'off': one recomputed layer)."""
+    cfg = _compose(
+        tmp_path,
+        QWEN25_15B,
+        [
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            f"actor_rollout_ref.model.gradient_checkpointing_every={every}",
+        ],
+    )
+    capacity = int(capacity_gib * GiB)
+    est = startup_memory_check(cfg, "cuda", capacities=(capacity, HOST))
+    assert est.problems() == []
+    out = capsys.readouterr().out
+    if suggested is None:
+        assert "hint:" not in out
+        return
+    assert f"hint: actor_rollout_ref.model.{suggested}" in out
+    if "every=" in suggested:  # its peak is the one printed and passes no 80% line; one more layer kept would
+        n = int(suggested.split("every=")[1].split()[0])
+        plan = dataclasses.replace(est.plan, gradient_checkpointing_every=n)
+        phase, peak = estimate_memory(est.shape, plan, capacity).gpu_peak
+        assert f"(peak {peak / GiB:.1f} GiB ({phase})" in out and peak <= 0.8 * capacity
+        fewer = math.ceil(28 / (math.ceil(28 / n) - 1))  # the smallest N that checkpoints one layer fewer
+        over = estimate_memory(est.shape, dataclasses.replace(est.plan, gradient_checkpointing_every=fewer), capacity)
+        assert over.gpu_peak[1] > 0.8 * capacity

@@ -71,7 +71,7 @@ def run(cfg: DictConfig) -> list[dict]:
     check_config(cfg)  # paths, data rows, resume, unsupported combinations: before any model, tokenizer or Ray
     conf = from_config(cfg)  # the typed sections: what this function reads
     device = pick_device(conf)
-    from verl.utils.memory_estimate import startup_memory_check
+    from verl.utils.memory_startup import startup_memory_check
 
     startup_memory_check(cfg, device)  # trainer.memory_check: per-rank GPU/host estimate, refuses what cannot fit
     name = conf.recurrent.name

@@ -1,8 +1,9 @@
 """Per-rank GPU and host memory of the colocated actor + ref + rollout worker, estimated from the config.
 
-Called once at start-up by ``verl.trainer.main_ppo.run`` (``startup_memory_check``) before any model loads: it
-reads the model's ``config.json`` (``transformers.AutoConfig``, no weights), prints a per-rank table and, on a GPU
-run with ``trainer.memory_check=error``, refuses a config that cannot fit with a message naming the knob to turn.
+Called once at start-up by ``verl.trainer.main_ppo.run`` (``verl/utils/memory_startup.py::startup_memory_check``)
+before any model loads: it reads the model's ``config.json`` (``transformers.AutoConfig``, no weights), prints a
+per-rank table and, on a GPU run with ``trainer.memory_check=error``, refuses a config that cannot fit with a message
+naming the knob to turn.
 
 What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/fsdp_utils.py`` as they are:
 
@@ -31,7 +32,10 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   attention and fused (flash/flex) attention: per token and layer ``24 h + 6 kv + 8 i`` bytes (two RMSNorms saving
   fp32 and bf16 copies 12 h; q, rotated q/k, attention output and o_proj input 10 h + 6 kv; gate, up, silu and
   product 8 i, and the MLP input 2 h), with ``h`` hidden size, ``kv`` = KV heads x head dim, ``i`` the MLP width. With
-  gradient checkpointing only each layer's input stays (2 h per token and layer) plus one layer recomputed.
+  gradient checkpointing only a checkpointed layer's input stays (2 h per token), plus one layer recomputed in the
+  backward (``one_layer``); with ``model.gradient_checkpointing_every`` N the ``c = ceil(L / N)`` layers of index
+  ``% N == 0`` are checkpointed and the other ``L - c`` keep their activations: ``c x 2 h + (L - c) x one_layer +
+  one_layer`` per token (N = 1: ``L x 2 h + one_layer``).
 * **logits**: only response positions go through ``lm_head`` (``logits_to_keep``); each such token holds a
   ``[vocab]`` row: bf16 output (2) + fp32 cast (4) + saved log-softmax (4) + its gradient (4) + bf16 gradient (2) =
   16 bytes per element in the update, 10 without grad (log-prob passes). The fused log-prob head
@@ -60,15 +64,11 @@ Phases (the GPU holds different things at different times; the peak is the large
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES, streamed_peak_bytes
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "GiB",
@@ -78,12 +78,9 @@ __all__ = [
     "MemoryCheckError",
     "plan_from_config",
     "estimate_memory",
-    "startup_memory_check",
-    "MEMORY_CHECK_MODES",
 ]
 
 GiB = 2**30
-MEMORY_CHECK_MODES = ("error", "warn", "off")
 PHASES = ("init", "rollout", "log-prob", "update", "step", "sync")
 # CUDA context, cuBLAS/NCCL workspaces: a fixed allowance per GPU process.
 RUNTIME_OVERHEAD_BYTES = 2 * GiB
@@ -229,12 +226,14 @@ class ModelShape:
         """KV-cache bytes of one token over all layers (keys and values)."""
         return 2 * self.num_layers * self.kv_dim * dtype_bytes
 
-    def activation_bytes_per_token(self, gradient_checkpointing: bool) -> float:
-        """Saved bf16 activations of one token through the whole decoder (see the module docstring)."""
+    def activation_bytes_per_token(self, gradient_checkpointing: bool, every: int = 1) -> float:
+        """Saved bf16 activations of one token through the whole decoder (see the module docstring); ``every``:
+        only the layers of index ``% every == 0`` are checkpointed (``model.gradient_checkpointing_every``)."""
         h, kv, i = self.hidden_size, self.kv_dim, self.intermediate_size
         one_layer = 24 * h + 6 * kv + 8 * i
         if gradient_checkpointing:
-            return self.num_layers * 2 * h + one_layer
+            checkpointed = math.ceil(self.num_layers / max(1, every))
+            return checkpointed * 2 * h + (self.num_layers - checkpointed) * one_layer + one_layer
         return self.num_layers * one_layer
 
 
@@ -263,6 +262,8 @@ class MemoryPlan:
     lora_rank: int = 0
     lora_targets: Any = "all-linear"
     gradient_checkpointing: bool = True
+    # model.gradient_checkpointing_every: only every N-th decoder layer is checkpointed
+    gradient_checkpointing_every: int = 1
     update_tokens: int = 16384
     update_logit_tokens: int = 16384
     log_prob_tokens: int = 16384
@@ -342,6 +343,7 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         lora_rank=int(model.get("lora_rank", 0) or 0),
         lora_targets=model.get("target_modules", "all-linear"),
         gradient_checkpointing=bool(model.get("enable_gradient_checkpointing", False)),
+        gradient_checkpointing_every=int(model.get("gradient_checkpointing_every", 1) or 1),
         update_tokens=update_tokens,
         update_logit_tokens=update_logits,
         log_prob_tokens=lp_tokens,
@@ -465,10 +467,13 @@ class MemoryEstimate:
             elif name in ("activations", "logits") and phase == "update":
                 dynamic = p.update_tokens != p.update_logit_tokens
                 knob = "ppo_max_token_len_per_gpu" if dynamic else "ppo_micro_batch_size_per_gpu"
+                model = "actor_rollout_ref.model"
                 ckpt = (
-                    ""
-                    if p.gradient_checkpointing
-                    else "; set actor_rollout_ref.model.enable_gradient_checkpointing=True"
+                    f"; set {model}.enable_gradient_checkpointing=True"
+                    if not p.gradient_checkpointing
+                    else f"; lower {model}.gradient_checkpointing_every (now {p.gradient_checkpointing_every})"
+                    if p.gradient_checkpointing_every > 1
+                    else ""
                 )
                 fixes.append((size, f"{name} of one micro-batch need {_gib(size)}; lower {actor}.{knob}{ckpt}"))
             elif name in ("activations", "logits") and phase == "log-prob":
@@ -607,7 +612,9 @@ def estimate_memory(
         step_temp = p.adam_step_temp_bytes * min(nt / S, p.offload_bucket_bytes / 8.0)
     else:
         streamed, step_temp = adam, p.adam_step_temp_bytes * nt / S
-    update_act = float(p.update_tokens) * shape.activation_bytes_per_token(p.gradient_checkpointing)
+    update_act = float(p.update_tokens) * shape.activation_bytes_per_token(
+        p.gradient_checkpointing, p.gradient_checkpointing_every
+    )
     update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
     no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
     lp_common = {
@@ -669,95 +676,3 @@ def estimate_memory(
         },
     }
     return est
-
-
-# ---------------------------------------------------------------------------------------------------- start-up
-def _hf_config(model_cfg: Any) -> Any:
-    from transformers import AutoConfig
-
-    path = os.path.expanduser(str(model_cfg.get("path")))
-    config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
-    for key, value in dict(model_cfg.get("override_config") or {}).items():
-        setattr(config, key, value)
-    return config
-
-
-def device_capacities(device: str) -> tuple[Optional[int], Optional[int]]:
-    """``(GPU bytes or None, host RAM bytes)``. The GPU's total memory (what vLLM's ``gpu_memory_utilization`` is a
-    fraction of; the smallest GPU when they differ) comes from ``nvidia-smi`` so that the driver process creates no
-    CUDA context on a GPU its workers need; without it, from ``torch.cuda.get_device_properties(0)``."""
-    import shutil
-    import subprocess
-
-    import psutil
-
-    gpu = None
-    if device == "cuda":
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            try:
-                out = subprocess.run(
-                    [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                    check=True,
-                ).stdout
-                gpu = min(int(float(line)) for line in out.split() if line.strip()) * 2**20  # MiB
-            except (subprocess.SubprocessError, OSError, ValueError):
-                gpu = None
-        if gpu is None:
-            import torch
-
-            gpu = int(torch.cuda.get_device_properties(0).total_memory)
-    return gpu, int(psutil.virtual_memory().total)
-
-
-def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optional[int], Optional[int]]] = None):
-    """Print the per-rank estimate and, on a GPU with ``trainer.memory_check=error``, raise
-    :class:`MemoryCheckError` when the config cannot fit (``warn``: log the reasons; ``off``: do nothing).
-    On a CPU run the table is printed and nothing is checked. Returns the estimate (None when off)."""
-    mode = cfg.trainer.get("memory_check", "error")
-    mode = "off" if mode is False else str(mode)  # YAML reads a bare `off` as False
-    if mode not in MEMORY_CHECK_MODES:
-        raise ValueError(f"trainer.memory_check must be one of {list(MEMORY_CHECK_MODES)}, got {mode!r}")
-    if mode == "off":
-        return None
-    try:
-        shape = ModelShape.from_hf_config(_hf_config(cfg.actor_rollout_ref.model))
-    except Exception as exc:  # the model loader reports a bad path properly; the estimate is advisory here
-        logger.warning("memory estimate skipped: cannot read the model config (%s)", exc)
-        return None
-    gpu, host = capacities if capacities is not None else device_capacities(device)
-    est = estimate_memory(shape, plan_from_config(cfg), gpu if device == "cuda" else None, host)
-    print(est.format_table(f"trainer.memory_check={mode}" + ("" if device == "cuda" else ", CPU run: not checked")))
-    problems = est.problems() if device == "cuda" else []
-    if problems and mode == "error":
-        raise MemoryCheckError("the config does not fit in memory:\n- " + "\n- ".join(problems))
-    for problem in problems:
-        logger.warning("memory check: %s", problem)
-    if device == "cuda" and not problems and (hint := checkpointing_hint(est)):
-        print(hint)
-    return est
-
-
-# Largest share of the device the estimated peak without gradient checkpointing may take for that to be suggested:
-# the estimate ran ~10% under the measured peak of the 1.5B step (benchmarks/RESULTS.md, 2026-12-03)
-CHECKPOINTING_HINT_SHARE = 0.8
-
-
-def checkpointing_hint(est: MemoryEstimate) -> str:
-    """A line suggesting ``enable_gradient_checkpointing=False`` when the config has it on and the same config
-    without it is estimated to peak under ``CHECKPOINTING_HINT_SHARE`` of the GPU; ``""`` otherwise. Checkpointing
-    recomputes each layer's forward in the backward: the 1.5B update did 25% more tokens/s without it (RESULTS.md)."""
-    if not est.plan.gradient_checkpointing or not est.gpu_capacity:
-        return ""
-    without = estimate_memory(est.shape, replace(est.plan, gradient_checkpointing=False), est.gpu_capacity)
-    phase, peak = without.gpu_peak
-    if without.problems() or peak > CHECKPOINTING_HINT_SHARE * est.gpu_capacity:
-        return ""
-    return (
-        f"  hint: actor_rollout_ref.model.enable_gradient_checkpointing=False is estimated to fit (peak {_gib(peak)} "
-        f"({phase}), {peak / est.gpu_capacity:.0%} of the device): the update skips the recomputed forward (25% more "
-        "update tokens/s at 1.5B, benchmarks/RESULTS.md)"
-    )
