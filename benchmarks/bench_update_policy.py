@@ -46,6 +46,8 @@ Examples:
         --attn flex_attention --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024 \\
         --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1 --no-baseline --grad-ckpt \\
         --compile-layers --liger --profile /tmp/update_profile.txt
+    # selective activation checkpointing (model.gradient_checkpointing_every): only layers 0, 2, 4, ... recompute
+    ... --grad-ckpt --ckpt-every 2
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mini-batches", type=int, default=1, help="optimizer steps per update_policy call")
     p.add_argument("--no-remove-padding", action="store_true", help="padded forward instead of packed rows")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (actor and baseline)")
+    p.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="model.gradient_checkpointing_every: with --grad-ckpt, checkpoint only the decoder layers of index % N == 0",
+    )
     p.add_argument(
         "--compile-layers",
         action="store_true",
@@ -204,6 +213,7 @@ def build_model(args, device: torch.device, remove_padding: bool):
             remove_padding=remove_padding,
             device=device,
             gradient_checkpointing=args.grad_ckpt,
+            gradient_checkpointing_every=args.ckpt_every,
             use_liger=args.liger,
             compile_layers=args.compile_layers,
         )
@@ -213,6 +223,7 @@ def build_model(args, device: torch.device, remove_padding: bool):
         attn_implementation=args.attn,
         device=device,
         gradient_checkpointing=args.grad_ckpt,
+        gradient_checkpointing_every=args.ckpt_every,
         seed=0,
         use_liger=args.liger,
         compile_layers=args.compile_layers,
@@ -414,6 +425,7 @@ def main(argv=None) -> dict:
         "attn_implementation": attn,
         "remove_padding": not args.no_remove_padding,
         "grad_ckpt": args.grad_ckpt,
+        "ckpt_every": args.ckpt_every,
         "compile_layers": args.compile_layers,
         "compiled_graphs": int(counters["stats"]["unique_graphs"]),
         "liger": args.liger,
@@ -488,7 +500,7 @@ def update_policy_table(result: dict) -> str:
     head = (
         f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
         f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
-        f"grad_ckpt={result['grad_ckpt']}, compile_layers={result['compile_layers']}, liger={result['liger']}, "
+        f"grad_ckpt={result['grad_ckpt']}, ckpt_every={result.get('ckpt_every', 1)}, compile_layers={result['compile_layers']}, liger={result['liger']}, "
         f"{result['tokens_global_per_call']:,.0f} tokens per call; "
         f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
     )

@@ -49,6 +49,8 @@ if want update_attn; then
     run update_compile $UPDATE --attn torch_varlen --compile-layers --out "$OUT/update_policy_varlen_compile_layers.json" \
         --profile "$OUT/update_policy_varlen_compile_layers_profile.txt"
     run update_liger $UPDATE --attn torch_varlen --liger --out "$OUT/update_policy_varlen_liger.json"
+    # selective activation checkpointing (model.gradient_checkpointing_every=2): half the layers recompute
+    run update_ckpt_every2 $UPDATE --attn torch_varlen --ckpt-every 2 --out "$OUT/update_policy_varlen_ckpt_every2.json"
 fi
 if want train_step; then
     run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \

@@ -64,7 +64,7 @@ def commands(tmp_path_factory):
 
 
 def test_every_section_has_commands(commands):
-    assert {"update_flex", "update_varlen", "update_compile", "update_liger", "train_step_1p5b", "train_step_7b",
+    assert {"update_flex", "update_varlen", "update_compile", "update_liger", "update_ckpt_every2", "train_step_1p5b", "train_step_7b",
             "train_step_135m_packed", "train_step_135m_sdpa", "weight_sync_1p5b", "weight_sync_7b", "vs_verl",
             "gpu_tests"} <= set(commands)  # fmt: skip
 

@@ -61,7 +61,7 @@ def test_timed_runs_use_the_memagent_rows():
 
 
 def test_bench_model_flags_reach_the_model():
-    """``--compile-layers`` and ``--liger`` build the model through ``model_loading`` as the workers do."""
+    """``--compile-layers``, ``--liger`` and ``--ckpt-every`` build the model through ``model_loading`` as the workers do."""
     from argparse import Namespace
 
     from bench_update_policy import build_model, liger_applied, parse_args
@@ -75,6 +75,11 @@ def test_bench_model_flags_reach_the_model():
     assert not liger_applied(model)  # liger-kernel needs CUDA: ignored with a warning on CPU
     plain = build_model(Namespace(**{**vars(args), "compile_layers": False}), torch.device("cpu"), remove_padding=True)
     assert not any(is_compiled(layer) for layer in decoder_layers(plain))
+    args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--grad-ckpt", "--ckpt-every", "2"])
+    model = build_model(
+        args, torch.device("cpu"), remove_padding=True
+    )  # --ckpt-every: model.gradient_checkpointing_every
+    assert [layer.gradient_checkpointing for layer in decoder_layers(model)] == [True, False]
 
 
 def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_path):
