@@ -527,6 +527,14 @@ def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, 
     assert [is_compiled(layer) for layer in decoder_layers(trainer.model)] == [flag, flag]
 
 
+def test_gradient_checkpointing_every_reaches_the_model(tiny_model_path, data_file, tmp_path):
+    from verl.utils.compile_layers import decoder_layers
+
+    overrides = ("model.enable_gradient_checkpointing=true", "model.gradient_checkpointing_every=2")
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, *overrides))
+    assert [layer.gradient_checkpointing for layer in decoder_layers(trainer.model)] == [True, False]
+
+
 @pytest.mark.parametrize(
     ("override", "world", "message"),
     [
@@ -537,6 +545,11 @@ def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, 
         ("optim.warmup_steps_ratio=1.5", 1, r"optim.warmup_steps_ratio must be in \[0, 1\], got 1.5"),
         ("data.train_files=''", 1, "data.train_files must name at least one parquet/json/jsonl file, got nothing"),
         ("model.compile_layers=1", 1, "model.compile_layers must be true or false, got 1"),
+        (
+            "model.gradient_checkpointing_every=0",
+            1,
+            "model.gradient_checkpointing_every must be an integer >= 1, got 0",
+        ),
         (
             "model.compile_layers=true model.attn_implementation=flex_attention",
             1,

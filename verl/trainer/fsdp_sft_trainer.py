@@ -69,6 +69,9 @@ def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
         raise ValueError(
             f"model.use_fused_kernels must be true or false, got {OmegaConf.select(cfg, 'model.use_fused_kernels')!r}"
         )
+    every = OmegaConf.select(cfg, "model.gradient_checkpointing_every", default=1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"model.gradient_checkpointing_every must be an integer >= 1, got {every!r}")
     compile_layers = OmegaConf.select(cfg, "model.compile_layers", default=False)
     if not isinstance(compile_layers, bool):
         raise ValueError(f"model.compile_layers must be true or false, got {compile_layers!r}")
@@ -170,6 +173,7 @@ class FSDPSFTTrainer:
             dtype="float32",
             attn_implementation=mc.get("attn_implementation"),
             gradient_checkpointing=bool(mc.get("enable_gradient_checkpointing", False)),
+            gradient_checkpointing_every=int(mc.get("gradient_checkpointing_every", 1)),
             use_liger=bool(mc.get("use_liger", False)),
             compile_layers=bool(mc.get("compile_layers", False)),
             trust_remote_code=bool(mc.get("trust_remote_code", False)),
