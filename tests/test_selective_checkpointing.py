@@ -33,12 +33,13 @@ def _model(tiny_model_path, checkpointing: bool, every: int = 1, **kwargs):
     )
 
 
-def _step(model) -> tuple[list[int], dict[str, torch.Tensor]]:
+def _step(model, layers=None) -> tuple[list[int], dict[str, torch.Tensor]]:
     """One training forward/backward; the forward calls of each decoder layer and the gradients."""
-    calls = [0] * len(decoder_layers(model))
+    layers = decoder_layers(model) if layers is None else layers
+    calls = [0] * len(layers)
     hooks = [
         layer.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
-        for i, layer in enumerate(decoder_layers(model))
+        for i, layer in enumerate(layers)
     ]
     model.train()
     ids = torch.tensor([[3, 17, 42, 8, 99, 5, 23, 61], [7, 7, 12, 30, 2, 88, 14, 9]])
@@ -99,6 +100,42 @@ def test_composes_with_compile_layers(tiny_model_path):
     layers = decoder_layers(model)
     assert [is_compiled(layer) for layer in layers] == [True] * 4
     assert [layer.gradient_checkpointing for layer in layers] == [True, False, True, False]
+
+
+def _fsdp2_worker(rank: int, init_file: str, model_path: str, out_file: str) -> None:
+    """One gloo rank: the 4-layer model with N=2, sharded with FSDP2 as the worker does (after loading); one step."""
+    import torch.distributed as dist
+
+    from verl.utils.fsdp_utils import apply_fsdp2, init_dp_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=1)
+    try:
+        model = _model(model_path, checkpointing=True, every=2)
+        layers = decoder_layers(model)  # by class name: FSDP2 renames the classes (FSDPQwen2DecoderLayer)
+        apply_fsdp2(model, mesh=init_dp_mesh("cpu"), param_dtype=torch.float32)
+        assert all(type(layer).__name__.startswith("FSDP") for layer in layers)
+        flags = [layer.gradient_checkpointing for layer in layers]
+        calls, grads = _step(model, layers)
+        grads = {name: grad.full_tensor() if hasattr(grad, "full_tensor") else grad for name, grad in grads.items()}
+        torch.save({"flags": flags, "calls": calls, "grads": grads}, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_sharded_model_keeps_the_selection(tiny_model_path, reference, tmp_path):
+    """fully_shard swaps the layers' class but keeps their attributes: layers 0 and 2 still recompute, the
+    gradients still equal the unsharded model's without checkpointing."""
+    import torch.multiprocessing as mp
+
+    args = (str(tmp_path / "init"), str(tiny_model_path), str(tmp_path / "out.pt"))
+    mp.spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
+    out = torch.load(tmp_path / "out.pt")
+    assert out["flags"] == [True, False, True, False] and out["calls"] == [2, 1, 2, 1]
+    _, ref_grads = reference
+    assert out["grads"].keys() == ref_grads.keys()
+    for name, grad in out["grads"].items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("value", [0, -2, 1.5, "two", True])
