@@ -14,8 +14,8 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.rank_processes import spawn
 from verl.utils.model_loading import load_causal_lm
 from verl.utils.rollout_weights import iter_rollout_weights, rollout_weight_bytes
 
@@ -122,7 +122,7 @@ def _fsdp_rank(rank: int, init_file: str, model_path: str, out_dir: str) -> None
 
 
 def test_fsdp2_two_ranks_gather_full_bf16_tensors_cast_before_the_gather(model, tiny_model_path, tmp_path):
-    mp.spawn(_fsdp_rank, nprocs=2, join=True, args=(str(tmp_path / "init"), str(tiny_model_path), str(tmp_path)))
+    spawn(_fsdp_rank, nprocs=2, join=True, args=(str(tmp_path / "init"), str(tiny_model_path), str(tmp_path)))
     expected = _flatten(iter_rollout_weights(model, dtype=torch.bfloat16))
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
