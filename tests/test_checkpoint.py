@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.rank_processes import spawn
 from verl.utils.checkpoint import (
     COMPLETE_MARKER,
     LATEST_ITERATION_FILE,
@@ -398,11 +399,9 @@ def _fsdp2_worker(rank: int, world_size: int, init_file: str, model_path: str, o
 @pytest.fixture(scope="module")
 def fsdp2_run(tiny_model_path, tmp_path_factory):
     """Run ``_fsdp2_worker`` on 2 spawned processes (gloo on CPU); returns the output folder."""
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("fsdp2")
     init_file = out / "pg_init"
-    mp.spawn(_fsdp2_worker, args=(2, str(init_file), str(tiny_model_path), str(out)), nprocs=2, join=True)
+    spawn(_fsdp2_worker, args=(2, str(init_file), str(tiny_model_path), str(out)), nprocs=2, join=True)
     return out
 
 

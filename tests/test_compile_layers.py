@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.packed_batches import RESPONSE_LENGTH, padded_batch
+from tests.rank_processes import spawn
 from verl.utils.compile_layers import KEY, compile_decoder_layers, decoder_layers, is_compiled, unsupported
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.forward import forward_response_log_probs
@@ -205,10 +206,8 @@ def _fsdp2_worker(rank: int, init_file: str, model_path: str, out_file: str) -> 
 
 @pytest.mark.slow  # ~35 s warm, ~70 s with a cold inductor cache (a spawned process compiles again)
 def test_fsdp2_gradient_checkpointing_and_fused_head(tiny_model_path, tmp_path):
-    import torch.multiprocessing as mp
-
     args = (str(tmp_path / "init"), str(tiny_model_path), str(tmp_path / "out.pt"))
-    mp.spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
+    spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
     out = torch.load(tmp_path / "out.pt")
     eager = load_causal_lm(tiny_model_path, attn_implementation="sdpa").train()
     for call, (total, (log_probs, grads)) in enumerate(zip(TOTALS, out["results"])):

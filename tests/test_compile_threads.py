@@ -32,30 +32,62 @@ print(json.dumps({"env": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"), "befor
 DEFAULT = min(32, torch._utils.cpu_count())
 
 
-def _probe(env_extra: dict[str, str]) -> dict:
+def _start_probe(env_extra: dict[str, str]) -> subprocess.Popen:
     drop = ("TORCHINDUCTOR_COMPILE_THREADS", compile_threads.USER_SETTING_ENV)
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# the three environments the vLLM tests probe, each in its own interpreter
+CASES = {
+    "vllm_in_the_worker_env": {"TORCHINDUCTOR_COMPILE_THREADS": "1", compile_threads.USER_SETTING_ENV: ""},
+    "user_chose_serial": {"TORCHINDUCTOR_COMPILE_THREADS": "1"},
+    "nothing_set": {},
+}
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict]:
+    """Every probe's interpreter starts at once (each spends ~5 s importing torch and vLLM, mostly on one core):
+    the module waits for the slowest instead of their sum."""
+    started = {name: _start_probe(env) for name, env in CASES.items()}
+    try:
+        return {name: _result(proc) for name, proc in started.items()}
+    finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.vllm
 @pytest.mark.skipif(DEFAULT <= 1, reason="one CPU: inductor compiles serially anyway")
-def test_a_worker_started_after_vllm_was_imported_compiles_in_parallel_again():
+def test_a_worker_started_after_vllm_was_imported_compiles_in_parallel_again(probes):
     """A Ray worker inherits the driver's environment: vLLM's ``1`` and verl's record that the user set nothing."""
-    got = _probe({"TORCHINDUCTOR_COMPILE_THREADS": "1", compile_threads.USER_SETTING_ENV: ""})
+    got = probes["vllm_in_the_worker_env"]
     assert got["env"] == "1"  # vLLM's override stays in the environment (for the processes vLLM starts)
     assert got["before"] == 1  # inductor read vLLM's value: serial Triton compiles in this process
     assert got["after"] == DEFAULT and got["returned"] == DEFAULT
 
 
 @pytest.mark.vllm
-def test_the_users_own_setting_stands():
-    got = _probe({"TORCHINDUCTOR_COMPILE_THREADS": "1"})  # the user chose serial compiles before verl started
+def test_the_users_own_setting_stands(probes):
+    got = probes["user_chose_serial"]  # the user chose serial compiles before verl started
     assert got["before"] == 1 and got["after"] == 1 and got["returned"] is None
-    got = _probe({})  # nothing set, verl imported before vLLM: inductor already parallel, nothing to do
+    got = probes["nothing_set"]  # nothing set, verl imported before vLLM: inductor already parallel, nothing to do
     assert got["before"] == DEFAULT and got["after"] == DEFAULT and got["returned"] is None
 
 

@@ -14,8 +14,8 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests.rank_processes import spawn
 from tests.test_dp_actor import make_update_data
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.settings import ActorSettings, per_gpu_from_global
@@ -88,7 +88,7 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, out_d
 def test_actor_and_critic_divide_by_the_world_size(tiny_model_path, tmp_path) -> None:
     model = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
     torch.save(make_update_data(model, num_conv=2 * ROWS_PER_RANK, seed=2), tmp_path / "data.pt")
-    mp.spawn(
+    spawn(
         _rank_main,
         nprocs=2,
         join=True,

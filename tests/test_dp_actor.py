@@ -20,9 +20,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.nano_reference import RolloutBatch, make_padded_batch, nano_multiconv_grpo_step, response_log_probs
+from tests.rank_processes import spawn
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 from verl.utils.model_loading import load_causal_lm
@@ -565,7 +565,7 @@ def test_two_ranks_fsdp2_match_one_rank(base_model, tiny_model_path, tmp_path):
     data = make_update_data(base_model, num_conv=5, seed=10)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    mp.spawn(
+    spawn(
         _two_rank_worker,
         nprocs=2,
         join=True,

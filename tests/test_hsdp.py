@@ -1,6 +1,6 @@
 """HSDP: ``fsdp_config.fsdp_size`` shards within groups of that many ranks and replicates across the groups.
 
-Four CPU ranks (gloo, ``torch.multiprocessing.spawn``), the tiny Qwen2 model:
+Four CPU ranks (gloo, ``tests.rank_processes.spawn``), the tiny Qwen2 model:
 * ``init_fsdp_mesh(2)`` over 4 ranks is the 2-D mesh ``(ddp=2, fsdp=2)``; parameters are ``(Replicate, Shard(0))``
   DTensors; ``-1`` and ``>= world`` give the 1-D mesh (plain FSDP); a size that does not divide the world is an
   error naming the key;
@@ -18,9 +18,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from tests.rank_processes import spawn
 from tests.test_config import compose_config
 from tests.test_dp_actor import actor_config, make_update_data
 from verl.utils.model_loading import load_causal_lm
@@ -140,7 +140,7 @@ def test_hsdp_2x2_matches_plain_fsdp_and_one_process(tiny_model_path, tmp_path):
     data = make_update_data(base, num_conv=WORLD * ROWS_PER_RANK, seed=3)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    mp.spawn(
+    spawn(
         _rank_main,
         nprocs=WORLD,
         join=True,

@@ -21,9 +21,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from tests.rank_processes import spawn
 from tests.test_config import compose_config
 from tests.test_dp_actor import make_update_data
 from verl.utils.lora import is_adapter_weight, lora_merges, rollout_name
@@ -205,7 +205,7 @@ def worker_run(tiny_model_path, tmp_path_factory):
     base = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
     data_file = out_dir / "data.pt"
     torch.save(make_update_data(base, num_conv=4, seed=5), data_file)
-    mp.spawn(
+    spawn(
         _rank_main, nprocs=WORLD, join=True, args=(str(out_dir / "init"), str(tiny_model_path), str(data_file), out_dir)
     )
     return out_dir, [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]

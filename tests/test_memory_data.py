@@ -35,12 +35,10 @@ DOC_HEADER = re.compile(r"^Document (\d+):$", re.M)
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from verl.utils.tiny_model import build_tiny_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny_tokenizer")
-    build_tiny_tokenizer(out)
-    return out
+def tokenizer_dir(tiny_model_path: Path) -> Path:
+    """The session's tiny model folder: its tokenizer is ``build_tiny_tokenizer``'s (same corpus, same vocabulary
+    size), trained once per session instead of once more for this module."""
+    return tiny_model_path
 
 
 @pytest.fixture(scope="module")

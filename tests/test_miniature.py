@@ -202,14 +202,11 @@ def test_inproc_launch_plans():
         build_launch_plans(ServerSpec(model_path="/m", backend="sglang"))
 
 
-@pytest.mark.parametrize("runner", ["http", "batched"])
-def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_path):
-    """recipe.miniature.evaluate, both runners (the HTTP harness against serve.inproc_server, and the
-    batched in-process one): every seed x label x kind x length recorded, meta written."""
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "data").symlink_to(data_dir)
-    cmd = [
+RUNNERS = ("http", "batched")
+
+
+def _evaluate_cmd(root: Path, runner: str, model: Path) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "recipe.miniature.evaluate",
@@ -220,7 +217,7 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
         "--runner",
         runner,
         "--model",
-        str(tiny_model_path),
+        str(model),
         "--device",
         "cpu",
         "--engine",
@@ -244,14 +241,43 @@ def test_evaluate_driver_runs_every_cell(data_dir, tiny_model_path, runner, tmp_
         "--serve-timeout",
         "120",
     ]
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
-    )
+
+
+@pytest.fixture(scope="module")
+def evaluate_runs(data_dir, tiny_model_path, tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """One ``recipe.miniature.evaluate`` process per runner, each in its own root, started at once: both spend
+    most of their start-up importing torch/transformers on one core, so the module waits for the slower one
+    instead of their sum."""
+    started = {}
+    for runner in RUNNERS:
+        root = tmp_path_factory.mktemp(f"evaluate_{runner}") / "root"
+        root.mkdir()
+        (root / "data").symlink_to(data_dir)
+        cmd = _evaluate_cmd(root, runner, tiny_model_path)
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        # output to files, not pipes: a full pipe would stall one process while the other is waited for
+        with (root.parent / "stdout").open("w") as out, (root.parent / "stderr").open("w") as err:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+        started[runner] = (root, cmd, proc)
+    done = {}
+    try:
+        for runner, (root, cmd, proc) in started.items():
+            rc = proc.wait(timeout=300)
+            out, err = ((root.parent / name).read_text() for name in ("stdout", "stderr"))
+            done[runner] = (root, subprocess.CompletedProcess(cmd, rc, out, err))
+    finally:
+        for _, _, proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_evaluate_driver_runs_every_cell(evaluate_runs, runner):
+    """recipe.miniature.evaluate, both runners (the HTTP harness against serve.inproc_server, and the
+    batched in-process one): every seed x label x kind x length recorded, meta written."""
+    root, proc = evaluate_runs[runner]
     assert proc.returncode == 0, proc.stderr[-3000:]
     for seed in (1, 2):
         for kind in make_data.DEFAULT_KINDS:

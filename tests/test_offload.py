@@ -23,9 +23,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from tests.rank_processes import spawn
 from tests.test_config import compose_config
 from tests.test_dp_actor import make_update_data
 from verl.utils.fsdp_utils import load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_optimizer
@@ -187,7 +187,7 @@ def test_worker_offload_code_path_on_cpu_matches_no_offload(tiny_model_path, tmp
     data = make_update_data(base, num_conv=4, seed=5)
     data_file = tmp_path / "data.pt"
     torch.save(data, data_file)
-    mp.spawn(
+    spawn(
         _rank_main,
         nprocs=WORLD,
         join=True,

@@ -33,6 +33,7 @@ from transformers.masking_utils import (
 )
 
 from tests.packed_batches import RESPONSE_LENGTH, padded_batch
+from tests.rank_processes import spawn
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor.forward import forward_response_log_probs, host_plan, pack_rows
 from verl.workers.actor.packed_block_mask import (
@@ -293,12 +294,10 @@ def _fsdp2_worker(rank: int, init_file: str, model_path: str, data_file: str, ou
 
 
 def test_fsdp2_packed_flex_forward_with_our_mask(sdpa_model, tiny_model_path, tmp_path):
-    import torch.multiprocessing as mp
-
     batch = padded_batch([70, 5, 120], seed=5)
     torch.save(batch, tmp_path / "batch.pt")
     args = (str(tmp_path / "init"), str(tiny_model_path), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt"))
-    mp.spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
+    spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
     with torch.no_grad():
         reference, _ = forward_response_log_probs(sdpa_model, *batch, RESPONSE_LENGTH)
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), reference, rtol=0, atol=1e-5)

@@ -126,10 +126,10 @@ def _fsdp2_worker(rank: int, init_file: str, model_path: str, out_file: str) -> 
 def test_fsdp2_sharded_model_keeps_the_selection(tiny_model_path, reference, tmp_path):
     """fully_shard swaps the layers' class but keeps their attributes: layers 0 and 2 still recompute, the
     gradients still equal the unsharded model's without checkpointing."""
-    import torch.multiprocessing as mp
+    from tests.rank_processes import spawn
 
     args = (str(tmp_path / "init"), str(tiny_model_path), str(tmp_path / "out.pt"))
-    mp.spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
+    spawn(_fsdp2_worker, args=args, nprocs=1, join=True)
     out = torch.load(tmp_path / "out.pt")
     assert out["flags"] == [True, False, True, False] and out["calls"] == [2, 1, 2, 1]
     _, ref_grads = reference

@@ -19,6 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tests.rank_processes import spawn
 from verl.trainer.fsdp_sft_trainer import FSDPSFTTrainer, validate_sft_config
 from verl.utils.dataset.multiturn_sft_dataset import MultiTurnSFTDataset, sft_collate, tokenize_with_assistant_mask
 
@@ -593,7 +594,6 @@ def _rank_main(rank: int, port: int, cfg_yaml: str, out: str) -> None:
 def test_two_fsdp_ranks_match_one_process(tiny_model_path, data_file, tmp_path):
     import socket
 
-    import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
     val = _write(tmp_path / "val.parquet", _conversations(5))  # 5 rows: rank 1 runs a zero-weight pass
@@ -603,7 +603,7 @@ def test_two_fsdp_ranks_match_one_process(tiny_model_path, data_file, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(port, OmegaConf.to_yaml(cfg), str(tmp_path)), nprocs=2, join=True)
+    spawn(_rank_main, args=(port, OmegaConf.to_yaml(cfg), str(tmp_path)), nprocs=2, join=True)
     double = json.loads((tmp_path / "history_rank0.json").read_text())
     assert [h["step"] for h in double] == [1, 2]
     for a, b in zip(single, double):
