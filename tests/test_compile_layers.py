@@ -161,6 +161,20 @@ def test_decoder_layers_are_found_through_peft(tiny_model_path):
     assert not any(is_compiled(layer) for layer in layers)
 
 
+def test_decoder_layers_are_found_after_fully_shard_swapped_their_class(tiny_model_path):
+    """FSDP2's ``fully_shard`` replaces a layer's class by a subclass named ``FSDP<name>`` (mimicked here on CPU,
+    with the FSDPModule mixin the real one adds): the layers are still found, in order, the root model too."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = load_causal_lm(tiny_model_path)
+    layers = list(model.model.layers)
+    for module in [*layers, model]:
+        cls = type(module)
+        module.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+    assert type(layers[0]).__name__ == "FSDPQwen2DecoderLayer"
+    assert decoder_layers(model) == layers
+
+
 @pytest.mark.parametrize("flag", [True, False])
 def test_worker_compiles_the_actor_and_ref_layers(tiny_model_path, flag):
     """Built as the trainer builds it; nothing runs a forward, so nothing compiles yet (compilation is lazy)."""

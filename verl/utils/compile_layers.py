@@ -58,13 +58,14 @@ logger = logging.getLogger(__name__)
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of a (maybe peft-wrapped) transformers model: the modules whose class the model lists in
-    ``_no_split_modules`` (``Qwen2DecoderLayer``, ``LlamaDecoderLayer``, ...), in order."""
+    ``_no_split_modules`` (``Qwen2DecoderLayer``, ``LlamaDecoderLayer``, ...), in order; also after FSDP2's
+    ``fully_shard``, which swaps each layer's class for a subclass (``FSDPQwen2DecoderLayer``)."""
     from verl.utils.fsdp_utils import get_decoder_layer_classes
     from verl.utils.lora import base_model
 
     inner = base_model(model)
     classes = get_decoder_layer_classes(inner)
-    return [module for module in inner.modules() if type(module).__name__ in classes]
+    return [module for module in inner.modules() if any(c.__name__ in classes for c in type(module).__mro__)]
 
 
 def is_compiled(module: nn.Module) -> bool:
