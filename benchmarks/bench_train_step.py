@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for overlap in MODES[args.overlap]:
             histories[RUN_NAMES[overlap]] = run(overlap)
-            if len(step_rows(histories[RUN_NAMES[overlap]], 1)) < args.steps:
+            if sum(h["step"] != 0 for h in histories[RUN_NAMES[overlap]]) < args.steps:  # step 0: validation
                 print("[bench_train_step] the run stopped early (SIGTERM?): no further run", file=sys.stderr)
                 break
     except BaseException as exc:

@@ -80,7 +80,7 @@ def test_each_phase_keeps_its_own_peak_and_the_process_peak_survives_the_resets(
         counter.free(9)
     assert _gib(peaks.report()) == {"rollout": 19.0, "log-prob": 13.0}
     assert peaks.report() == {}  # reported once
-    assert peaks.lifetime_peak() == 30 * GIB
+    assert peaks.lifetime_peaks()[0] == 30 * GIB
     with peaks.phase("update"):
         counter.alloc(1)
         counter.free(1)
@@ -108,7 +108,7 @@ def test_phases_running_at_the_same_time_report_nothing(counter):
         counter.free(2)
     thread.join()
     assert peaks.report() == {}
-    assert peaks.lifetime_peak() == 17 * GIB
+    assert peaks.lifetime_peaks()[0] == 17 * GIB
     with peaks.phase("update"):  # the next report, without overlap, is per phase again
         counter.alloc(2)
         counter.free(2)
@@ -138,7 +138,7 @@ def test_a_phase_running_across_a_report_leaves_the_next_report_empty(counter):
     reported.set()
     thread.join()
     assert peaks.report() == {}
-    assert peaks.lifetime_peak() == 16 * GIB
+    assert peaks.lifetime_peaks()[0] == 16 * GIB
 
 
 def test_disabled_touches_no_device_counter(monkeypatch):
@@ -150,9 +150,9 @@ def test_disabled_touches_no_device_counter(monkeypatch):
     peaks = PhasePeaks(enabled=False)
     with peaks.phase("update"):
         pass
-    assert peaks.report() == {} and peaks.lifetime_peak() == 0
+    assert peaks.report() == {} and peaks.lifetime_peaks()[0] == 0
     assert set(memory_metrics("cpu", peaks)) == {"perf/cpu_memory_peak_rss_gb"}
-    assert peaks.lifetime_reserved_peak() == 0
+    assert peaks.lifetime_peaks()[1] == 0
 
 
 def test_memory_metrics_reports_the_process_peak_across_resets(counter, monkeypatch):
@@ -182,7 +182,7 @@ def test_memory_metrics_reports_the_process_reserved_peak_across_resets(counter)
     out = memory_metrics("cuda", peaks)
     assert out["perf/max_memory_reserved_gb"] == 30.0
     assert out["perf/max_memory_allocated_gb"] == 30.0
-    assert peaks.lifetime_reserved_peak() == 30 * GIB
+    assert peaks.lifetime_peaks()[1] == 30 * GIB
 
 
 class _StubEngine:

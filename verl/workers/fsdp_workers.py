@@ -55,7 +55,7 @@ def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, fl
     out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     if device == "cuda":
         if peaks is not None:  # torch's counters restart at every phase; the process-wide peaks are kept there
-            allocated, reserved = peaks.lifetime_peak(), peaks.lifetime_reserved_peak()
+            allocated, reserved = peaks.lifetime_peaks()
         else:
             allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
         out["perf/max_memory_allocated_gb"] = allocated / 2**30

@@ -9,8 +9,8 @@ allocates through torch's allocator counts (vLLM's sleep-mode pool does).
 
 With ``trainer.rollout_overlap`` the rollout thread's generation and the train thread's passes run at the same time;
 one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peaks
-stay exact either way: torch's reset clears the allocated and the reserved peak, and :meth:`PhasePeaks.lifetime_peak`
-and :meth:`PhasePeaks.lifetime_reserved_peak` keep the maximum of each across the resets.
+stay exact either way: torch's reset clears the allocated and the reserved peak, and :meth:`PhasePeaks.lifetime_peaks`
+keeps the maximum of each across the resets.
 """
 
 from __future__ import annotations
@@ -64,21 +64,14 @@ class PhasePeaks:
         self._lifetime = max(self._lifetime, torch.cuda.max_memory_allocated())
         self._lifetime_reserved = max(self._lifetime_reserved, torch.cuda.max_memory_reserved())
 
-    def lifetime_peak(self) -> int:
-        """The process's peak allocated bytes since it started, across the per-phase resets."""
+    def lifetime_peaks(self) -> tuple[int, int]:
+        """The process's peak bytes allocated and reserved (torch's caching allocator) since it started, across the
+        per-phase resets; ``(0, 0)`` when disabled."""
         if not self.enabled:
-            return 0
+            return 0, 0
         with self._lock:
             self._fold_lifetime()
-            return self._lifetime
-
-    def lifetime_reserved_peak(self) -> int:
-        """The process's peak bytes reserved by torch's caching allocator since it started, across the resets."""
-        if not self.enabled:
-            return 0
-        with self._lock:
-            self._fold_lifetime()
-            return self._lifetime_reserved
+            return self._lifetime, self._lifetime_reserved
 
     def report(self) -> dict[str, float]:
         """``{perf/max_memory_allocated_gb/<phase>: GiB}`` of the phases since the last report, then forgotten;
