@@ -244,7 +244,7 @@ def wait_for_health(
     timeout: float = 900.0,
     process: subprocess.Popen | None = None,
     log_path: Path | None = None,
-    interval: float = 1.0,
+    interval: float = 0.25,
     secrets: Sequence[str] = (),
 ) -> float:
     """Poll ``url`` (a ``/health`` endpoint) until it answers 200; return the seconds waited. The log quoted in
