@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
 
 from verl.utils.tracking import METRICS_FILE, drop_superseded_lines  # noqa: E402
+from verl.workers.memory_peaks import GROWTH_PREFIX as PHASE_GROWTH_PREFIX  # noqa: E402
 from verl.workers.memory_peaks import METRIC_PREFIX as PHASE_PEAK_PREFIX  # noqa: E402
 
 # (trainer timing name ``timing_s/<name>``, report key, table title)
@@ -287,10 +288,15 @@ def print_report(report: dict) -> None:
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
     for r in report["steps"]:
-        phases = ", ".join(f"{k} {v:.1f}" for k, v in r.get("gpu_peak_by_phase_gib", {}).items())
+        growth = r.get("gpu_growth_by_phase_gib", {})
+        phases = ", ".join(
+            f"{k} {v:.1f}" + (f" (+{growth[k]:.1f})" if k in growth else "")
+            for k, v in r.get("gpu_peak_by_phase_gib", {}).items()
+        )
         print(
             f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB"
-            f"{f' (by phase, GiB: {phases})' if phases else ''}, host RSS peak {r['host_peak_rss_gib']} GiB"
+            f"{f' (by phase, GiB, peak (+growth over the phase start): {phases})' if phases else ''}"
+            f", host RSS peak {r['host_peak_rss_gib']} GiB"
         )
     if "overlap_steps" in report:
         print("\n" + overlap_table(report))
@@ -328,6 +334,11 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 # per phase of the worker (verl/workers/memory_peaks.py; none when the phases overlapped in time)
                 "gpu_peak_by_phase_gib": {
                     k.removeprefix(PHASE_PEAK_PREFIX): v for k, v in h.items() if k.startswith(PHASE_PEAK_PREFIX)
+                },
+                # each phase's peak minus what was allocated as it started: its own need, without the rollout
+                # engine's pool and the resident model that every peak above carries
+                "gpu_growth_by_phase_gib": {
+                    k.removeprefix(PHASE_GROWTH_PREFIX): v for k, v in h.items() if k.startswith(PHASE_GROWTH_PREFIX)
                 },
                 "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
             }

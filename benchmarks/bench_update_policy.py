@@ -15,6 +15,11 @@ Every timed call gets a fresh batch with new lengths (after one warm-up call), s
 ``--compile-layers`` compiles in the warm-up call too; the JSON records ``compiled_graphs``, the graphs
 ``torch.compile`` made in this process (layers, and flex_attention's own), and whether liger was applied.
 
+``--profile`` runs after the measurements are printed and written to ``--out`` (a profile that fails or runs out of
+time loses nothing measured), and profiles a sub-batch, not a whole call: the first rows of a batch, one mini-batch's
+worth by default (``--profile-rows``), through one ``compute_log_prob`` call and one single-step ``update_policy``
+call, so its cost stays bounded for large batches (a profiled call records every kernel launch).
+
 Measured on 2x H200 (torch 2.11, transformers 5.17, no flash-attn; 16 rows/GPU, prompts 2-4K, responses
 256-1K tokens, ~60K valid tokens/GPU per call, dynamic bsz 16K tokens/micro-batch, FSDP2 bf16/fp32 reduce;
 tokens/s per GPU and MFU at 790 TFLOP/s, 4 timed calls):
@@ -41,7 +46,7 @@ Examples:
     # a real checkpoint by path, one process
     python benchmarks/bench_update_policy.py --model-path /models/Qwen2.5-7B-Instruct
     # compiled decoder layers (model.compile_layers) and liger kernels (model.use_liger), with a profile of one
-    # compute_log_prob and one update_policy call after the timed ones
+    # compute_log_prob and one update_policy call on one mini-batch's rows after the timed ones
     torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b \\
         --attn flex_attention --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024 \\
         --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1 --no-baseline --grad-ckpt \\
@@ -107,8 +112,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--profile",
         default=None,
         metavar="PATH",
-        help="after the timed calls, profile one compute_log_prob and one update_policy call (torch.profiler) and "
-        "write their key_averages tables to PATH (rank 0)",
+        help="after the timed calls (and after printing and writing their results), profile one compute_log_prob "
+        "and one update_policy call (one optimizer step) on a sub-batch, the first --profile-rows rows of a batch, "
+        "with torch.profiler and write their key_averages tables to PATH (rank 0)",
+    )
+    p.add_argument(
+        "--profile-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rows of the profiled sub-batch (default: one mini-batch's, the first ceil(rows / --mini-batches))",
     )
     p.add_argument(
         "--attn",
@@ -151,7 +164,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory", type=int, default=128, help="memagent layout: max memory tokens")
     p.add_argument("--final-len", type=int, default=96, help="memagent layout: max final-answer tokens")
     p.add_argument("--question-len", type=int, default=100, help="memagent layout: question + template tokens")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.profile_rows is not None and args.profile_rows < 1:
+        p.error(f"--profile-rows must be >= 1, got {args.profile_rows}")
+    return args
 
 
 def count_only(args) -> dict:
@@ -231,14 +247,25 @@ def build_model(args, device: torch.device, remove_padding: bool):
     )
 
 
+def _from_liger(obj) -> bool:
+    return (getattr(obj, "__module__", None) or "").startswith("liger_kernel")
+
+
 def liger_applied(model: torch.nn.Module) -> bool:
-    """True when some module of ``model`` is a liger-kernel class (``apply_liger_kernel`` swaps the norms in)."""
-    return any(type(module).__module__.startswith("liger_kernel") for module in model.modules())
+    """True when liger-kernel patched some module of ``model``: a module of a liger class (a class swap), or one
+    whose ``forward`` is a liger function (liger-kernel 0.8's ``_apply_liger_kernel_to_instance`` binds e.g.
+    ``LigerRMSNorm.forward`` to the model's own norm instances and keeps their classes)."""
+    for module in model.modules():
+        forward = getattr(module, "forward", None)
+        if _from_liger(type(module)) or _from_liger(getattr(forward, "__func__", forward)):
+            return True
+    return False
 
 
-def profile_calls(calls: dict, device: torch.device, path: str, write: bool) -> None:
-    """Run each of ``calls`` (name -> no-argument function) once under ``torch.profiler.profile`` and write its
-    ``key_averages()`` table (40 rows, by self CUDA time on CUDA, else self CPU time) to ``path``."""
+def profile_calls(calls: dict, device: torch.device, path: str, write: bool, header: str = "") -> None:
+    """Run each of ``calls`` (name -> no-argument function) once under ``torch.profiler.profile`` and write
+    ``header`` and each call's ``key_averages()`` table (40 rows, by self CUDA time on CUDA, else self CPU time) to
+    ``path``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -252,7 +279,52 @@ def profile_calls(calls: dict, device: torch.device, path: str, write: bool) -> 
         tables.append(f"== {name} (sorted by {sort_by})\n{prof.key_averages().table(sort_by=sort_by, row_limit=40)}")
     if write:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text("\n\n".join(tables) + "\n")
+        Path(path).write_text("\n\n".join(([header] if header else []) + tables) + "\n")
+
+
+def profiled_rows(args, rows: int) -> int:
+    """Rows of the ``--profile`` sub-batch of a batch of ``rows``: ``--profile-rows``, else the first mini-batch's
+    (the rows ``update_policy`` gives its first optimizer step)."""
+    from verl.utils.seqlen_balancing import split_rows_evenly
+
+    return min(rows, args.profile_rows or len(split_rows_evenly(rows, args.mini_batches)[0]))
+
+
+def profile_sub_batch(args, actor: DataParallelPPOActor, batch: DataProto, device: torch.device, write: bool):
+    """``--profile``: one ``compute_log_prob`` and one ``update_policy`` call of one optimizer step on the first
+    :func:`profiled_rows` rows of ``batch`` (which carries its old and ref log-probs), tables to ``args.profile``."""
+    rows = profiled_rows(args, len(batch))
+    sub = batch[:rows]
+    tokens, total = int(sub.batch["attention_mask"].sum()), int(batch.batch["attention_mask"].sum())
+    header = (
+        f"# profiled on a sub-batch: the first {rows} of {len(batch)} rows of one batch ({tokens:,} of {total:,} "
+        "valid tokens, rank 0), one compute_log_prob call and one update_policy call of one optimizer step; "
+        "the timed calls ran on whole batches"
+    )
+    steps = actor.settings.train_batch_size
+    actor.settings.train_batch_size = actor.settings.ppo_mini_batch_size  # one mini-batch: one optimizer step
+    try:
+        profile_calls(
+            {
+                "compute_log_prob": lambda: actor.compute_log_prob(sub),
+                "update_policy": lambda: actor.update_policy(sub),
+            },
+            device,
+            args.profile,
+            write,
+            header,
+        )
+    finally:
+        actor.settings.train_batch_size = steps
+
+
+def emit(result: dict, out: str | None) -> None:
+    """Print ``result`` (JSON and its table) and write it to ``out``."""
+    print(json.dumps(result, indent=2))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2))
+    print("\n" + update_policy_table(result))
 
 
 def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
@@ -408,13 +480,6 @@ def main(argv=None) -> dict:
         metrics.update(actor.update_policy(batches[i]))
 
     update_seconds = timed(update_call, args.steps, device)
-    if args.profile:  # after the timed calls: compiled graphs and caches are warm
-        profile_calls(
-            {"compute_log_prob": lambda: log_prob_call(1), "update_policy": lambda: update_call(1)},
-            device,
-            args.profile,
-            write=rank == 0,
-        )
     from torch._dynamo.utils import counters
 
     result = {
@@ -455,6 +520,17 @@ def main(argv=None) -> dict:
     }
     if device.type == "cuda":
         result["update_policy"]["peak_mem_gib_rank0"] = torch.cuda.max_memory_allocated(device) / 2**30
+    result["env"] = {
+        "torch": torch.__version__,
+        "cuda_device": torch.cuda.get_device_name() if device.type == "cuda" else None,
+        "peak_flops": args.peak_flops,
+        "steps": args.steps,
+    }
+    if args.profile:  # after the timed calls (compiled graphs and caches warm) and after their results are out
+        result["profile_rows_per_gpu"] = profiled_rows(args, len(batches[1]))
+        if rank == 0:
+            emit(result, args.out)
+        profile_sub_batch(args, actor, batches[1], device, write=rank == 0)
 
     actor = model = optimizer = None  # release before empty_cache
     if device.type == "cuda":
@@ -463,18 +539,8 @@ def main(argv=None) -> dict:
     if not args.no_baseline and rank == 0:
         result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params)
     dist.barrier()
-    if rank == 0:
-        result["env"] = {
-            "torch": torch.__version__,
-            "cuda_device": torch.cuda.get_device_name() if device.type == "cuda" else None,
-            "peak_flops": args.peak_flops,
-            "steps": args.steps,
-        }
-        print(json.dumps(result, indent=2))
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=2))
-        print("\n" + update_policy_table(result))
+    if rank == 0 and (not args.profile or "baseline_single_gpu" in result):  # else emitted before the profile
+        emit(result, args.out)
     dist.destroy_process_group()
     return result
 

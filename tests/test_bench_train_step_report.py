@@ -44,6 +44,8 @@ def _metrics(step: int, total: float) -> dict:
         "perf/max_memory_allocated_gb": 30.0,
         "perf/max_memory_allocated_gb/update": 28.5,
         "perf/max_memory_allocated_gb/rollout": 29.0,
+        "perf/phase_growth_gb/update": 2.5,
+        "perf/phase_growth_gb/rollout": 1.0,
     }
 
 
@@ -75,8 +77,11 @@ def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
     assert report["overlap_summary"]["overlap_step_s"] is None  # no steady-state step of the overlapped run
     assert report["overrides"] == ["x=1"] and report["batch"] == 2
     assert report["steps"][0]["gpu_peak_by_phase_gib"] == {"update": 28.5, "rollout": 29.0}
+    assert report["steps"][0]["gpu_growth_by_phase_gib"] == {"update": 2.5, "rollout": 1.0}
     assert report["steps"][0]["gpu_peak_allocated_gib"] == 30.0
-    assert "incomplete" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "incomplete" in printed
+    assert "update 28.5 (+2.5), rollout 29.0 (+1.0)" in printed
 
 
 def test_report_from_a_folder_without_a_run_is_refused(tmp_path):

@@ -1,6 +1,7 @@
-"""Per-phase GPU peaks of the actor worker (``perf/max_memory_allocated_gb/<phase>``, verl/workers/memory_peaks.py).
+"""Per-phase GPU peaks of the actor worker (``perf/max_memory_allocated_gb/<phase>``, verl/workers/memory_peaks.py)
+and each phase's growth over what was allocated as it started (``perf/phase_growth_gb/<phase>``).
 
-torch's device counters (``max_memory_allocated`` / ``reset_peak_memory_stats``) need CUDA; a counter with the same
+torch's device counters (``memory_allocated`` / ``max_memory_allocated`` / ``reset_peak_memory_stats``) need CUDA; a counter with the same
 semantics stands in for them (allocations planted by forward hooks and stub engines), on one in-process CPU worker
 (tiny Qwen2) for the wiring of each phase."""
 
@@ -14,7 +15,7 @@ import torch
 from tests.test_log_prob_budgets import build_worker
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.fsdp_workers import memory_metrics
-from verl.workers.memory_peaks import METRIC_PREFIX, PhasePeaks
+from verl.workers.memory_peaks import GROWTH_PREFIX, METRIC_PREFIX, PhasePeaks
 
 GIB = 2**30
 
@@ -40,6 +41,9 @@ class FakeDeviceCounter:
     def empty_cache(self) -> None:
         self.reserved = self.current
 
+    def memory_allocated(self, device=None) -> int:
+        return self.current
+
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
 
@@ -54,6 +58,7 @@ class FakeDeviceCounter:
 @pytest.fixture
 def counter(monkeypatch):
     fake = FakeDeviceCounter(current_gib=10)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", fake.memory_allocated)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", fake.max_memory_allocated)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", fake.reset_peak_memory_stats)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", fake.max_memory_reserved)
@@ -62,7 +67,13 @@ def counter(monkeypatch):
 
 
 def _gib(report: dict) -> dict:
-    return {k.removeprefix(METRIC_PREFIX): round(v, 6) for k, v in report.items()}
+    """The peaks per phase (GiB) of a report."""
+    return {k.removeprefix(METRIC_PREFIX): round(v, 6) for k, v in report.items() if k.startswith(METRIC_PREFIX)}
+
+
+def _growth(report: dict) -> dict:
+    """The growth per phase (GiB) of a report."""
+    return {k.removeprefix(GROWTH_PREFIX): round(v, 6) for k, v in report.items() if k.startswith(GROWTH_PREFIX)}
 
 
 def test_each_phase_keeps_its_own_peak_and_the_process_peak_survives_the_resets(counter):
@@ -78,13 +89,52 @@ def test_each_phase_keeps_its_own_peak_and_the_process_peak_survives_the_resets(
     with peaks.phase("rollout"):  # a second generation call of the same step: the larger of the two
         counter.alloc(9)
         counter.free(9)
-    assert _gib(peaks.report()) == {"rollout": 19.0, "log-prob": 13.0}
+    report = peaks.report()
+    assert _gib(report) == {"rollout": 19.0, "log-prob": 13.0}
+    assert _growth(report) == {"rollout": 9.0, "log-prob": 3.0}  # each started with 10 GiB allocated
     assert peaks.report() == {}  # reported once
     assert peaks.lifetime_peaks()[0] == 30 * GIB
     with peaks.phase("update"):
         counter.alloc(1)
         counter.free(1)
-    assert _gib(peaks.report()) == {"update": 11.0}
+    report = peaks.report()
+    assert _gib(report) == {"update": 11.0} and _growth(report) == {"update": 1.0}
+
+
+def test_growth_is_the_peak_over_what_that_call_started_with(counter):
+    """A pool held across phases (vLLM's sleep-mode pool counts as allocated) is in every peak, not in the growth.
+    Of repeated calls of a phase, the one with the largest peak is kept with its own start (not the smallest start of
+    all the calls: no call grew by that); on equal peaks the one that grew more."""
+    peaks = PhasePeaks(enabled=True)
+    with peaks.phase("update"):  # starts at 10, peaks at 13
+        counter.alloc(3)
+        counter.free(3)
+    counter.alloc(40)  # the rollout engine's pool, held from here on
+    with peaks.phase("update"):  # starts at 50, peaks at 51: the larger peak, with its own growth
+        counter.alloc(1)
+        counter.free(1)
+    with peaks.phase("rollout"):
+        counter.alloc(2)
+        counter.free(2)
+    report = peaks.report()
+    assert _gib(report) == {"update": 51.0, "rollout": 52.0}
+    assert _growth(report) == {"update": 1.0, "rollout": 2.0}
+    counter.alloc(4)  # held for a while: 54 allocated
+    with peaks.phase("ref"):  # starts at 54, peaks at 56
+        counter.alloc(2)
+        counter.free(2)
+    counter.free(4)
+    with peaks.phase("ref"):  # starts at 50, peaks at 56 too: grew by 6, more than the first call's 2
+        counter.alloc(6)
+        counter.free(6)
+    with peaks.phase("ref"):  # starts at 50, peaks at 55: a smaller peak, not kept
+        counter.alloc(5)
+        counter.free(5)
+    with peaks.phase("log-prob"):  # a phase that keeps what it allocates grows by it
+        counter.alloc(3)
+    report = peaks.report()
+    assert _gib(report) == {"ref": 56.0, "log-prob": 53.0}
+    assert _growth(report) == {"ref": 6.0, "log-prob": 3.0}
 
 
 def test_phases_running_at_the_same_time_report_nothing(counter):
@@ -145,6 +195,7 @@ def test_disabled_touches_no_device_counter(monkeypatch):
     def no_cuda(*args, **kwargs):
         raise AssertionError("a CPU worker must not read CUDA counters")
 
+    monkeypatch.setattr(torch.cuda, "memory_allocated", no_cuda)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", no_cuda)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", no_cuda)
     peaks = PhasePeaks(enabled=False)
@@ -166,6 +217,7 @@ def test_memory_metrics_reports_the_process_peak_across_resets(counter, monkeypa
     out = memory_metrics("cuda", peaks)
     assert out["perf/max_memory_allocated_gb"] == 35.0  # not the last phase's 14
     assert out[METRIC_PREFIX + "update"] == 14.0
+    assert out[GROWTH_PREFIX + "update"] == 4.0  # started with 10 GiB allocated
 
 
 def test_memory_metrics_reports_the_process_reserved_peak_across_resets(counter):
@@ -229,13 +281,14 @@ def test_worker_phases_are_measured_where_they_run(monkeypatch, tiny_model_path,
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
 
+    counter.alloc(40)  # the rollout engine's pool: torch counts it as allocated in every phase, asleep or not
     worker.generate([[1, 2, 3]], {"max_tokens": 1})
     worker.compute_log_prob(data)
     worker.compute_ref_log_prob(data)
     metrics = worker.update_actor(data)
-    step1 = _gib({k: v for k, v in metrics.items() if k.startswith(METRIC_PREFIX)})
-    assert step1 == {"rollout": 17.0, "log-prob": 13.0, "ref": 12.0, "update": 15.0}
+    assert _gib(metrics) == {"rollout": 57.0, "log-prob": 53.0, "ref": 52.0, "update": 55.0}
+    assert _growth(metrics) == {"rollout": 7.0, "log-prob": 3.0, "ref": 2.0, "update": 5.0}
     worker.sync_rollout_weights()
     metrics = worker.update_actor(data)
-    step2 = _gib({k: v for k, v in metrics.items() if k.startswith(METRIC_PREFIX)})
-    assert step2 == {"sync": 11.0, "update": 15.0}
+    assert _gib(metrics) == {"sync": 51.0, "update": 55.0}
+    assert _growth(metrics) == {"sync": 1.0, "update": 5.0}

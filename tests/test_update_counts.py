@@ -82,23 +82,64 @@ def test_bench_model_flags_reach_the_model():
     assert [layer.gradient_checkpointing for layer in decoder_layers(model)] == [True, False]
 
 
+def test_liger_applied_sees_bound_forwards_and_class_swaps():
+    """liger-kernel 0.8's ``_apply_liger_kernel_to_instance`` (what ``model.use_liger`` calls) binds its functions as
+    the ``forward`` of the model's own modules and keeps their classes; its module-level patches, applied before a
+    model is built, swap classes. A function and a class of a module named like liger's stand in for them
+    (liger-kernel needs CUDA); a plain model reads False."""
+    import types
+
+    from bench_update_policy import build_model, liger_applied, parse_args
+
+    model = build_model(parse_args(["--shape", "tiny", "--attn", "sdpa"]), torch.device("cpu"), remove_padding=True)
+    assert not liger_applied(model)
+    fake = types.ModuleType("liger_kernel.transformers.rms_norm")
+    exec("def forward(self, hidden_states):\n    return hidden_states", fake.__dict__)
+    assert fake.forward.__module__ == "liger_kernel.transformers.rms_norm"
+    norm = model.model.norm
+    norm.__dict__["forward"] = fake.forward.__get__(norm, type(norm))  # liger's _bind_method_to_module
+    assert type(norm).__module__.startswith("transformers") and liger_applied(model)
+    del norm.__dict__["forward"]
+    assert not liger_applied(model)
+    swapped = type("LigerRMSNorm", (torch.nn.Module,), {"__module__": fake.__name__, "forward": lambda self, x: x})
+    model.model.norm = swapped()
+    assert liger_applied(model)
+
+
 def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_path):
+    """``--profile`` after the results are printed and written (a profile that fails keeps them), on one
+    mini-batch's rows (the first 2 of 4) in one optimizer step."""
     import json
+    import re
     import subprocess
 
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update_policy.py"
     out, profile = tmp_path / "result.json", tmp_path / "profile.txt"
-    command = [sys.executable, str(bench), "--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--rows", "2",
+    command = [sys.executable, str(bench), "--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--rows", "4", "--mini-batches", "2",
                "--prompt-len", "32", "--response-len", "16", "--token-budget", "256", "--log-prob-token-budget",
                "256", "--steps", "1", "--no-baseline", "--liger", "--profile", str(profile), "--out", str(out)]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    run = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
     assert (result["compile_layers"], result["liger"], result["liger_applied"]) == (False, True, False)
     assert result["compiled_graphs"] == 0 and result["profile"] == str(profile)
+    assert result["profile_rows_per_gpu"] == 2 and result["rows_per_gpu"] == 4
+    assert "| update_policy (FSDP2, 1 rank(s)) |" in run.stdout
+    assert out.stat().st_mtime_ns < profile.stat().st_mtime_ns  # the results were out before the profile
+    from bench_common import shape_config
+    from bench_update_policy import parse_args, synthetic_batch
+
+    profiled = synthetic_batch(parse_args(command[2:]), shape_config("tiny").vocab_size, seed=1000)  # call 1, rank 0
+    mask = profiled.batch["attention_mask"]
+    tokens, total = int(mask[:2].sum()), int(mask.sum())
+    assert tokens < total
     text = profile.read_text()
+    assert text.startswith(f"# profiled on a sub-batch: the first 2 of 4 rows of one batch ({tokens} of {total} valid")
+    assert "one update_policy call of one optimizer step" in text
     assert "== compute_log_prob (sorted by self_cpu_time_total)" in text
     assert "== update_policy (sorted by self_cpu_time_total)" in text
     assert "aten::mm" in text and len(text) < 100_000
+    update_table = text[text.index("== update_policy") :]
+    assert re.search(r"Optimizer\.step#AdamW\.step .* 1 *$", update_table, re.MULTILINE)  # one mini-batch: one step
 
 
 @pytest.mark.parametrize("varlen", [True, False], ids=["torch-varlen", "torch-no-varlen"])

@@ -48,8 +48,9 @@ OVERLAP_CONCURRENCY_GROUPS = {ROLLOUT_GROUP: 1, TRAIN_GROUP: 1}
 
 def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, float]:
     """Peak accelerator memory (GiB) and this process's resident host memory (GiB); with ``peaks``, the
-    allocated and reserved peaks across its per-phase resets and the peaks per phase
-    (``perf/max_memory_allocated_gb/<phase>``)."""
+    allocated and reserved peaks across its per-phase resets, the peaks per phase
+    (``perf/max_memory_allocated_gb/<phase>``) and each phase's growth over its start
+    (``perf/phase_growth_gb/<phase>``)."""
     import resource
 
     out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
@@ -110,7 +111,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.rollout = None
         self.ref = None
         self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
-        self.phase_peaks = PhasePeaks(enabled=device == "cuda")  # perf/max_memory_allocated_gb/<phase>
+        self.phase_peaks = PhasePeaks(enabled=device == "cuda")  # perf/{max_memory_allocated,phase_growth}_gb/<phase>
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -1,11 +1,21 @@
-"""Peak GPU memory per phase of a worker: ``perf/max_memory_allocated_gb/<phase>`` (GiB).
+"""GPU memory per phase of a worker: its peak ``perf/max_memory_allocated_gb/<phase>`` and its growth
+``perf/phase_growth_gb/<phase>`` (GiB).
 
 The start-up estimate (``verl/utils/memory_estimate.py``) predicts each phase's GPU need; the process-wide peak
 (``perf/max_memory_allocated_gb``) alone cannot say which phase was under-estimated. :class:`PhasePeaks` resets
-torch's peak counter as a phase starts and reads it as the phase ends, keeping the largest value per phase name
-until the next :meth:`PhasePeaks.report` (the actor worker reports with its update's metrics, so a step's metrics
-carry that step's rollout, log-prob and update peaks and the previous step's weight sync). Memory the rollout engine
-allocates through torch's allocator counts (vLLM's sleep-mode pool does).
+torch's peak counter as a phase starts, notes what torch counts as allocated at that moment
+(``torch.cuda.memory_allocated()``), and reads the peak as the phase ends, keeping per phase name the call with the
+largest peak until the next :meth:`PhasePeaks.report` (the actor worker reports with its update's metrics, so a step's
+metrics carry that step's rollout, log-prob and update phases and the previous step's weight sync).
+
+The peaks count everything torch's allocator holds, including memory the rollout engine allocates through it:
+vLLM's sleep-mode pool (its weights and KV cache) counts as allocated from the engine's start on, also while vLLM
+sleeps and has released its physical memory. With vLLM colocated every phase's peak therefore reads about the pool's
+size plus the rest, and a phase's own need is lost in it. The growth is that need: the phase's peak minus what was
+allocated when that same call started (the call with the largest peak; on equal peaks the one with the larger
+growth), i.e. the most the phase added on top of what was already held (the pool, the resident model, optimizer
+states). It is not the phase's whole footprint: memory allocated before the phase started (with ``param_offload``,
+the parameters brought back onto the GPU just before a log-prob or update phase) is in its start, not its growth.
 
 With ``trainer.rollout_overlap`` the rollout thread's generation and the train thread's passes run at the same time;
 one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peaks
@@ -21,35 +31,40 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["PhasePeaks", "METRIC_PREFIX"]
+__all__ = ["PhasePeaks", "METRIC_PREFIX", "GROWTH_PREFIX"]
 
 METRIC_PREFIX = "perf/max_memory_allocated_gb/"
+GROWTH_PREFIX = "perf/phase_growth_gb/"
 
 
 class PhasePeaks:
-    """Per-phase peaks of ``torch.cuda.max_memory_allocated()``; a no-op when ``enabled`` is False (CPU)."""
+    """Per-phase peaks of ``torch.cuda.max_memory_allocated()`` and their growth over ``torch.cuda.memory_allocated()``
+    at the phase's start; a no-op when ``enabled`` is False (CPU)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self._lock = threading.Lock()
         self._active = 0
         self._concurrent = False
-        self._peaks: dict[str, int] = {}
+        self._peaks: dict[str, tuple[int, int]] = {}  # phase -> (peak, allocated at the start of that call)
         self._lifetime = 0
         self._lifetime_reserved = 0
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Measure the peak of the code inside under ``name`` (the largest over repeated calls until the report)."""
+        """Measure the peak of the code inside, and the allocated bytes at its start, under ``name`` (of repeated
+        calls until the report, the one with the largest peak)."""
         if not self.enabled:
             yield
             return
+        start = 0
         with self._lock:
-            if self._active:  # another phase is running in another thread: their peaks mix
+            if self._active:  # another phase is running in another thread: their peaks mix (the report is empty)
                 self._concurrent = True
             else:
                 self._fold_lifetime()
                 torch.cuda.reset_peak_memory_stats()
+                start = torch.cuda.memory_allocated()
             self._active += 1
         try:
             yield
@@ -57,7 +72,10 @@ class PhasePeaks:
             with self._lock:
                 self._active -= 1
                 self._fold_lifetime()
-                self._peaks[name] = max(self._peaks.get(name, 0), torch.cuda.max_memory_allocated())
+                peak, kept = torch.cuda.max_memory_allocated(), self._peaks.get(name)
+                # the call with the largest peak; on equal peaks the one with the smaller start (the larger growth)
+                if kept is None or (peak, -start) > (kept[0], -kept[1]):
+                    self._peaks[name] = (peak, start)
 
     def _fold_lifetime(self) -> None:
         """Fold torch's peaks since its last reset into the process-wide ones (with the lock held)."""
@@ -74,11 +92,13 @@ class PhasePeaks:
             return self._lifetime, self._lifetime_reserved
 
     def report(self) -> dict[str, float]:
-        """``{perf/max_memory_allocated_gb/<phase>: GiB}`` of the phases since the last report, then forgotten;
-        empty when phases ran at the same time (or when disabled)."""
+        """``{perf/max_memory_allocated_gb/<phase>: GiB, perf/phase_growth_gb/<phase>: GiB}`` of the phases since the
+        last report, then forgotten; empty when phases ran at the same time (or when disabled)."""
         with self._lock:
             peaks, concurrent = self._peaks, self._concurrent
             self._peaks, self._concurrent = {}, self._active > 0
         if concurrent:
             return {}
-        return {METRIC_PREFIX + name: value / 2**30 for name, value in peaks.items()}
+        out = {METRIC_PREFIX + name: peak / 2**30 for name, (peak, _) in peaks.items()}
+        out.update({GROWTH_PREFIX + name: (peak - start) / 2**30 for name, (peak, start) in peaks.items()})
+        return out
