@@ -13,7 +13,9 @@ done for long sequences. ``--peak-flops`` defaults to 790e12 (dense bf16 measure
 Every timed call gets a fresh batch with new lengths (after one warm-up call), so recompiles of
 ``flex_attention`` for new shapes are part of what is measured.
 ``--compile-layers`` compiles in the warm-up call too; the JSON records ``compiled_graphs``, the graphs
-``torch.compile`` made in this process (layers, and flex_attention's own), and whether liger was applied.
+``torch.compile`` made in this process (layers, and flex_attention's own), ``--liger`` as asked (``auto``, the
+default, is the trainer's ``use_liger: null``), what it resolved to (``use_liger``) and whether liger's kernels are
+in the model (``liger_applied``).
 
 ``--profile`` runs after the measurements are printed and written to ``--out`` (a profile that fails or runs out of
 time loses nothing measured), and profiles a sub-batch, not a whole call: the first rows of a batch, one mini-batch's
@@ -45,12 +47,13 @@ Examples:
         --prompt-len 64 --response-len 32 --token-budget 256 --steps 1
     # a real checkpoint by path, one process
     python benchmarks/bench_update_policy.py --model-path /models/Qwen2.5-7B-Instruct
-    # compiled decoder layers (model.compile_layers) and liger kernels (model.use_liger), with a profile of one
-    # compute_log_prob and one update_policy call on one mini-batch's rows after the timed ones
+    # compiled decoder layers (model.compile_layers; not with --liger on, refused), with a profile of one
+    # compute_log_prob and one update_policy call on one mini-batch's rows after the timed ones; --liger on|off|auto
+    # (the trainer's choice)
     torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b \\
-        --attn flex_attention --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024 \\
+        --attn torch_varlen --layout memagent --conversations 32 --chunks 3 --chunk 5000 --memory 1024 \\
         --final-len 1024 --mini-batches 4 --token-budget 16384 --steps 1 --no-baseline --grad-ckpt \\
-        --compile-layers --liger --profile /tmp/update_profile.txt
+        --compile-layers --liger off --profile /tmp/update_profile.txt
     # selective activation checkpointing (model.gradient_checkpointing_every): only layers 0, 2, 4, ... recompute
     ... --grad-ckpt --ckpt-every 2
 """
@@ -74,8 +77,16 @@ from device_timing import timed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
-from verl.utils.model_loading import build_causal_lm_from_config, count_parameters, load_causal_lm  # noqa: E402
+from verl.utils.liger import liger_applied, resolve_use_liger  # noqa: E402
+from verl.utils.model_loading import (  # noqa: E402
+    build_causal_lm_from_config,
+    count_parameters,
+    load_causal_lm,
+    load_model_config,
+)
 from verl.workers.actor import DataParallelPPOActor  # noqa: E402
+
+LIGER_CHOICES = {"auto": None, "on": True, "off": False}  # --liger -> model.use_liger
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,8 +116,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--liger",
-        action="store_true",
-        help="model.use_liger: liger-kernel's fused RMSNorm/SwiGLU/RoPE (CUDA only; actor and baseline)",
+        choices=LIGER_CHOICES,
+        nargs="?",
+        const="on",
+        default="auto",
+        help="model.use_liger, liger-kernel's fused RMSNorm/SwiGLU/RoPE (actor and baseline): auto (default) = the "
+        "trainer's choice for null (on with CUDA, liger_kernel, no --compile-layers and a model type liger patches), "
+        "on (--liger alone; not with --compile-layers), off",
     )
     p.add_argument(
         "--profile",
@@ -218,9 +234,20 @@ def setup_distributed(device_type: str) -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def build_model(args, device: torch.device, remove_padding: bool):
+def resolve_liger(args, device: torch.device) -> bool:
+    """``--liger`` as the trainer resolves ``model.use_liger`` (``auto``: null) for this device and model."""
+    requested = LIGER_CHOICES[args.liger]
+    if requested is not None:
+        return requested
+    config = load_model_config(args.model_path) if args.model_path else shape_config(args.shape)
+    return resolve_use_liger(None, device, model_config=config, compile_layers=args.compile_layers)
+
+
+def build_model(args, device: torch.device, remove_padding: bool, use_liger: bool | None = None):
     """The model of ``--model-path`` or ``--shape``; ``remove_padding`` (packed rows) picks the automatic attention
-    as the trainer does (``resolve_attn_implementation``)."""
+    as the trainer does (``resolve_attn_implementation``); ``use_liger`` ``None``: ``resolve_liger``."""
+    if use_liger is None:
+        use_liger = resolve_liger(args, device)
     if args.model_path:
         return load_causal_lm(
             args.model_path,
@@ -230,7 +257,7 @@ def build_model(args, device: torch.device, remove_padding: bool):
             device=device,
             gradient_checkpointing=args.grad_ckpt,
             gradient_checkpointing_every=args.ckpt_every,
-            use_liger=args.liger,
+            use_liger=use_liger,
             compile_layers=args.compile_layers,
         )
     return build_causal_lm_from_config(
@@ -241,25 +268,10 @@ def build_model(args, device: torch.device, remove_padding: bool):
         gradient_checkpointing=args.grad_ckpt,
         gradient_checkpointing_every=args.ckpt_every,
         seed=0,
-        use_liger=args.liger,
+        use_liger=use_liger,
         compile_layers=args.compile_layers,
         remove_padding=remove_padding,
     )
-
-
-def _from_liger(obj) -> bool:
-    return (getattr(obj, "__module__", None) or "").startswith("liger_kernel")
-
-
-def liger_applied(model: torch.nn.Module) -> bool:
-    """True when liger-kernel patched some module of ``model``: a module of a liger class (a class swap), or one
-    whose ``forward`` is a liger function (liger-kernel 0.8's ``_apply_liger_kernel_to_instance`` binds e.g.
-    ``LigerRMSNorm.forward`` to the model's own norm instances and keeps their classes)."""
-    for module in model.modules():
-        forward = getattr(module, "forward", None)
-        if _from_liger(type(module)) or _from_liger(getattr(forward, "__func__", forward)):
-            return True
-    return False
 
 
 def profile_calls(calls: dict, device: torch.device, path: str, write: bool, header: str = "") -> None:
@@ -370,9 +382,9 @@ def global_sum(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
-def run_baseline(args, batches: list[DataProto], device: torch.device, num_params: int) -> dict:
+def run_baseline(args, batches: list[DataProto], device: torch.device, num_params: int, use_liger: bool) -> dict:
     """Plain transformers: padded micro-batches, bf16 autocast, full logits, fwd+bwd, AdamW (one GPU)."""
-    model = build_model(args, device, remove_padding=False)  # padded micro-batches
+    model = build_model(args, device, remove_padding=False, use_liger=use_liger)  # padded micro-batches
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     width = batches[0].batch["input_ids"].shape[1]
@@ -421,7 +433,8 @@ def main(argv=None) -> dict:
     device_type = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     rank, world, device = setup_distributed(device_type)
     torch.manual_seed(0)
-    model = build_model(args, device, remove_padding=not args.no_remove_padding)
+    use_liger = resolve_liger(args, device)  # once: the actor and the baseline
+    model = build_model(args, device, remove_padding=not args.no_remove_padding, use_liger=use_liger)
     num_params = count_parameters(model)
     vocab_size = model.config.vocab_size
     attn = model.config._attn_implementation
@@ -493,8 +506,9 @@ def main(argv=None) -> dict:
         "ckpt_every": args.ckpt_every,
         "compile_layers": args.compile_layers,
         "compiled_graphs": int(counters["stats"]["unique_graphs"]),
-        "liger": args.liger,
-        "liger_applied": liger_applied(model),
+        "liger": args.liger,  # as asked: auto (the trainer's choice), on or off
+        "use_liger": use_liger,  # what it resolved to (model.use_liger)
+        "liger_applied": liger_applied(model),  # whether liger's kernels are in the model (on without CUDA: not)
         "profile": args.profile,
         "fused_kernels": actor.use_fused_kernels,
         "calculate_entropy": args.calculate_entropy,
@@ -537,7 +551,7 @@ def main(argv=None) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     if not args.no_baseline and rank == 0:
-        result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params)
+        result["baseline_single_gpu"] = run_baseline(args, batches, device, num_params, use_liger)
     dist.barrier()
     if rank == 0 and (not args.profile or "baseline_single_gpu" in result):  # else emitted before the profile
         emit(result, args.out)
@@ -566,7 +580,8 @@ def update_policy_table(result: dict) -> str:
     head = (
         f"update_policy MFU ({result['shape']}, {result['params'] / 1e6:.0f}M params, {result['device']}, "
         f"attn={result['attn_implementation']}, remove_padding={result['remove_padding']}, "
-        f"grad_ckpt={result['grad_ckpt']}, ckpt_every={result.get('ckpt_every', 1)}, compile_layers={result['compile_layers']}, liger={result['liger']}, "
+        f"grad_ckpt={result['grad_ckpt']}, ckpt_every={result.get('ckpt_every', 1)}, compile_layers={result['compile_layers']}, "
+        f"liger={result['liger']} -> {result.get('use_liger')}, "
         f"{result['tokens_global_per_call']:,.0f} tokens per call; "
         f"MFU at {result['env']['peak_flops'] / 1e12:.0f} TFLOP/s per device)"
     )

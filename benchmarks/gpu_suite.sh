@@ -9,7 +9,8 @@
 #
 # Sections (ONLY picks; default all, in this order):
 #   update_attn   update_policy at the memory-agent layout, side by side: flex_attention, torch_varlen,
-#                 torch_varlen + compile_layers, torch_varlen + liger (bench_update_policy.py; MFU per pass)
+#                 torch_varlen + compile_layers, torch_varlen + liger, torch_varlen + checkpointing every 2nd layer
+#                 (bench_update_policy.py; MFU per pass; liger off in all but the liger run)
 #   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both)
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
@@ -42,15 +43,20 @@ SMALL_SIZES="--batch 16 --n 8 --chunk 512 --chunks 8 --memory 128"
 SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
 
 if want update_attn; then
-    run update_flex $UPDATE --attn flex_attention --out "$OUT/update_policy_flex.json"
-    run update_varlen $UPDATE --attn torch_varlen --out "$OUT/update_policy_torch_varlen.json" \
+    # attention, compile_layers and checkpointing side by side without liger (--liger off; the trainer's default,
+    # use_liger null, turns it on with CUDA); update_liger adds it to update_varlen's run
+    run update_flex $UPDATE --attn flex_attention --liger off --out "$OUT/update_policy_flex.json"
+    run update_varlen $UPDATE --attn torch_varlen --liger off --out "$OUT/update_policy_torch_varlen.json" \
         --profile "$OUT/update_policy_torch_varlen_profile.txt"
-    # compile_layers with flex_attention is refused (inductor fails on it with GQA models: benchmarks/RESULTS.md)
-    run update_compile $UPDATE --attn torch_varlen --compile-layers --out "$OUT/update_policy_varlen_compile_layers.json" \
+    # compile_layers with flex_attention is refused (inductor fails on it with GQA models: benchmarks/RESULTS.md),
+    # and so is compile_layers with liger (dynamo cannot trace liger's RMSNorm: verl/utils/liger.py)
+    run update_compile $UPDATE --attn torch_varlen --compile-layers --liger off \
+        --out "$OUT/update_policy_varlen_compile_layers.json" \
         --profile "$OUT/update_policy_varlen_compile_layers_profile.txt"
-    run update_liger $UPDATE --attn torch_varlen --liger --out "$OUT/update_policy_varlen_liger.json"
+    run update_liger $UPDATE --attn torch_varlen --liger on --out "$OUT/update_policy_varlen_liger.json"
     # selective activation checkpointing (model.gradient_checkpointing_every=2): half the layers recompute
-    run update_ckpt_every2 $UPDATE --attn torch_varlen --ckpt-every 2 --out "$OUT/update_policy_varlen_ckpt_every2.json"
+    run update_ckpt_every2 $UPDATE --attn torch_varlen --liger off --ckpt-every 2 \
+        --out "$OUT/update_policy_varlen_ckpt_every2.json"
 fi
 if want train_step; then
     run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \

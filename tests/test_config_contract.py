@@ -120,10 +120,16 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     ),
     f"{M}.lora_alpha": (_loader(f"{M}.lora_alpha"), "tests/test_lora.py::test_engine_holds_the_merged_actor_weights"),
     f"{M}.target_modules": (_loader(f"{M}.target_modules"), "tests/test_lora.py::test_target_modules_must_be_names"),
-    f"{M}.use_liger": (_loader(f"{M}.use_liger"),),
+    f"{M}.use_liger": (
+        _loader(f"{M}.use_liger"),
+        "tests/test_liger_choice.py::test_worker_resolves_once_and_the_ref_follows_the_actor",
+        "tests/test_liger_choice.py::test_cpu_workers_on_a_gpu_host_keep_liger_off",
+        "tests/test_liger_choice.py::test_liger_with_compile_layers_is_refused_at_validation",
+    ),
     f"{M}.compile_layers": (
         "tests/test_compile_layers.py::test_worker_compiles_the_actor_and_ref_layers",
         "tests/test_compile_layers.py::test_flex_attention_refused_at_validation",
+        "tests/test_liger_choice.py::test_worker_resolves_once_and_the_ref_follows_the_actor",
     ),
     f"{M}.trust_remote_code": (OVERRIDES,),
     # actor

@@ -528,6 +528,33 @@ def test_compile_layers_reaches_the_model(tiny_model_path, data_file, tmp_path, 
     assert [is_compiled(layer) for layer in decoder_layers(trainer.model)] == [flag, flag]
 
 
+@pytest.mark.parametrize("given", [None, True, False], ids=["null", "true", "false"])
+def test_use_liger_is_resolved_for_the_trainers_device(
+    tiny_model_path, data_file, tmp_path, monkeypatch, caplog, given
+):
+    """``model.use_liger``: null resolves for this process's device (CPU here: off, though the host has CUDA and
+    liger-kernel, both faked), logged under the SFT key; true/false reach the loader as given. null and false with
+    compile_layers validate (only true is refused, above)."""
+    import logging
+
+    from verl.utils import liger, model_loading
+
+    monkeypatch.setattr(liger.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(liger, "liger_model_types", lambda: frozenset({"qwen2"}))
+    loads, real_load = [], model_loading.load_causal_lm
+    monkeypatch.setattr(
+        model_loading, "load_causal_lm", lambda *a, **kw: loads.append(kw["use_liger"]) or real_load(*a, **kw)
+    )
+    overrides = ["trainer.device=cpu"] + ([] if given is None else [f"model.use_liger={str(given).lower()}"])
+    with caplog.at_level(logging.INFO, logger="verl.utils.liger"):
+        trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, *overrides))
+    assert loads == [False if given is None else given] and not liger.liger_applied(trainer.model)
+    infos = [r.getMessage() for r in caplog.records if r.name == "verl.utils.liger" and r.levelno == logging.INFO]
+    assert infos == (["model.use_liger=null -> False: the model is loaded on cpu; liger-kernel's Triton kernels need CUDA"] if given is None else [])  # fmt: skip
+    for value in ("null", "false"):
+        validate_sft_config(_cfg(tiny_model_path, data_file, tmp_path, "model.compile_layers=true", f"model.use_liger={value}"))  # fmt: skip
+
+
 def test_gradient_checkpointing_every_reaches_the_model(tiny_model_path, data_file, tmp_path):
     from verl.utils.compile_layers import decoder_layers
 
@@ -555,6 +582,13 @@ def test_gradient_checkpointing_every_reaches_the_model(tiny_model_path, data_fi
             "model.compile_layers=true model.attn_implementation=flex_attention",
             1,
             "model.compile_layers=True with model.attn_implementation=flex_attention is not supported: on C",
+        ),
+        ("model.use_liger=1", 1, "model.use_liger must be true, false or null, got 1"),
+        (
+            "model.compile_layers=true model.use_liger=true",
+            1,
+            r"model.use_liger=True with model.compile_layers=True is not supported: dynamo cannot trace liger-kernel's "
+            r"Triton RMSNorm .* set one of them to False .* or leave model.use_liger null",
         ),
     ],
 )

@@ -68,13 +68,17 @@ def test_bench_model_flags_reach_the_model():
 
     from verl.utils.compile_layers import decoder_layers, is_compiled
 
-    args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--compile-layers", "--liger"])
-    assert args.compile_layers and args.liger and args.profile is None
+    args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--compile-layers"])
+    assert args.compile_layers and args.liger == "auto" and args.profile is None
     model = build_model(args, torch.device("cpu"), remove_padding=True)
     assert [is_compiled(layer) for layer in decoder_layers(model)] == [True, True]
-    assert not liger_applied(model)  # liger-kernel needs CUDA: ignored with a warning on CPU
-    plain = build_model(Namespace(**{**vars(args), "compile_layers": False}), torch.device("cpu"), remove_padding=True)
+    assert not liger_applied(model)
+    with pytest.raises(ValueError, match="use_liger=True with actor_rollout_ref.model.compile_layers=True"):
+        build_model(parse_args(["--shape", "tiny", "--compile-layers", "--liger"]), torch.device("cpu"), True)
+    liger_on = Namespace(**{**vars(args), "compile_layers": False, "liger": "on"})
+    plain = build_model(liger_on, torch.device("cpu"), remove_padding=True)
     assert not any(is_compiled(layer) for layer in decoder_layers(plain))
+    assert not liger_applied(plain)  # liger-kernel needs CUDA: ignored with a warning on CPU
     args = parse_args(["--shape", "tiny", "--attn", "sdpa", "--grad-ckpt", "--ckpt-every", "2"])
     model = build_model(
         args, torch.device("cpu"), remove_padding=True
@@ -120,7 +124,12 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
                "256", "--steps", "1", "--no-baseline", "--liger", "--profile", str(profile), "--out", str(out)]  # fmt: skip
     run = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
     result = json.loads(out.read_text())
-    assert (result["compile_layers"], result["liger"], result["liger_applied"]) == (False, True, False)
+    assert (result["compile_layers"], result["liger"], result["use_liger"], result["liger_applied"]) == (
+        False,
+        "on",
+        True,
+        False,  # asked for, but no CUDA here: a warning, nothing patched
+    )
     assert result["compiled_graphs"] == 0 and result["profile"] == str(profile)
     assert result["profile_rows_per_gpu"] == 2 and result["rows_per_gpu"] == 4
     assert "| update_policy (FSDP2, 1 rank(s)) |" in run.stdout
@@ -177,3 +186,33 @@ def test_bench_automatic_attention_is_the_trainers(monkeypatch, packed, varlen):
     assert actor.config._attn_implementation == (packed_choice if packed else "sdpa")
     baseline = build_model(args, torch.device("cpu"), remove_padding=False)
     assert baseline.config._attn_implementation == "sdpa"
+
+
+def test_bench_liger_flag_is_the_trainers_choice_by_default(monkeypatch, tiny_model_path):
+    """``--liger`` auto (default) resolves as the trainer's ``use_liger: null`` for the bench's device and model
+    (CUDA and liger-kernel faked: on; off under --compile-layers, on CPU, or for a type liger does not patch);
+    ``--liger`` alone is on, ``on``/``off`` are kept; anything else is refused by the parser."""
+    from bench_update_policy import parse_args, resolve_liger
+
+    from verl.utils import liger
+
+    assert [parse_args(argv).liger for argv in ([], ["--liger"], ["--liger", "on"], ["--liger", "off"])] == [
+        "auto",
+        "on",
+        "on",
+        "off",
+    ]
+    with pytest.raises(SystemExit):
+        parse_args(["--liger", "yes"])
+    monkeypatch.setattr(liger, "liger_model_types", lambda: frozenset({"qwen2"}))
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_liger(parse_args(["--shape", "tiny"]), cuda) is True
+    assert resolve_liger(parse_args(["--shape", "tiny", "--compile-layers"]), cuda) is False
+    assert resolve_liger(parse_args(["--shape", "tiny"]), cpu) is False
+    assert resolve_liger(parse_args(["--shape", "tiny", "--liger", "on"]), cpu) is True
+    assert resolve_liger(parse_args(["--shape", "tiny", "--liger", "off"]), cuda) is False
+    monkeypatch.setattr(liger, "liger_model_types", lambda: frozenset({"llama"}))
+    assert resolve_liger(parse_args(["--shape", "tiny"]), cuda) is False  # the tiny shape is a Qwen2
+    assert resolve_liger(parse_args(["--model-path", str(tiny_model_path)]), cuda) is False  # its config.json too
+    monkeypatch.setattr(liger, "liger_model_types", lambda: frozenset({"qwen2"}))
+    assert resolve_liger(parse_args(["--model-path", str(tiny_model_path)]), cuda) is True

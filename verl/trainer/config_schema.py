@@ -257,14 +257,19 @@ def _check_rollout(c: _Checker) -> None:
 
 def _check_compile_layers(c: _Checker) -> None:
     """Per-layer compile does not take flex_attention, on any device (``verl/utils/compile_layers.py``); an automatic
-    choice (null) never is flex_attention under compile_layers (``model_loading.resolve_attn_implementation``)."""
+    choice (null) never is flex_attention under compile_layers (``model_loading.resolve_attn_implementation``). Nor
+    liger-kernel asked for (``use_liger=True``: dynamo cannot trace it, ``verl/utils/liger.py``); null resolves off
+    under compile_layers."""
     from verl.utils.compile_layers import unsupported
+    from verl.utils.liger import compile_conflict
 
     m = "actor_rollout_ref.model"
     if c.get(f"{m}.compile_layers"):
         reason = unsupported(c.get(f"{m}.attn_implementation"), on_cuda=resolve_device(c.cfg) == "cuda", section=m)
         if reason:
             c.error(f"{reason} (trainer.device={resolve_device(c.cfg)})")
+        if c.get(f"{m}.use_liger") is True:
+            c.error(compile_conflict(m))
 
 
 def _world_size(c: _Checker) -> Optional[int]:

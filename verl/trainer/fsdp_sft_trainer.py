@@ -75,13 +75,19 @@ def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
     compile_layers = OmegaConf.select(cfg, "model.compile_layers", default=False)
     if not isinstance(compile_layers, bool):
         raise ValueError(f"model.compile_layers must be true or false, got {compile_layers!r}")
+    use_liger = OmegaConf.select(cfg, "model.use_liger", default=None)
+    if use_liger is not None and not isinstance(use_liger, bool):
+        raise ValueError(f"model.use_liger must be true, false or null, got {use_liger!r}")
     if compile_layers:
         from verl.utils.compile_layers import unsupported
+        from verl.utils.liger import compile_conflict
 
         attn = OmegaConf.select(cfg, "model.attn_implementation")
         reason = unsupported(attn, torch.cuda.is_available(), section="model")
         if reason:
             raise ValueError(reason)
+        if use_liger is True:
+            raise ValueError(compile_conflict("model"))
     if str(optim.get("lr_scheduler", "cosine")) not in LR_SCHEDULERS:
         raise ValueError(f"optim.lr_scheduler must be one of {LR_SCHEDULERS}, got {optim.get('lr_scheduler')!r}")
     ratio = float(optim.get("warmup_steps_ratio", 0.0) or 0.0)
@@ -163,20 +169,32 @@ class FSDPSFTTrainer:
 
     def _build_model_and_optimizer(self) -> None:
         from verl.utils.fsdp_utils import apply_fsdp2, build_lr_scheduler, build_optimizer, init_fsdp_mesh
-        from verl.utils.model_loading import load_causal_lm
+        from verl.utils.liger import resolve_use_liger
+        from verl.utils.model_loading import load_causal_lm, load_model_config
         from verl.workers.actor.fused_logprob import supports_fused_head
 
         mc, oc = self.config.model, self.config.optim
         torch.manual_seed(int(self.config.trainer.get("seed", 1)))
+        trust_remote_code = bool(mc.get("trust_remote_code", False))
+        compile_layers = bool(mc.get("compile_layers", False))
+        use_liger = mc.get("use_liger")  # null: resolved for this process's device (verl/utils/liger.py)
+        if use_liger is None:
+            use_liger = resolve_use_liger(
+                None,
+                self.device,
+                model_config=load_model_config(self.model_path, trust_remote_code),
+                compile_layers=compile_layers,
+                key="model.use_liger",
+            )
         model = load_causal_lm(
             self.model_path,
             dtype="float32",
             attn_implementation=mc.get("attn_implementation"),
             gradient_checkpointing=bool(mc.get("enable_gradient_checkpointing", False)),
             gradient_checkpointing_every=int(mc.get("gradient_checkpointing_every", 1)),
-            use_liger=bool(mc.get("use_liger", False)),
-            compile_layers=bool(mc.get("compile_layers", False)),
-            trust_remote_code=bool(mc.get("trust_remote_code", False)),
+            use_liger=use_liger,
+            compile_layers=compile_layers,
+            trust_remote_code=trust_remote_code,
             device=self.device,
         )
         if self.sharded:

@@ -33,8 +33,10 @@ passes ``actor_rollout_ref.model.path``. Options:
   layers keep their activations and skip the recomputed forward; ``select_checkpointed_layers``);
 * ``lora``: a dict of ``peft.LoraConfig`` arguments (``r``, ``lora_alpha``, ``target_modules``, ...);
   ``r <= 0`` or ``None`` disables LoRA;
-* ``use_liger``: apply liger-kernel's fused RMSNorm/SwiGLU/RoPE kernels; only on CUDA and only when the
-  package imports (it has no CPU backend); otherwise a warning and nothing changes;
+* ``use_liger``: liger-kernel's fused RMSNorm/SwiGLU/RoPE kernels (``verl/utils/liger.py``): ``None`` resolves for
+  ``device`` (on with CUDA, the package, no ``compile_layers`` and a model type liger patches); ``True`` applies them
+  on CUDA when the package imports (otherwise a warning and nothing changes); ``True`` with ``compile_layers`` raises
+  ``ValueError`` (dynamo cannot trace liger's RMSNorm);
 * ``compile_layers``: ``torch.compile`` each decoder layer in place (``verl/utils/compile_layers.py``), after
   the three above, before the worker shards the model with FSDP2.
 
@@ -51,6 +53,8 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
+from verl.utils.liger import apply_liger_kernel, compile_conflict, resolve_use_liger
+
 __all__ = [
     "resolve_dtype",
     "resolve_attn_implementation",
@@ -61,6 +65,7 @@ __all__ = [
     "select_checkpointed_layers",
     "apply_lora",
     "apply_liger_kernel",
+    "load_model_config",
     "count_parameters",
 ]
 
@@ -185,26 +190,6 @@ def apply_lora(model: nn.Module, lora: dict[str, Any]) -> nn.Module:
     return get_peft_model(model, LoraConfig(r=rank, **kwargs))
 
 
-def apply_liger_kernel(model: nn.Module) -> bool:
-    """Patch ``model`` in place with liger-kernel's fused kernels; returns True when applied.
-
-    Skipped (warning, returns False) without CUDA or without an importable ``liger_kernel``: its Triton
-    kernels have no CPU backend. Cross-entropy patches stay off because the actor needs plain logits.
-    """
-    if not torch.cuda.is_available():
-        logger.warning("use_liger=True ignored: liger-kernel needs CUDA (its Triton kernels have no CPU backend)")
-        return False
-    try:
-        from liger_kernel.transformers.monkey_patch import _apply_liger_kernel_to_instance
-    except Exception as error:  # noqa: BLE001 - any import problem means "not available"
-        logger.warning("use_liger=True ignored: liger_kernel could not be imported (%s)", error)
-        return False
-    _apply_liger_kernel_to_instance(
-        model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
-    )
-    return True
-
-
 def select_checkpointed_layers(model: nn.Module, every: int) -> list[int]:
     """After ``gradient_checkpointing_enable``: keep checkpointing on the decoder layers whose index is a multiple of
     ``every`` and turn it off on the others; returns the checkpointed layers' indices. transformers' decoder layers
@@ -243,15 +228,22 @@ def prepare_for_training(
     model: nn.Module,
     gradient_checkpointing: bool = False,
     lora: Optional[dict[str, Any]] = None,
-    use_liger: bool = False,
+    use_liger: Optional[bool] = False,
     compile_layers: bool = False,
     gradient_checkpointing_every: int = 1,
+    device: Union[str, torch.device, None] = None,
 ) -> nn.Module:
     """Apply liger kernels, gradient checkpointing (on every ``gradient_checkpointing_every``-th decoder layer,
     ``select_checkpointed_layers``), LoRA and the per-layer compile (in that order) and return the (maybe wrapped)
-    model."""
+    model. ``use_liger`` ``None``: the automatic choice for ``device`` (``None``: the host's) and the model's type
+    (``liger.resolve_use_liger``); ``True`` with ``compile_layers`` raises ``ValueError``."""
+    if use_liger and compile_layers:
+        raise ValueError(compile_conflict())
+    use_liger = resolve_use_liger(
+        use_liger, device, model_config=getattr(model, "config", None), compile_layers=compile_layers
+    )
     if use_liger:
-        apply_liger_kernel(model)
+        apply_liger_kernel(model, device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         select_checkpointed_layers(model, gradient_checkpointing_every)
@@ -280,13 +272,28 @@ def load_tokenizer(model_cfg: Any) -> Any:
     return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
 
 
+def load_model_config(
+    path: Union[str, os.PathLike], trust_remote_code: bool = False, override_config: Optional[dict[str, Any]] = None
+) -> Any:
+    """The transformers config of the local model folder ``path`` with ``override_config`` applied (what
+    ``load_causal_lm`` builds; the workers resolve ``use_liger: null`` on it before loading)."""
+    from transformers import AutoConfig
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"model path '{path}' is not a local folder (nothing is downloaded at run time)")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    return config
+
+
 def load_causal_lm(
     path: Union[str, os.PathLike],
     dtype: Union[str, torch.dtype, None] = "float32",
     attn_implementation: Optional[str] = None,
     gradient_checkpointing: bool = False,
     lora: Optional[dict[str, Any]] = None,
-    use_liger: bool = False,
+    use_liger: Optional[bool] = False,
     compile_layers: bool = False,
     trust_remote_code: bool = False,
     device: Union[str, torch.device, None] = None,
@@ -307,13 +314,9 @@ def load_causal_lm(
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
         remove_padding: the model will run packed rows (``use_remove_padding``); picks the automatic attention.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"model path '{path}' is not a local folder (nothing is downloaded at run time)")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    for key, value in (override_config or {}).items():
-        setattr(config, key, value)
+    config = load_model_config(path, trust_remote_code, override_config)
     attn = resolve_attn_implementation(
         attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers
     )
@@ -323,7 +326,7 @@ def load_causal_lm(
     if device is not None:
         model.to(device)
     return prepare_for_training(
-        model, gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every
+        model, gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every, device
     )
 
 
@@ -334,7 +337,7 @@ def build_causal_lm_from_config(
     gradient_checkpointing: bool = False,
     device: Union[str, torch.device, None] = None,
     seed: Optional[int] = 0,
-    use_liger: bool = False,
+    use_liger: Optional[bool] = False,
     compile_layers: bool = False,
     remove_padding: bool = False,
     gradient_checkpointing_every: int = 1,
@@ -356,4 +359,5 @@ def build_causal_lm_from_config(
         use_liger=use_liger,
         compile_layers=compile_layers,
         gradient_checkpointing_every=gradient_checkpointing_every,
+        device=device,
     )

@@ -118,7 +118,8 @@ class ActorRolloutRefWorker(TrainingWorker):
     def init_model(self) -> None:
         from verl.utils.fsdp_utils import apply_fsdp2, init_fsdp_mesh
         from verl.utils.import_utils import import_external_libs
-        from verl.utils.model_loading import load_causal_lm
+        from verl.utils.liger import resolve_use_liger
+        from verl.utils.model_loading import load_causal_lm, load_model_config
 
         self._init_distributed()
         cfg = self.conf
@@ -128,6 +129,14 @@ class ActorRolloutRefWorker(TrainingWorker):
         train_dtype = "float32"  # master weights; bf16 compute comes from FSDP2 mixed precision on GPU
         self.model_path = str(model_cfg.path)
         import_external_libs(model_cfg.external_lib)  # model.external_lib: before actor, ref and rollout engine load
+        use_liger = model_cfg.use_liger  # null: resolved once, for this worker's device (the ref follows the actor)
+        if use_liger is None:
+            model_config = load_model_config(
+                self.model_path, model_cfg.trust_remote_code, model_cfg.override_config or None
+            )
+            use_liger = resolve_use_liger(
+                None, device, model_config=model_config, compile_layers=model_cfg.compile_layers
+            )
         actor_module = load_causal_lm(
             self.model_path,
             dtype=train_dtype,
@@ -137,7 +146,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             gradient_checkpointing_every=model_cfg.gradient_checkpointing_every,
             lora=model_cfg.lora,
-            use_liger=model_cfg.use_liger,
+            use_liger=use_liger,
             compile_layers=model_cfg.compile_layers,
             trust_remote_code=model_cfg.trust_remote_code,
             device=device,  # the automatic attention is the worker device's (not whether the host has a GPU)
@@ -173,7 +182,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 attn_implementation=model_cfg.attn_implementation,
                 remove_padding=model_cfg.use_remove_padding,
                 override_config=model_cfg.override_config or None,
-                use_liger=model_cfg.use_liger,  # the ref model runs the actor's kernels (as verl's does)
+                use_liger=use_liger,  # the ref model runs the actor's kernels (as verl's does)
                 compile_layers=model_cfg.compile_layers,
                 trust_remote_code=model_cfg.trust_remote_code,
                 device=device,

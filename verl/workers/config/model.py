@@ -55,8 +55,8 @@ class ModelConfig(BaseConfig):
     lora_alpha: int = 16
     # Modules LoRA adapts: "all-linear" or a list of linear module names (not embeddings nor a tied lm_head).
     target_modules: Any = "all-linear"
-    # Use Liger kernels when installed (GPU only).
-    use_liger: bool = False
+    # liger-kernel fused RMSNorm/SwiGLU/RoPE; null = on with CUDA, liger installed, compile_layers off, a model it patches.
+    use_liger: Optional[bool] = None
     # torch.compile each decoder layer (regional compilation; actor and ref model); off by default.
     compile_layers: bool = False
     # Log-probs and entropy from the last hidden states a chunk of tokens at a time (no [tokens, vocab] logits).
