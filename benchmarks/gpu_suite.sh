@@ -9,10 +9,12 @@
 #
 # Sections (ONLY picks; default all, in this order):
 #   update_attn   update_policy at the memory-agent layout, side by side: flex_attention, torch_varlen,
-#                 torch_varlen + compile_layers, torch_varlen + liger, torch_varlen + checkpointing every 2nd layer
-#                 (bench_update_policy.py; MFU per pass; liger off in all but the liger run)
-#   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both)
-#   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes)
+#                 torch_varlen + compile_layers, torch_varlen + liger, torch_varlen + checkpointing every 2nd layer,
+#                 liger without checkpointing (bench_update_policy.py; MFU per pass; liger off unless named)
+#   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both), with
+#                 checkpointing on and off
+#   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
+#                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
@@ -35,6 +37,9 @@ run() {  # run NAME CMD...: CMD's output and exit code into $OUT/NAME.log (DRY_R
 UPDATE="torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape qwen2.5-1.5b --layout memagent
   --conversations 32 --chunks 3 --chunk 5000 --memory 1024 --final-len 1024 --mini-batches 4 --token-budget 16384
   --steps 1 --no-baseline --grad-ckpt"
+UPDATE_135M="torchrun --standalone --nproc_per_node=1 benchmarks/bench_update_policy.py --shape smollm2-135m
+  --layout memagent --conversations 128 --chunks 8 --chunk 512 --memory 128 --final-len 128 --mini-batches 16
+  --steps 2 --no-baseline --attn torch_varlen"
 STEP="python3 benchmarks/bench_train_step.py --device cuda --gpus 1 --rollout vllm"
 BIG_SIZES="--batch 4 --n 8 --chunk 5000 --chunks 3 --memory 1024"
 BIG_OVERRIDES="actor_rollout_ref.model.use_remove_padding=True
@@ -57,16 +62,34 @@ if want update_attn; then
     # selective activation checkpointing (model.gradient_checkpointing_every=2): half the layers recompute
     run update_ckpt_every2 $UPDATE --attn torch_varlen --liger off --ckpt-every 2 \
         --out "$OUT/update_policy_varlen_ckpt_every2.json"
+    # the fastest measured: liger with checkpointing off (62 GiB at 1.5B; the start-up hint says when it fits)
+    run update_liger_nockpt ${UPDATE/--grad-ckpt/} --attn torch_varlen --liger on \
+        --out "$OUT/update_policy_varlen_liger_nockpt.json"
 fi
 if want train_step; then
     run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \
         --out "$OUT/train_step_qwen2.5-1.5b_overlap.json" -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.45
+    # the same with checkpointing off (liger is on by default on CUDA): the update at its fastest measured setting
+    run train_step_1p5b_nockpt $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \
+        --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap.json" -- $BIG_OVERRIDES \
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.45 actor_rollout_ref.model.enable_gradient_checkpointing=False
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \
         -- $SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True
     run train_step_135m_sdpa $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_padded_sdpa.json" \
         -- $SMALL_OVERRIDES actor_rollout_ref.model.attn_implementation=sdpa actor_rollout_ref.model.use_remove_padding=False
+    # where the 135M update's time goes: liger off/on, checkpointing, micro-batch token budget, compile_layers
+    run update_135m_base $UPDATE_135M --grad-ckpt --liger off --token-budget 16384 --out "$OUT/update_135m_base.json"
+    run update_135m_liger $UPDATE_135M --liger on --token-budget 16384 --out "$OUT/update_135m_liger_nockpt.json"
+    run update_135m_liger_64k $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
+        --out "$OUT/update_135m_liger_nockpt_64k.json" --profile "$OUT/update_135m_liger_nockpt_64k_profile.txt"
+    run update_135m_compile_64k $UPDATE_135M --liger off --compile-layers --token-budget 65536 \
+        --log-prob-token-budget 131072 --out "$OUT/update_135m_compile_nockpt_64k.json"
+    # the 135M step with what the small update needs: no checkpointing, larger micro-batches, one-step-off
+    run train_step_135m_fast $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --overlap both \
+        --out "$OUT/train_step_135m_fast.json" -- $SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True \
+        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \
