@@ -104,7 +104,7 @@ CHECKPOINTING_HINT_SHARE = 0.8
 
 def checkpointing_hint(est: MemoryEstimate) -> str:
     """A line suggesting less gradient checkpointing when the config has it on, or ``""``. Checkpointing recomputes
-    each checkpointed layer's forward in the backward: the 1.5B update did 25% more tokens/s without it
+    each checkpointed layer's forward in the backward: the 1.5B update did 19% (liger) to 31% more tokens/s without it
     (RESULTS.md). A variant "fits" when it is estimated to peak under ``CHECKPOINTING_HINT_SHARE`` of the GPU:
 
     * ``enable_gradient_checkpointing=False`` when that fits;
@@ -124,7 +124,7 @@ def checkpointing_hint(est: MemoryEstimate) -> str:
     if fit:
         return (
             f"  hint: {MODEL}.enable_gradient_checkpointing=False is estimated to fit (peak {_gib(fit[1])} "
-            f"({fit[0]}), {fit[1] / cap:.0%} of the device): the update skips the recomputed forward (25% more "
+            f"({fit[0]}), {fit[1] / cap:.0%} of the device): the update skips the recomputed forward (19-31% more "
             "update tokens/s at 1.5B, benchmarks/RESULTS.md)"
         )
     layers, now = est.shape.num_layers, max(1, p.gradient_checkpointing_every)
