@@ -239,6 +239,7 @@ def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # a CPU machine: only the device's name is used
     monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # restored after the test
     cfg = worker.config
+    monkeypatch.setitem(cfg.actor.optim, "fused", None)  # the fixture's True is refused with optimizer_offload
     for flags in ((True, False, False), (False, True, False), (False, False, True)):
         monkeypatch.setitem(cfg.actor.fsdp_config, "param_offload", flags[0])
         monkeypatch.setitem(cfg.actor.fsdp_config, "optimizer_offload", flags[1])
