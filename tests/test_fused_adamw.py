@@ -225,6 +225,26 @@ def test_a_checkpoint_keeps_the_configured_implementation_and_resumes_like_the_u
         _assert_close(b, a, name)
 
 
+def test_a_loaded_step_is_placed_where_the_fused_implementation_keeps_it() -> None:
+    """torch places a loaded ``step`` by the *saved* groups' flags: a foreach state (its steps on the host, float64
+    under a float64 default dtype) loaded into the fused optimizer needs them float32 on the parameters' device
+    (on a CUDA run: on the GPU), and the fused kernel refuses anything else."""
+    model = torch.nn.Linear(4, 3)
+    foreach = build_optimizer(model, lr=1e-3)
+    model(torch.ones(2, 4)).sum().backward()
+    foreach.step()
+    state = foreach.state_dict()
+    for values in state["state"].values():
+        values["step"] = values["step"].to(torch.float64)
+    fused = build_optimizer(model, lr=1e-3, fused=True)
+    fused.load_state_dict(state)
+    assert fused.param_groups[0]["fused"] is True
+    for p in model.parameters():
+        assert fused.state[p]["step"].dtype == torch.float32 and fused.state[p]["step"].device == p.device
+    fused.step()
+    assert all(float(fused.state[p]["step"]) == 2 for p in model.parameters())
+
+
 # ---------------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize(
     ("overrides", "message"),
