@@ -433,8 +433,8 @@ def build_lr_scheduler(
 def build_optim_and_scheduler(module: nn.Module, optim: Any, offload: bool = False):
     """AdamW and its LR schedule from an ``optim`` section (:class:`~verl.workers.config.OptimizerConfig`: ``lr``,
     ``weight_decay``, ``betas``, ``total_training_steps``, ``lr_warmup_steps``, ``lr_warmup_steps_ratio``,
-    ``warmup_style``, ``min_lr_ratio``, ``fused``; a mapping is read as the actor's section), shared by the actor and the
-    critic workers so that every key reaches both. ``offload``: host-resident AdamW state (``build_optimizer``)."""
+    ``warmup_style``, ``min_lr_ratio``, ``fused``; a mapping is read as the actor's section), shared by the actor and
+    the critic workers so that every key reaches both. ``offload``: host-resident AdamW state (``build_optimizer``)."""
     from verl.workers.config.optimizer import OptimizerConfig
 
     optim = OptimizerConfig.from_config(optim)
