@@ -65,6 +65,8 @@ OPTIMIZER = {
     "actor_rollout_ref.actor.optim.lr": (3e-6, "lr", 3e-6),
     "actor_rollout_ref.actor.optim.weight_decay": (0.05, "weight_decay", 0.05),
     "actor_rollout_ref.actor.optim.betas": ([0.8, 0.9], "betas", (0.8, 0.9)),
+    # True: torch's fused AdamW on the CPU workers (null there = torch's default, defaults["fused"] None)
+    "actor_rollout_ref.actor.optim.fused": (True, "fused", True),
 }
 CRITIC_SETTINGS = {
     "critic.ppo_mini_batch_size": (2, "ppo_mini_batch_size", 2),
@@ -84,6 +86,7 @@ CRITIC_OPTIMIZER = {
     "critic.optim.lr": (2e-5, "lr", 2e-5),
     "critic.optim.weight_decay": (0.07, "weight_decay", 0.07),
     "critic.optim.betas": ([0.8, 0.95], "betas", (0.8, 0.95)),
+    "critic.optim.fused": (True, "fused", True),
 }
 
 
@@ -177,6 +180,9 @@ def test_optimizer_follows_the_config(actor_build, key):
     worker, _, _ = actor_build
     _, name, expected = OPTIMIZER[key]
     group = worker.optimizer.param_groups[0]
+    if isinstance(expected, bool):  # optim.fused: exactly True (approx would take 1)
+        assert group[name] is expected and worker.optimizer.defaults[name] is expected, key
+        return
     assert (tuple(group[name]) if name == "betas" else group[name]) == pytest.approx(expected), key
 
 
@@ -233,6 +239,7 @@ def test_offload_keys_move_the_models_on_gpu(actor_build, monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # a CPU machine: only the device's name is used
     monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # restored after the test
     cfg = worker.config
+    monkeypatch.setitem(cfg.actor.optim, "fused", None)  # the fixture's True is refused with optimizer_offload
     for flags in ((True, False, False), (False, True, False), (False, False, True)):
         monkeypatch.setitem(cfg.actor.fsdp_config, "param_offload", flags[0])
         monkeypatch.setitem(cfg.actor.fsdp_config, "optimizer_offload", flags[1])
@@ -289,6 +296,9 @@ def test_critic_settings_follow_the_config(critic_build, key):
 def test_critic_optimizer_follows_the_config(critic_build, key):
     worker, _ = critic_build
     _, name, expected = CRITIC_OPTIMIZER[key]
+    if isinstance(expected, bool):  # critic.optim.fused
+        assert worker.optimizer.param_groups[0][name] is expected and worker.optimizer.defaults[name] is expected
+        return
     assert worker.optimizer.param_groups[0][name] == pytest.approx(expected), key
 
 

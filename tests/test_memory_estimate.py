@@ -269,6 +269,47 @@ def test_7b_with_optimizer_offload_keeps_adam_on_the_host_and_fits_one_gpu(tmp_p
     assert est2.problems() == [] and est2.plan.shard_size == 2
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_fused_adamw_has_no_step_temporary_and_the_estimate_resolves_it_as_the_worker(tmp_path: Path, gpus) -> None:
+    """actor_rollout_ref.actor.optim.fused (verl/utils/fsdp_utils.py::resolve_fused_adamw): null on a CUDA run is
+    torch's fused AdamW, no full-size temporary in the step; foreach (False, a CPU run) adds 4 bytes x trainable
+    params / shards. At the 7B shape on one H200 the resident step is then 16 x 7.62B = 113.5 GiB + 2 GiB of runtime
+    (fits in 131.3 GiB) instead of 20 x 7.62B = 141.9 GiB + 2 (does not)."""
+    n, fused_key = 7_615_616_512, "actor_rollout_ref.actor.optim.fused"
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    plans = {}
+    for name, overrides, device in [
+        ("null-cuda", [], "cuda"),
+        ("null-cpu", [], "cpu"),
+        ("false-cuda", [f"{fused_key}=False"], "cuda"),
+        ("true-cpu", [f"{fused_key}=True"], "cpu"),  # torch 2.13 fuses on CPU too
+        ("offload-cuda", ["actor_rollout_ref.actor.fsdp_config.optimizer_offload=True"], "cuda"),
+    ]:
+        cfg = _compose(tmp_path, QWEN25_7B, [f"trainer.n_gpus_per_node={gpus}", *overrides])
+        plans[name] = plan_from_config(cfg, device)
+    temps = {name: plan.adam_step_temp_bytes for name, plan in plans.items()}
+    assert temps == {"null-cuda": 0, "null-cpu": 4, "false-cuda": 4, "true-cpu": 0, "offload-cuda": 4}
+    fused = estimate_memory(shape, plans["null-cuda"], H200, HOST)
+    foreach = estimate_memory(shape, plans["false-cuda"], H200, HOST)
+    assert fused.gpu["step"]["adam step temp"] == 0
+    assert foreach.gpu_total("step") - fused.gpu_total("step") == 4 * n / gpus
+    assert fused.gpu_total("step") == 16 * n / gpus + 2 * GiB
+    step_refused = ["phase 'step'" in problem for problem in foreach.problems()]
+    assert any(step_refused) == (gpus == 1)
+    assert not any("phase 'step'" in problem for problem in fused.problems())
+
+
+def test_startup_check_resolves_fused_adamw_with_the_run_device(tmp_path: Path, capsys) -> None:
+    cfg = _compose(tmp_path, QWEN25_7B, ["trainer.memory_check=warn"])
+    assert startup_memory_check(cfg, "cuda", capacities=(H200, HOST)).plan.adam_step_temp_bytes == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "adam step temp" in line)
+    assert row.split()[3:] == ["-"] * 6  # no phase has the temporary
+    assert startup_memory_check(cfg, "cpu", capacities=(None, HOST)).plan.adam_step_temp_bytes == 4
+    row = next(line for line in capsys.readouterr().out.splitlines() if "adam step temp" in line)
+    # init, rollout, log-prob, update, step, sync: 4 bytes x 7.62B = 28.4 GiB in the step only
+    assert row.split()[3:] == ["-"] * 4 + [f"{4 * 7_615_616_512 / GiB:.1f}", "-"] == ["-"] * 4 + ["28.4", "-"]
+
+
 def test_the_original_7b_recipe_fits_its_80gb_gpus(tmp_path: Path) -> None:
     """run_memory_7B.sh as released (4 nodes x 8 GPUs, HSDP groups of 8, param + optimizer + ref offload, vLLM at
     0.6 awake while training) is not refused on an 80 GB GPU (85.0e9 bytes as torch reports an H100/A100-80GB)."""

@@ -563,6 +563,14 @@ def test_gradient_checkpointing_every_reaches_the_model(tiny_model_path, data_fi
     assert [layer.gradient_checkpointing for layer in decoder_layers(trainer.model)] == [True, False]
 
 
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("null", None)])
+def test_optim_fused_reaches_the_optimizer(tiny_model_path, data_file, tmp_path, value, expected):
+    """``optim.fused`` (verl/utils/fsdp_utils.py::build_optimizer): true = torch's fused AdamW (CPU kernel here);
+    null on CPU = torch's default."""
+    trainer = FSDPSFTTrainer(_cfg(tiny_model_path, data_file, tmp_path, f"optim.fused={value}"))
+    assert trainer.optimizer.defaults["fused"] is expected
+
+
 @pytest.mark.parametrize(
     ("override", "world", "message"),
     [
@@ -573,6 +581,7 @@ def test_gradient_checkpointing_every_reaches_the_model(tiny_model_path, data_fi
         ("optim.warmup_steps_ratio=1.5", 1, r"optim.warmup_steps_ratio must be in \[0, 1\], got 1.5"),
         ("data.train_files=''", 1, "data.train_files must name at least one parquet/json/jsonl file, got nothing"),
         ("model.compile_layers=1", 1, "model.compile_layers must be true or false, got 1"),
+        ("optim.fused=1", 1, "optim.fused must be true, false or null, got 1"),
         (
             "model.gradient_checkpointing_every=0",
             1,

@@ -185,6 +185,7 @@ def validate_config(cfg: Any) -> None:
     _check_log_prob_passes(c)
     _check_rollout(c)
     _check_compile_layers(c)
+    _check_fused_adamw(c)
     _check_algorithm(c)
     _check_recurrent(c)
     if c.errors:
@@ -253,6 +254,17 @@ def _check_rollout(c: _Checker) -> None:
             c.error(
                 f"{r}.tensor_model_parallel_size ({tp}) must divide trainer.nnodes x trainer.n_gpus_per_node ({world})"
             )
+
+
+def _check_fused_adamw(c: _Checker) -> None:
+    """``optim.fused=True`` asks for torch's fused AdamW; ``optimizer_offload`` builds OffloadedAdamW, whose streamed
+    step is its own (``verl.utils.fsdp_utils.resolve_fused_adamw``)."""
+    a = "actor_rollout_ref.actor"
+    if c.get(f"{a}.optim.fused") is True and c.get(f"{a}.fsdp_config.optimizer_offload") is True:
+        c.error(
+            f"{a}.optim.fused=True does not apply with {a}.fsdp_config.optimizer_offload=True (OffloadedAdamW streams "
+            f"the state through its own step); set {a}.optim.fused=null or False"
+        )
 
 
 def _check_compile_layers(c: _Checker) -> None:

@@ -93,6 +93,9 @@ def validate_sft_config(cfg: DictConfig, world_size: int = 1) -> None:
     ratio = float(optim.get("warmup_steps_ratio", 0.0) or 0.0)
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"optim.warmup_steps_ratio must be in [0, 1], got {ratio}")
+    fused = optim.get("fused")
+    if fused is not None and not isinstance(fused, bool):
+        raise ValueError(f"optim.fused must be true, false or null, got {fused!r}")
     if float(optim.get("lr", 0.0)) <= 0:
         raise ValueError(f"optim.lr must be > 0, got {optim.get('lr')!r}")
     steps, epochs = trainer.get("total_training_steps"), trainer.get("total_epochs")
@@ -210,7 +213,12 @@ class FSDPSFTTrainer:
         self.use_fused_kernels = bool(mc.use_fused_kernels) and supports_fused_head(model)
         self.fused_chunk_size = int(mc.fused_kernel_options.chunk_size)
         self.optimizer = build_optimizer(
-            model, lr=float(oc.lr), weight_decay=float(oc.get("weight_decay", 0.01)), betas=tuple(oc.betas)
+            model,
+            lr=float(oc.lr),
+            weight_decay=float(oc.get("weight_decay", 0.01)),
+            betas=tuple(oc.betas),
+            fused=oc.fused,  # optim.fused: null = fused on CUDA
+            key="optim.fused",
         )
         self.lr_scheduler = build_lr_scheduler(
             self.optimizer,

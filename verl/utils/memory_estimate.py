@@ -21,8 +21,9 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   state each, by the optimizer's own bucket plan ``streamed_peak_bytes``: the embeddings' 4.1 GiB at Qwen2.5-7B).
 * **optimizer step**: ``torch.optim.AdamW`` with the default foreach implementation allocates one full-size
   temporary (``torch._foreach_sqrt(exp_avg_sqs)`` in ``torch/optim/adam.py::_multi_tensor_adam``): 4 more bytes per
-  trainable parameter during the step (``adam_step_temp_bytes``; 0 for ``fused=True``); streamed, one bucket's
-  worth (half a bucket: the ``exp_avg_sq`` half).
+  trainable parameter during the step (``adam_step_temp_bytes``); torch's fused AdamW none (0: the default on a
+  CUDA run, ``actor_rollout_ref.actor.optim.fused``); streamed (``OffloadedAdamW``, foreach), one bucket's worth
+  (half a bucket: the ``exp_avg_sq`` half).
 * **FSDP2 working set**: the bf16 all-gathered parameters of the root unit (embeddings, final norm, lm_head; kept
   for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one), plus one
   unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter; for the
@@ -68,6 +69,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from verl.utils.fsdp_utils import resolve_fused_adamw
 from verl.utils.offload_optim import DEFAULT_BUCKET_BYTES, streamed_peak_bytes
 
 __all__ = [
@@ -281,6 +283,8 @@ class MemoryPlan:
     sleep_level: int = 2
     max_model_len: int = 2048
     hf_max_batch_size: int = 64
+    # bytes per trainable parameter of AdamW's step temporary: 4 for foreach (torch's default and OffloadedAdamW's
+    # buckets), 0 for fused (actor_rollout_ref.actor.optim.fused, resolved as the worker does: plan_from_config)
     adam_step_temp_bytes: float = 4.0
     # state bytes per bucket streamed through the GPU by OffloadedAdamW (optimizer_offload)
     offload_bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -296,8 +300,9 @@ def _rows(per_gpu: Any, global_: Any, world: int, default: int = 1) -> int:
     return default
 
 
-def plan_from_config(cfg: Any) -> MemoryPlan:
-    """Read a :class:`MemoryPlan` from the composed trainer config (``actor_rollout_ref``, ``data``, ``trainer``)."""
+def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
+    """Read a :class:`MemoryPlan` from the composed trainer config (``actor_rollout_ref``, ``data``, ``trainer``) for
+    workers on ``device`` (``cuda`` | ``cpu``: where the actor's trainable parameters are when AdamW is built)."""
     arr, trainer = cfg.actor_rollout_ref, cfg.trainer
     actor, rollout, ref, model = arr.actor, arr.rollout, arr.get("ref") or {}, arr.model
     world = int(trainer.nnodes) * int(trainer.n_gpus_per_node)
@@ -330,6 +335,13 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         lp_dynamic, rollout.get("log_prob_max_token_len_per_gpu") or actor.get("ppo_max_token_len_per_gpu"), lp_rows
     )
     max_model_len = int(rollout.get("max_model_len") or 0) or row
+    # the worker's choice (verl/utils/fsdp_utils.py::build_optimizer): on a CUDA run null -> fused, no temporary
+    fused_adamw = resolve_fused_adamw(
+        (actor.get("optim") or {}).get("fused"),
+        [device],
+        offload=bool(afc.get("optimizer_offload", False)),
+        key="actor_rollout_ref.actor.optim.fused",
+    )
     cap = 256
     hf_batch = int(rollout.get("hf_max_batch_size") or min(int(rollout.get("max_num_seqs") or cap), cap))
     return MemoryPlan(
@@ -360,6 +372,7 @@ def plan_from_config(cfg: Any) -> MemoryPlan:
         sleep_level=int(rollout.get("sleep_level", 2) or 2),
         max_model_len=max_model_len,
         hf_max_batch_size=hf_batch,
+        adam_step_temp_bytes=0.0 if fused_adamw else 4.0,
     )
 
 

@@ -85,7 +85,7 @@ def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optio
         logger.warning("memory estimate skipped: cannot read the model config (%s)", exc)
         return None
     gpu, host = capacities if capacities is not None else device_capacities(device)
-    est = estimate_memory(shape, plan_from_config(cfg), gpu if device == "cuda" else None, host)
+    est = estimate_memory(shape, plan_from_config(cfg, device), gpu if device == "cuda" else None, host)
     print(est.format_table(f"trainer.memory_check={mode}" + ("" if device == "cuda" else ", CPU run: not checked")))
     problems = est.problems() if device == "cuda" else []
     if problems and mode == "error":

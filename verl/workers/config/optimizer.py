@@ -34,6 +34,9 @@ class OptimizerConfig(BaseConfig):
     weight_decay: float = 0.01
     # AdamW betas.
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    # torch's fused AdamW: null = fused when every trainable parameter is on CUDA (and not optimizer_offload), else
+    # torch's default (foreach); True = fused (an error where torch has no fused kernel); False = torch's default.
+    fused: Optional[bool] = None
 
     def check(self, c: Checks) -> None:
         c.number("lr", lambda v: v > 0, "> 0")
