@@ -298,6 +298,7 @@ def main(argv=None) -> dict:
     batches = torch.load(spec["batches"])
     tokens = sum(float(b["attention_mask"].sum()) for b in batches[1:]) / args.steps
     report = {
+        "benchmark": "vs_verl",  # what suite_tables.py recognises a report by
         "shape": args.shape,
         "spec": spec,
         "tokens_per_call": tokens,

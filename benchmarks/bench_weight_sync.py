@@ -247,7 +247,8 @@ def weight_sync_table(report: dict) -> str:
         f"{report['device_moved_from']} vs legacy {report['legacy']['dtype_moved']} from "
         f"{report['legacy']['device_moved_from']}, median of {report['repeats']}, greedy outputs unchanged: "
         f"{report['greedy_outputs_unchanged']} (repeatable without a sync: "
-        f"{report['greedy_outputs_repeatable_without_sync']}); {per_s(gb, s['sync_awake']) or 0:.2f} GB/s awake)"
+        f"{report.get('greedy_outputs_repeatable_without_sync', 'not recorded')}); "
+        f"{per_s(gb, s['sync_awake']) or 0:.2f} GB/s awake)"
     )
     headers = ["phase", "seconds", "legacy seconds", "speed-up", "GB", "legacy GB"]
     return head + "\n\n" + bc.markdown_table(headers, rows)

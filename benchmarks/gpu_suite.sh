@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU measurements behind benchmarks/RESULTS.md, one GPU or more, in one go. Each run writes its JSON report and
-# its log into $OUT; the tables in RESULTS.md are made from those reports. Random-init Qwen2.5 shapes at MemAgent's
-# real sizes (5,000-token chunks, 1,024-token memory), so nothing is downloaded.
+# its log into $OUT; at the end benchmarks/suite_tables.py prints the comparison tables of all reports in $OUT (the
+# tables in RESULTS.md are made from them). Random-init Qwen2.5 shapes at MemAgent's real sizes (5,000-token chunks,
+# 1,024-token memory), so nothing is downloaded.
 #
 #   OUT=benchmarks/results/$(date +%F) bash benchmarks/gpu_suite.sh            # everything (about an hour on one H200)
 #   ONLY="update_attn train_step" bash benchmarks/gpu_suite.sh                # some sections (names below)
@@ -111,4 +112,10 @@ if want big_step; then
 fi
 if want gpu_tests; then
     run gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider
+fi
+# the comparison tables of every report in $OUT, whichever sections ran (also kept in $OUT/tables.md)
+if [ "${DRY_RUN:-0}" = 1 ]; then
+    echo "tables: python3 benchmarks/suite_tables.py $OUT"
+else
+    echo "=== tables"; python3 benchmarks/suite_tables.py "$OUT" | tee "$OUT/tables.md"
 fi

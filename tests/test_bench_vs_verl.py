@@ -8,6 +8,7 @@ on 2 shared cores, hence ``slow``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -51,6 +52,7 @@ def _on_policy_loss(advantages: torch.Tensor, mask: torch.Tensor) -> float:
 @pytest.mark.slow
 def test_one_micro_batch_same_weights_same_losses(tmp_path):
     report = _run(tmp_path, "--rows", "4", "--token-budget", "4096", "--out", str(tmp_path / "out.json"))
+    assert json.loads((tmp_path / "out.json").read_text())["benchmark"] == "vs_verl"  # what suite_tables.py reads
     ours, up = report["sides"]["ours"], report["sides"]["upstream"]
     # each side imported its own verl
     assert Path(ours["verl_from"]) == REPO / "verl"

@@ -72,7 +72,15 @@ def test_every_section_has_commands(commands):
 def test_only_picks_sections(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "ONLY": "weight_sync"}
     out = subprocess.run(["bash", str(SUITE)], env=env, capture_output=True, text=True, check=True).stdout
-    assert [line.split(":")[0] for line in out.splitlines()] == ["weight_sync_1p5b", "weight_sync_7b"]
+    assert [line.split(":")[0] for line in out.splitlines()] == ["weight_sync_1p5b", "weight_sync_7b", "tables"]
+
+
+def test_tables_of_the_output_folder_come_last(commands, tmp_path):
+    """The suite ends with the comparison tables of whatever reports its output folder holds."""
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "ONLY": "update_attn"}
+    out = subprocess.run(["bash", str(SUITE)], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == f"tables: python3 benchmarks/suite_tables.py {tmp_path}"
+    assert list(commands)[-1] == "tables"
 
 
 def test_benchmark_flags_parse(commands, monkeypatch):

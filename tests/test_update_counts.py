@@ -131,6 +131,7 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
         False,  # asked for, but no CUDA here: a warning, nothing patched
     )
     assert result["compiled_graphs"] == 0 and result["profile"] == str(profile)
+    assert result["benchmark"] == "update_policy"  # how benchmarks/suite_tables.py recognises the report
     assert result["profile_rows_per_gpu"] == 2 and result["rows_per_gpu"] == 4
     assert "| update_policy (FSDP2, 1 rank(s)) |" in run.stdout
     assert out.stat().st_mtime_ns < profile.stat().st_mtime_ns  # the results were out before the profile
