@@ -36,7 +36,10 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   gradient checkpointing only a checkpointed layer's input stays (2 h per token), plus one layer recomputed in the
   backward (``one_layer``); with ``model.gradient_checkpointing_every`` N the ``c = ceil(L / N)`` layers of index
   ``% N == 0`` are checkpointed and the other ``L - c`` keep their activations: ``c x 2 h + (L - c) x one_layer +
-  one_layer`` per token (N = 1: ``L x 2 h + one_layer``).
+  one_layer`` per token (N = 1: ``L x 2 h + one_layer``). With liger-kernel's fused kernels (``model.use_liger``,
+  resolved as the worker resolves it) each RMSNorm saves only its bf16 input (2 h instead of 6 h) and the SwiGLU
+  saves gate and up but not the SiLU output (6 i instead of 8 i): ``16 h + 6 kv + 6 i``. One H200, Qwen2.5-1.5B,
+  16K-token micro-batches without checkpointing: the update's peak fell 14.7 GiB with liger, this rule predicts 12.9.
 * **logits**: only response positions go through ``lm_head`` (``logits_to_keep``); each such token holds a
   ``[vocab]`` row: bf16 output (2) + fp32 cast (4) + saved log-softmax (4) + its gradient (4) + bf16 gradient (2) =
   16 bytes per element in the update, 10 without grad (log-prob passes). The fused log-prob head
@@ -228,11 +231,12 @@ class ModelShape:
         """KV-cache bytes of one token over all layers (keys and values)."""
         return 2 * self.num_layers * self.kv_dim * dtype_bytes
 
-    def activation_bytes_per_token(self, gradient_checkpointing: bool, every: int = 1) -> float:
+    def activation_bytes_per_token(self, gradient_checkpointing: bool, every: int = 1, liger: bool = False) -> float:
         """Saved bf16 activations of one token through the whole decoder (see the module docstring); ``every``:
-        only the layers of index ``% every == 0`` are checkpointed (``model.gradient_checkpointing_every``)."""
+        only the layers of index ``% every == 0`` are checkpointed (``model.gradient_checkpointing_every``);
+        ``liger``: the decoder runs liger-kernel's RMSNorm and SwiGLU (``model.use_liger``)."""
         h, kv, i = self.hidden_size, self.kv_dim, self.intermediate_size
-        one_layer = 24 * h + 6 * kv + 8 * i
+        one_layer = (16 * h + 6 * kv + 6 * i) if liger else (24 * h + 6 * kv + 8 * i)
         if gradient_checkpointing:
             checkpointed = math.ceil(self.num_layers / max(1, every))
             return checkpointed * 2 * h + (self.num_layers - checkpointed) * one_layer + one_layer
@@ -266,6 +270,9 @@ class MemoryPlan:
     gradient_checkpointing: bool = True
     # model.gradient_checkpointing_every: only every N-th decoder layer is checkpointed
     gradient_checkpointing_every: int = 1
+    # model.use_liger as the worker resolves it (liger's RMSNorm/SwiGLU save fewer activations); set by the start-up
+    # check, which knows the device (plan_from_config leaves it False)
+    liger: bool = False
     update_tokens: int = 16384
     update_logit_tokens: int = 16384
     log_prob_tokens: int = 16384
@@ -626,10 +633,10 @@ def estimate_memory(
     else:
         streamed, step_temp = adam, p.adam_step_temp_bytes * nt / S
     update_act = float(p.update_tokens) * shape.activation_bytes_per_token(
-        p.gradient_checkpointing, p.gradient_checkpointing_every
+        p.gradient_checkpointing, p.gradient_checkpointing_every, p.liger
     )
     update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
-    no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False) / shape.num_layers)
+    no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False, liger=p.liger) / shape.num_layers)
     lp_common = {
         "fsdp buffers": gathered,
         "activations": no_grad_act,

@@ -80,12 +80,16 @@ def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optio
     if mode == "off":
         return None
     try:
-        shape = ModelShape.from_hf_config(_hf_config(cfg.actor_rollout_ref.model))
+        hf_config = _hf_config(cfg.actor_rollout_ref.model)
+        shape = ModelShape.from_hf_config(hf_config)
     except Exception as exc:  # the model loader reports a bad path properly; the estimate is advisory here
         logger.warning("memory estimate skipped: cannot read the model config (%s)", exc)
         return None
     gpu, host = capacities if capacities is not None else device_capacities(device)
-    est = estimate_memory(shape, plan_from_config(cfg, device), gpu if device == "cuda" else None, host)
+    plan = replace(
+        plan_from_config(cfg, device), liger=liger_in_workers(cfg.actor_rollout_ref.model, device, hf_config)
+    )
+    est = estimate_memory(shape, plan, gpu if device == "cuda" else None, host)
     print(est.format_table(f"trainer.memory_check={mode}" + ("" if device == "cuda" else ", CPU run: not checked")))
     problems = est.problems() if device == "cuda" else []
     if problems and mode == "error":
@@ -95,6 +99,18 @@ def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optio
     if device == "cuda" and not problems and (hint := checkpointing_hint(est)):
         print(hint)
     return est
+
+
+def liger_in_workers(model_cfg: Any, device: str, hf_config: Any) -> bool:
+    """Whether the actor's workers will run liger-kernel's kernels (``model.use_liger``): what
+    ``verl.utils.liger.resolve_use_liger`` decides for them (null: CUDA, liger importable, no compile_layers, a model
+    type liger patches), and an explicit True only where ``apply_liger_kernel`` does not skip it. Nothing is logged
+    (the workers log their choice)."""
+    from verl.utils.liger import unsupported
+
+    if model_cfg.get("use_liger") is False:
+        return False
+    return not unsupported(device, hf_config, bool(model_cfg.get("compile_layers", False)))
 
 
 # Largest share of the device the estimated peak with less checkpointing may take for that to be suggested: the
