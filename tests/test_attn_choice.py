@@ -288,3 +288,25 @@ def test_cpu_workers_on_a_gpu_host_keep_sdpa_for_packed_rows(tiny_model_path, no
     critic.init_model()
     modules = {"actor": actor.actor_module, "ref": actor.ref.actor_module, "critic": critic.critic_module}
     assert {name: m.config._attn_implementation for name, m in modules.items()} == dict.fromkeys(modules, "sdpa")
+
+
+def test_messages_name_the_section_of_the_caller(tiny_model_path, monkeypatch):
+    """The attention and liger messages name the config section of the model being loaded: the critic's
+    (``critic.model``) and the SFT trainer's (``model``), the actor's by default."""
+    from verl.utils.liger import compile_conflict
+    from verl.workers.critic.critic_worker import load_value_model
+
+    with pytest.raises(ValueError, match=r"^critic\.model\.attn_implementation='torch_varlen' needs CUDA"):
+        load_value_model(tiny_model_path, attn_implementation="torch_varlen", device="cpu")
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.model\.attn_implementation='torch_varlen' needs CUDA"):
+        model_loading.load_causal_lm(tiny_model_path, attn_implementation="torch_varlen", device="cpu")
+    monkeypatch.setattr(model_loading.importlib.util, "find_spec", lambda name, *a, **k: None)
+    with pytest.raises(ValueError, match=r"^model\.attn_implementation='flash_attention_2' needs CUDA"):
+        resolve_attn_implementation("flash_attention_2", "cpu", section="model")
+    with pytest.raises(ValueError) as refused:
+        model_loading.load_causal_lm(tiny_model_path, use_liger=True, compile_layers=True, section="model")
+    assert str(refused.value) == compile_conflict("model")
+    # automatic flex under compile_layers (a model torch_varlen cannot run: sliding window) names the caller's keys
+    config = Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    with pytest.raises(ValueError, match=r"model\.compile_layers.*\(model\.attn_implementation is null"):
+        resolve_attn_implementation(None, "cuda", True, model_config=config, compile_layers=True, section="model")

@@ -660,3 +660,11 @@ def test_two_fsdp_ranks_match_one_process(tiny_model_path, data_file, tmp_path):
     weights = [load_file(tmp_path / d / "global_step_2" / "actor" / "huggingface" / "model.safetensors") for d in
                ("one", "two")]  # fmt: skip
     assert all(torch.allclose(weights[0][k], weights[1][k], atol=1e-5) for k in weights[0])
+
+
+def test_attention_errors_name_the_sft_key(tiny_model_path, data_file, tmp_path):
+    """The loader's attention messages name ``model.attn_implementation`` in the SFT trainer (its own section), not
+    the RL trainer's ``actor_rollout_ref.model``: torch_varlen cannot run on this CPU trainer."""
+    cfg = _cfg(tiny_model_path, data_file, tmp_path, "trainer.device=cpu", "model.attn_implementation=torch_varlen")
+    with pytest.raises(ValueError, match=r"^model\.attn_implementation='torch_varlen' needs CUDA"):
+        FSDPSFTTrainer(cfg)

@@ -193,6 +193,7 @@ class FSDPSFTTrainer:
             self.model_path,
             dtype="float32",
             attn_implementation=mc.get("attn_implementation"),
+            section="model",
             gradient_checkpointing=bool(mc.get("enable_gradient_checkpointing", False)),
             gradient_checkpointing_every=int(mc.get("gradient_checkpointing_every", 1)),
             use_liger=use_liger,

@@ -103,6 +103,7 @@ def resolve_attn_implementation(
     *,
     model_config: Any = None,
     compile_layers: bool = False,
+    section: str = "actor_rollout_ref.model",
 ) -> str:
     """Attention backend: ``requested`` if given, else (module docstring) ``flash_attention_2`` on CUDA with
     flash-attn installed, else for packed rows (``remove_padding``) on CUDA ``torch_varlen`` (torch >= 2.10, an
@@ -113,13 +114,14 @@ def resolve_attn_implementation(
     ``flex_attention`` then raises ``ValueError`` (``compile_layers.unsupported``) naming the keys. Asking for
     ``flash_attention_2`` without the package or without CUDA raises ``ValueError``; so does ``torch_varlen``
     without CUDA, without ``torch.nn.attention.varlen`` or for a model it cannot run; choosing it (asked for or
-    automatic) registers it with transformers.
+    automatic) registers it with transformers. ``section``: the config section the messages name (``critic.model``
+    for the critic, ``model`` in the SFT trainer).
     """
     from verl.workers.actor import varlen_attention
 
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
-    key = "actor_rollout_ref.model.attn_implementation"
+    key = f"{section}.attn_implementation"
     if requested in (None, "", "auto"):
         if on_cuda and has_flash:
             return "flash_attention_2"
@@ -131,7 +133,7 @@ def resolve_attn_implementation(
             return varlen_attention.NAME
         from verl.utils.compile_layers import unsupported
 
-        reason = unsupported("flex_attention", on_cuda) if compile_layers else ""
+        reason = unsupported("flex_attention", on_cuda, section) if compile_layers else ""
         if reason:
             raise ValueError(
                 f"{reason} ({key} is null: the automatic choice for packed rows on CUDA is flex_attention here, "
@@ -140,7 +142,7 @@ def resolve_attn_implementation(
         return "flex_attention"
     if requested == "flash_attention_2" and not (on_cuda and has_flash):
         raise ValueError(
-            "attn_implementation='flash_attention_2' needs CUDA and the flash_attn package "
+            f"{key}='flash_attention_2' needs CUDA and the flash_attn package "
             f"(cuda={on_cuda}, flash_attn installed={has_flash}); use 'sdpa' or leave it unset"
         )
     if requested == varlen_attention.NAME:
@@ -232,15 +234,21 @@ def prepare_for_training(
     compile_layers: bool = False,
     gradient_checkpointing_every: int = 1,
     device: Union[str, torch.device, None] = None,
+    section: str = "actor_rollout_ref.model",
 ) -> nn.Module:
     """Apply liger kernels, gradient checkpointing (on every ``gradient_checkpointing_every``-th decoder layer,
     ``select_checkpointed_layers``), LoRA and the per-layer compile (in that order) and return the (maybe wrapped)
     model. ``use_liger`` ``None``: the automatic choice for ``device`` (``None``: the host's) and the model's type
-    (``liger.resolve_use_liger``); ``True`` with ``compile_layers`` raises ``ValueError``."""
+    (``liger.resolve_use_liger``); ``True`` with ``compile_layers`` raises ``ValueError``. ``section``: the config
+    section the messages name."""
     if use_liger and compile_layers:
-        raise ValueError(compile_conflict())
+        raise ValueError(compile_conflict(section))
     use_liger = resolve_use_liger(
-        use_liger, device, model_config=getattr(model, "config", None), compile_layers=compile_layers
+        use_liger,
+        device,
+        model_config=getattr(model, "config", None),
+        compile_layers=compile_layers,
+        key=f"{section}.use_liger",
     )
     if use_liger:
         apply_liger_kernel(model, device)
@@ -300,6 +308,7 @@ def load_causal_lm(
     override_config: Optional[dict[str, Any]] = None,
     remove_padding: bool = False,
     gradient_checkpointing_every: int = 1,
+    section: str = "actor_rollout_ref.model",
 ) -> nn.Module:
     """Load a causal LM from a local folder ``path`` and prepare it for training.
 
@@ -313,12 +322,13 @@ def load_causal_lm(
         device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
         remove_padding: the model will run packed rows (``use_remove_padding``); picks the automatic attention.
+        section: the config section error messages and logs name (``model`` in the SFT trainer).
     """
     from transformers import AutoModelForCausalLM
 
     config = load_model_config(path, trust_remote_code, override_config)
     attn = resolve_attn_implementation(
-        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers
+        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers, section=section
     )
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code
@@ -326,7 +336,7 @@ def load_causal_lm(
     if device is not None:
         model.to(device)
     return prepare_for_training(
-        model, gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every, device
+        model, gradient_checkpointing, lora, use_liger, compile_layers, gradient_checkpointing_every, device, section
     )
 
 

@@ -60,7 +60,9 @@ def load_value_model(
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
     # torch_varlen (or flex_attention) for packed rows on CUDA
-    attn = resolve_attn_implementation(attn_implementation, device, remove_padding, model_config=config)
+    attn = resolve_attn_implementation(
+        attn_implementation, device, remove_padding, model_config=config, section="critic.model"
+    )
     try:
         model = AutoModelForTokenClassification.from_pretrained(
             path,
