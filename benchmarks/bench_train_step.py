@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         "actor_rollout_ref.actor.ppo_mini_batch_size=1",
         "actor_rollout_ref.actor.use_kl_loss=True",
         "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        # the launch scripts' token budgets (run_memory_7B.sh): 16K tokens per update micro-batch, 32K per log-prob one
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
         "actor_rollout_ref.model.use_remove_padding=True",
         "algorithm.adv_estimator=grpo",
         "algorithm.grpo_use_adv=False",

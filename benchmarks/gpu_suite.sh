@@ -90,7 +90,9 @@ if want small_step; then
     # the 135M step with what the small update needs: no checkpointing, larger micro-batches, one-step-off
     run train_step_135m_fast $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --overlap both \
         --out "$OUT/train_step_135m_fast.json" -- $SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True \
-        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536
+        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 \
+        actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 \
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \
