@@ -550,6 +550,10 @@ def test_liger_activation_bytes_hand_computed() -> None:
         (["actor_rollout_ref.model.compile_layers=True"], "cuda", {"qwen2"}, False),  # null under compile_layers
         ([], "cuda", {"llama"}, False),  # liger has no kernels for this type
         ([], "cuda", None, False),  # liger_kernel does not import
+        # an explicit True counts only where apply_liger_kernel patches (else it warns and skips)
+        (["actor_rollout_ref.model.use_liger=True"], "cpu", {"qwen2"}, False),
+        (["actor_rollout_ref.model.use_liger=True"], "cuda", None, False),
+        (["actor_rollout_ref.model.use_liger=True"], "cuda", {"llama"}, False),
     ],
 )
 def test_startup_estimate_counts_liger_as_the_workers_resolve_it(
