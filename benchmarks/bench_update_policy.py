@@ -72,7 +72,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import SHAPES, shape_config  # noqa: E402  (also puts the repository root on sys.path)
+from bench_common import SHAPES, shape_config, write_json  # noqa: E402  (also puts the repository root on sys.path)
 from device_timing import timed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
@@ -212,9 +212,7 @@ def count_only(args) -> dict:
     )
     report = {"benchmark": "update_policy_counts", "shape": args.shape, "layout": args.layout, **report}
     print(json.dumps({k: v for k, v in report.items() if k != "mini_batches"}, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.out, report)
     return report
 
 
@@ -333,9 +331,7 @@ def profile_sub_batch(args, actor: DataParallelPPOActor, batch: DataProto, devic
 def emit(result: dict, out: str | None) -> None:
     """Print ``result`` (JSON and its table) and write it to ``out``."""
     print(json.dumps(result, indent=2))
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2))
+    write_json(out, result)
     print("\n" + update_policy_table(result))
 
 

@@ -219,6 +219,7 @@ def test_a_checkpoint_keeps_the_configured_implementation_and_resumes_like_the_u
     resumed, opt = build(resumed_fused)
     load_model_shards(tmp_path, resumed, opt, load_rng=False)
     assert [g["fused"] for g in opt.param_groups] == [resumed_fused]  # not the writer's
+    assert len(opt.state) == len(list(resumed.parameters()))  # every parameter's state loaded (all() below not vacuous)
     assert all(s["step"].dtype == torch.float32 and float(s["step"]) == 2 for s in opt.state.values())
     _train(resumed, opt, 2, first=2)
     assert opt.param_groups[0]["fused"] is resumed_fused

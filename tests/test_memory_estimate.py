@@ -382,6 +382,25 @@ def test_memory_check_warn_logs_and_off_skips(tmp_path: Path, capsys, caplog) ->
     assert capsys.readouterr().out == ""
 
 
+def test_startup_check_reads_the_model_config_as_the_workers_load_it(tmp_path: Path, caplog) -> None:
+    """``model.override_config`` reaches the estimated shape (14 of the 28 layers: 4.35B of 7.62B params); a path
+    that is no local folder skips the estimate with a warning (the loader reports it properly)."""
+    cfg = _compose(tmp_path, QWEN25_7B, ["trainer.memory_check=warn", "+actor_rollout_ref.model.override_config.num_hidden_layers=14"])  # fmt: skip
+    full = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    est = startup_memory_check(cfg, "cpu", capacities=(None, HOST))
+    assert est.shape.num_layers == 14 and est.shape.num_params < full.num_params
+    assert round(est.shape.num_params / 1e9, 2) == 4.35
+    assert (
+        est.shape.num_params
+        == ModelShape.from_hf_config(Qwen2Config(**{**QWEN25_7B, "num_hidden_layers": 14})).num_params
+    )
+    missing = _compose(tmp_path, QWEN25_7B, [f"actor_rollout_ref.model.path={tmp_path / 'no_such_model'}"])
+    with caplog.at_level(logging.WARNING, logger="verl.utils.memory_startup"):
+        assert startup_memory_check(missing, "cuda", capacities=(H200, HOST)) is None
+    [record] = caplog.records
+    assert record.getMessage().startswith("memory estimate skipped: cannot read the model config (model path '")
+
+
 def test_memory_check_key_is_validated() -> None:
     from verl.trainer.config_schema import ConfigError, validate_config
 
@@ -550,6 +569,10 @@ def test_liger_activation_bytes_hand_computed() -> None:
         (["actor_rollout_ref.model.compile_layers=True"], "cuda", {"qwen2"}, False),  # null under compile_layers
         ([], "cuda", {"llama"}, False),  # liger has no kernels for this type
         ([], "cuda", None, False),  # liger_kernel does not import
+        # an explicit True counts only where apply_liger_kernel patches (else it warns and skips)
+        (["actor_rollout_ref.model.use_liger=True"], "cpu", {"qwen2"}, False),
+        (["actor_rollout_ref.model.use_liger=True"], "cuda", None, False),
+        (["actor_rollout_ref.model.use_liger=True"], "cuda", {"llama"}, False),
     ],
 )
 def test_startup_estimate_counts_liger_as_the_workers_resolve_it(

@@ -303,7 +303,7 @@ def resolve_fused_adamw(
         return False
     types = set(device_types)
     if fused is None:
-        return bool(types) and types == {"cuda"}
+        return types == {"cuda"}
     if fused:
         unsupported = sorted(types - set(fused_adamw_devices()))
         if unsupported:

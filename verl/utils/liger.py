@@ -58,7 +58,7 @@ def _on_cuda(device: Union[str, torch.device, None]) -> bool:
 
 
 def _model_type(model_config: Any) -> Optional[str]:
-    return getattr(model_config, "model_type", None) if model_config is not None else None
+    return getattr(model_config, "model_type", None)
 
 
 def _unpatched_type(model_config: Any) -> str:

@@ -271,7 +271,7 @@ class MemoryPlan:
     # model.gradient_checkpointing_every: only every N-th decoder layer is checkpointed
     gradient_checkpointing_every: int = 1
     # model.use_liger as the worker resolves it (liger's RMSNorm/SwiGLU save fewer activations); set by the start-up
-    # check, which knows the device (plan_from_config leaves it False)
+    # check, which reads the model's HF config (liger patches by model type; plan_from_config leaves it False)
     liger: bool = False
     update_tokens: int = 16384
     update_logit_tokens: int = 16384

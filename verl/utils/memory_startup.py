@@ -29,13 +29,14 @@ MODEL = "actor_rollout_ref.model"
 
 
 def _hf_config(model_cfg: Any) -> Any:
-    from transformers import AutoConfig
+    """The actor model's transformers config as the workers load it (``model_loading.load_model_config``)."""
+    from verl.utils.model_loading import load_model_config
 
-    path = os.path.expanduser(str(model_cfg.get("path")))
-    config = AutoConfig.from_pretrained(path, trust_remote_code=bool(model_cfg.get("trust_remote_code", False)))
-    for key, value in dict(model_cfg.get("override_config") or {}).items():
-        setattr(config, key, value)
-    return config
+    return load_model_config(
+        os.path.expanduser(str(model_cfg.get("path"))),
+        bool(model_cfg.get("trust_remote_code", False)),
+        dict(model_cfg.get("override_config") or {}),
+    )
 
 
 def device_capacities(device: str) -> tuple[Optional[int], Optional[int]]:
