@@ -258,34 +258,25 @@ def test_cpu_workers_on_a_gpu_host_keep_sdpa_for_packed_rows(tiny_model_path, no
     """The choice follows the worker's device, not whether the host has a GPU: a CPU actor/ref/critic (trainer.device
     =cpu on a GPU machine, e.g. the CPU test suite run there) with packed rows loads sdpa, not the CUDA-only
     torch_varlen (CUDA and varlen faked available)."""
-    import verl.workers.rollout.base as rollout_base
-    from tests.test_config import compose_config
-    from verl.workers.critic.critic_worker import CriticWorker
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from tests.cpu_workers import build_cpu_workers
 
     monkeypatch.setattr(model_loading.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
     monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
     # control: without a device the choice is the host's
     assert model_loading.resolve_attn_implementation(None, None, True) == "torch_varlen"
-    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kwargs: None)
-    cfg = compose_config(
+    actor, critic = build_cpu_workers(
+        monkeypatch,
+        tiny_model_path,
         [
-            f"actor_rollout_ref.model.path={tiny_model_path}",
-            f"critic.model.path={tiny_model_path}",
             "actor_rollout_ref.model.use_remove_padding=True",
             "critic.model.use_remove_padding=True",
-            "actor_rollout_ref.rollout.name=hf",
             "actor_rollout_ref.actor.use_kl_loss=True",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "critic.ppo_micro_batch_size_per_gpu=2",
-        ]
+        ],
     )
-    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, "cpu")
-    actor.init_model()
-    critic = CriticWorker(cfg.critic, "cpu")
-    critic.init_model()
     modules = {"actor": actor.actor_module, "ref": actor.ref.actor_module, "critic": critic.critic_module}
     assert {name: m.config._attn_implementation for name, m in modules.items()} == dict.fromkeys(modules, "sdpa")
 

@@ -12,7 +12,6 @@ import math
 import pytest
 import torch
 
-from tests.test_config import compose_config
 from verl.utils.fsdp_utils import build_lr_scheduler, build_optimizer
 
 # W = 2 warm-up steps, 6 total steps, floor 0.1 (lr 1.0): 1/2, 2/2, then 0.1 + 0.45 * (1 + cos(pi * (s - 2) / 4))
@@ -65,18 +64,14 @@ def test_bad_schedule_keys_are_named():
 
 
 def test_workers_build_the_configured_schedule(monkeypatch, tiny_model_path):
-    import verl.workers.rollout.base as rollout_base
-    from verl.workers.critic.critic_worker import CriticWorker
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from tests.cpu_workers import build_cpu_workers
 
-    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kwargs: None)
-    cfg = compose_config(
+    actor, critic = build_cpu_workers(
+        monkeypatch,
+        tiny_model_path,
         [
-            f"actor_rollout_ref.model.path={tiny_model_path}",
-            f"critic.model.path={tiny_model_path}",
             "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             "critic.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.rollout.name=hf",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
             "critic.ppo_micro_batch_size_per_gpu=1",
             "actor_rollout_ref.actor.optim.lr=1.0",
@@ -89,11 +84,7 @@ def test_workers_build_the_configured_schedule(monkeypatch, tiny_model_path):
             "critic.optim.lr_warmup_steps_ratio=0.34",  # int(0.34 * 6) = 2 warm-up steps
             "critic.optim.warmup_style=cosine",
             "critic.optim.min_lr_ratio=0.1",
-        ]
+        ],
     )
-    actor = ActorRolloutRefWorker(cfg.actor_rollout_ref, "cpu")
-    actor.init_model()
     assert lr_sequence(actor.optimizer, actor.lr_scheduler, 8) == pytest.approx(COSINE, abs=1e-9)
-    critic = CriticWorker(cfg.critic, "cpu")
-    critic.init_model()
     assert lr_sequence(critic.optimizer, critic.lr_scheduler, 8) == pytest.approx(COSINE, abs=1e-9)
