@@ -211,11 +211,18 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
     return spec
 
 
+def side_pythonpath(side: str, upstream: Path | None, inherited: str) -> str:
+    """The side's ``verl`` first, then the inherited ``PYTHONPATH`` entries that hold no ``verl`` package (an
+    environment installed with ``pip --target`` stays importable; neither side can pick up the other's verl)."""
+    first = str(upstream) if side == "upstream" else str(REPO)
+    kept = [e for e in inherited.split(os.pathsep) if e and not (Path(e) / "verl").is_dir()]
+    return os.pathsep.join([first, *kept])
+
+
 def run_side(side: str, workdir: Path, upstream: Path | None, timeout: float) -> dict:
     """Run one side in a fresh interpreter whose ``verl`` is the right one; returns its JSON."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    env["PYTHONPATH"] = str(upstream) if side == "upstream" else str(REPO)
+    env["PYTHONPATH"] = side_pythonpath(side, upstream, env.pop("PYTHONPATH", ""))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--workdir", str(workdir)]
     # the upstream side starts in the work folder: neither this repository nor its verl is on its path

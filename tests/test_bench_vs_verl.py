@@ -115,3 +115,22 @@ def test_several_micro_batches_each_side_follows_its_normalisation(tmp_path):
     assert c["same_objective"] is False
     assert abs(c["pg_loss_diff"]) > 1e-3
     assert c["log_prob_batch0_max_abs_diff"] < 1e-5  # the log-prob pass (one micro-batch) still agrees
+
+
+def test_side_pythonpath_keeps_inherited_entries_without_a_verl(tmp_path):
+    """A ``pip --target`` environment on PYTHONPATH stays importable; a folder holding a ``verl`` (this repository
+    or another upstream copy) never follows a side's own ``verl``."""
+    site, other = tmp_path / "site", tmp_path / "other"
+    site.mkdir()
+    (other / "verl").mkdir(parents=True)
+    upstream = tmp_path / "upstream"
+    inherited = os.pathsep.join([str(site), str(bench_vs_verl.REPO), "", str(other)])
+    assert bench_vs_verl.side_pythonpath("upstream", upstream, inherited).split(os.pathsep) == [
+        str(upstream),
+        str(site),
+    ]
+    assert bench_vs_verl.side_pythonpath("ours", None, inherited).split(os.pathsep) == [
+        str(bench_vs_verl.REPO),
+        str(site),
+    ]
+    assert bench_vs_verl.side_pythonpath("ours", None, "") == str(bench_vs_verl.REPO)
