@@ -77,6 +77,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -226,10 +227,27 @@ def run_side(side: str, workdir: Path, upstream: Path | None, timeout: float) ->
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--workdir", str(workdir)]
     # the upstream side starts in the work folder: neither this repository nor its verl is on its path
-    proc = subprocess.run(cmd, env=env, cwd=str(workdir), timeout=timeout, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stdout[-4000:] + "\n" + proc.stderr[-8000:]).strip()
-        raise RuntimeError(f"{side} side failed (exit {proc.returncode}):\n{tail}")
+    # the side's output goes to the terminal as it runs (progress of a long GPU side, the cause of a hang) and to
+    # <workdir>/<side>.log, whose tail a failure repeats
+    log = workdir / f"{side}.log"
+    print(f"[bench_vs_verl] {side} side: output in {log}", file=sys.stderr, flush=True)
+    with open(log, "w") as sink, subprocess.Popen(
+        cmd, env=env, cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                sink.write(line)
+                sink.flush()
+                sys.stderr.write(line)
+        finally:
+            watchdog.cancel()
+        returncode = proc.wait()
+    if returncode != 0:
+        tail = log.read_text()[-8000:].strip()
+        why = f"killed after --timeout {timeout:g} s" if returncode == -9 else f"exit {returncode}"
+        raise RuntimeError(f"{side} side failed ({why}):\n{tail}")
     return json.loads((workdir / f"result_{side}.json").read_text())
 
 

@@ -134,3 +134,15 @@ def test_side_pythonpath_keeps_inherited_entries_without_a_verl(tmp_path):
         str(site),
     ]
     assert bench_vs_verl.side_pythonpath("ours", None, "") == str(bench_vs_verl.REPO)
+
+
+def test_a_failing_side_is_logged_and_its_tail_reported(tmp_path, capfd):
+    """A side's output streams as it runs and lands in <workdir>/<side>.log; a failure repeats its tail, and a
+    side past --timeout is killed and said to be."""
+    with pytest.raises(RuntimeError, match=r"ours side failed \(exit 1\)") as failed:
+        bench_vs_verl.run_side("ours", tmp_path, None, timeout=120)  # no spec.json in the work folder
+    assert "spec.json" in str(failed.value)
+    assert "spec.json" in (tmp_path / "ours.log").read_text()
+    assert "spec.json" in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match=r"killed after --timeout 0.5 s"):
+        bench_vs_verl.run_side("ours", tmp_path, None, timeout=0.5)
