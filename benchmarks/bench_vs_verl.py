@@ -231,9 +231,12 @@ def run_side(side: str, workdir: Path, upstream: Path | None, timeout: float) ->
     # <workdir>/<side>.log, whose tail a failure repeats
     log = workdir / f"{side}.log"
     print(f"[bench_vs_verl] {side} side: output in {log}", file=sys.stderr, flush=True)
-    with open(log, "w") as sink, subprocess.Popen(
-        cmd, env=env, cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    ) as proc:
+    with (
+        open(log, "w") as sink,
+        subprocess.Popen(
+            cmd, env=env, cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc,
+    ):
         watchdog = threading.Timer(timeout, proc.kill)
         watchdog.start()
         try:

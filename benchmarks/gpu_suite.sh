@@ -76,6 +76,17 @@ if want train_step; then
     run train_step_1p5b_nockpt $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap both \
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False
+    # one-step-off: generation beside training ran 2.4x slower than alone; the engine thread on its own
+    # high-priority CUDA stream, a shorter GIL switch interval, and both (docs/config.md, "One-step-off training")
+    for variant in "stream:actor_rollout_ref.rollout.engine_stream=high_priority" \
+        "gil:actor_rollout_ref.rollout.gil_switch_interval_ms=0.5" \
+        "stream_gil:actor_rollout_ref.rollout.engine_stream=high_priority actor_rollout_ref.rollout.gil_switch_interval_ms=0.5"; do
+        name=${variant%%:*}
+        run "train_step_1p5b_nockpt_$name" $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
+            --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap_$name.json" -- $BIG_OVERRIDES \
+            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
+            actor_rollout_ref.model.enable_gradient_checkpointing=False ${variant#*:}
+    done
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \

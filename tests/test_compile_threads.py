@@ -100,7 +100,7 @@ def test_building_the_engine_restores_the_threads(monkeypatch):
     class Driver:
         max_model_len, tokenizer = 1024, None
 
-        def __init__(self, args):
+        def __init__(self, args, engine_stream="shared"):
             order.append("engine")
 
     monkeypatch.setattr(vllm_engine, "_InprocDriver", Driver)

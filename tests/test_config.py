@@ -430,6 +430,14 @@ BAD_OVERRIDES = [
     (["actor_rollout_ref.rollout.name=sglang"], ["actor_rollout_ref.rollout.name must be one of [vllm, hf]", "sglang"]),
     (["actor_rollout_ref.rollout.mode=batch"], ["actor_rollout_ref.rollout.mode", "sync, async"]),
     (
+        ["actor_rollout_ref.rollout.engine_stream=fast"],
+        ["actor_rollout_ref.rollout.engine_stream must be one of [shared, high_priority] (got 'fast')"],
+    ),
+    (
+        ["actor_rollout_ref.rollout.gil_switch_interval_ms=0"],
+        ["actor_rollout_ref.rollout.gil_switch_interval_ms must be > 0 (got 0)"],
+    ),
+    (
         ["trainer.logger=[console,mlflow]"],
         ["trainer.logger entries must be in [console, wandb, tensorboard, jsonl]", "mlflow"],
     ),
@@ -595,7 +603,7 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
     from verl.workers.fsdp_workers import vllm_extra_options
 
     defaults = compose_config([]).actor_rollout_ref.rollout
-    assert vllm_extra_options(defaults) == {"sleep_level": 2}
+    assert vllm_extra_options(defaults) == {"sleep_level": 2, "engine_stream": "shared"}
     rc = {
         "cudagraph_max_tokens": 4096,
         "engine_kwargs": {"swap_space": 4, "kv_cache_memory_bytes": 2**30, "async_scheduling": None},
@@ -605,6 +613,7 @@ def test_rollout_engine_options_reach_vllm(caplog: pytest.LogCaptureFixture) -> 
             "cudagraph_max_tokens": 4096,
             "engine_kwargs": {"kv_cache_memory_bytes": 2**30},
             "sleep_level": 2,
+            "engine_stream": "shared",
         }
     assert "swap_space is ignored" in caplog.text
     assert vllm_extra_options({"sleep_level": 1})["sleep_level"] == 1

@@ -58,6 +58,7 @@ ROLLOUT_ENGINE = {
     "actor_rollout_ref.rollout.max_num_batched_tokens": (1234, "max_num_batched_tokens", 1234),
     "actor_rollout_ref.rollout.max_num_seqs": (77, "max_num_seqs", 77),
     "actor_rollout_ref.rollout.seed": (5, "seed", 5),
+    "actor_rollout_ref.rollout.engine_stream": ("high_priority", "engine_stream", "high_priority"),
     "data.max_prompt_length": (100, "max_model_len", 128),  # rollout.prompt_length follows it
     "data.max_response_length": (28, "max_model_len", 128),  # rollout.response_length follows it
 }
@@ -202,6 +203,26 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
     worker._init_rollout()
     assert engines[-1]["max_model_len"] == 999
     assert engines[-1]["dtype"] == "float16" and engines[-1]["enable_sleep_mode"] is False
+
+
+def test_gil_switch_interval_is_set_for_the_worker_process(actor_build, monkeypatch):
+    """``gil_switch_interval_ms``: Python's switch interval of the worker process (null keeps it)."""
+    import sys
+
+    import verl.workers.rollout.base as rollout_base
+
+    worker, _, _ = actor_build
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: None)
+    before = sys.getswitchinterval()
+    try:
+        worker._init_rollout()  # the default (null) leaves it
+        assert sys.getswitchinterval() == before
+        monkeypatch.setitem(worker.config.rollout, "gil_switch_interval_ms", 0.5)
+        monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # re-read the typed config (restored after)
+        worker._init_rollout()
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_hf_engine_batch_rows(actor_build, monkeypatch):

@@ -197,6 +197,11 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{RO}.cudagraph_max_tokens": ("tests/test_config.py::test_rollout_engine_options_reach_vllm",),
     f"{RO}.max_model_len": (ENGINE_EXTRA,),
     f"{RO}.max_num_seqs": (_engine(f"{RO}.max_num_seqs"),),
+    f"{RO}.engine_stream": (
+        _engine(f"{RO}.engine_stream"),
+        "tests/test_config.py::test_rollout_engine_options_reach_vllm",
+    ),
+    f"{RO}.gil_switch_interval_ms": (f"{W}::test_gil_switch_interval_is_set_for_the_worker_process",),
     f"{RO}.hf_max_batch_size": (f"{W}::test_hf_engine_batch_rows",),
     f"{RO}.seed": (SAMPLING, _engine(f"{RO}.seed")),
     f"{RO}.log_prob_micro_batch_size": (DEPRECATED,),

@@ -125,7 +125,7 @@ def test_vllm_engine_gets_hf_overrides_and_trust_remote_code(tiny_model_path, mo
 
     # the engine hands them to vLLM's EngineArgs, whose model config then carries the override
     class RecordingDriver:
-        def __init__(self, args):
+        def __init__(self, args, engine_stream="shared"):
             seen["engine_args"] = args
             self.max_model_len, self.tokenizer = args.get("max_model_len"), None
 

@@ -184,11 +184,13 @@ def test_cudagraph_limit_reaches_the_engine_args(monkeypatch):
     class RecordingDriver:
         max_model_len, tokenizer = 1024, None
 
-        def __init__(self, args):
+        def __init__(self, args, engine_stream="shared"):
             seen.append(args)
+            streams.append(engine_stream)
 
+    streams: list[str] = []
     monkeypatch.setattr(vllm_engine, "_InprocDriver", RecordingDriver)
-    VLLMRolloutEngine("/m", max_num_batched_tokens=4096, cudagraph_max_tokens=4096)
+    VLLMRolloutEngine("/m", max_num_batched_tokens=4096, cudagraph_max_tokens=4096, engine_stream="high_priority")
     VLLMRolloutEngine("/m", max_num_batched_tokens=4096, cudagraph_max_tokens=4096, enforce_eager=True)
     VLLMRolloutEngine("/m", max_num_batched_tokens=4096)
     assert seen[0]["max_cudagraph_capture_size"] == 4096 and seen[0]["max_num_batched_tokens"] == 4096
@@ -196,6 +198,7 @@ def test_cudagraph_limit_reaches_the_engine_args(monkeypatch):
     with pytest.raises(ValueError, match="cudagraph_max_tokens=8192 exceeds max_num_batched_tokens=4096"):
         VLLMRolloutEngine("/nonexistent", max_num_batched_tokens=4096, cudagraph_max_tokens=8192)
     assert len(seen) == 3  # the bad limit stops before an engine is made
+    assert streams == ["high_priority", "shared", "shared"]  # rollout.engine_stream reaches the engine thread
 
 
 def test_evaluate_graph_tokens_default_to_the_step_budget():

@@ -23,9 +23,10 @@ sleep or wake-up while a generation is in flight. Without the overlap the worker
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -78,9 +79,19 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
         )
     options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
     options["sleep_level"] = rc.sleep_level
+    options["engine_stream"] = rc.engine_stream
     if rc.cudagraph_max_tokens:
         options["cudagraph_max_tokens"] = rc.cudagraph_max_tokens
     return options
+
+
+def apply_gil_switch_interval(milliseconds: Optional[float]) -> None:
+    """``actor_rollout_ref.rollout.gil_switch_interval_ms``: Python's thread switch interval for this worker process
+    (null leaves Python's default, 5 ms)."""
+    if milliseconds is None:
+        return
+    sys.setswitchinterval(float(milliseconds) / 1000.0)
+    logger.info("thread switch interval %.3g ms (actor_rollout_ref.rollout.gil_switch_interval_ms)", milliseconds)
 
 
 # Micro-batching of a log-prob-only pass; verl reads them from ``rollout`` for the actor's old log-probs and from
@@ -219,6 +230,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 "actor_rollout_ref.rollout.max_model_len or prompt_length and response_length must be set "
                 f"(got {rc.max_model_len}, {rc.prompt_length}, {rc.response_length})"
             )
+        apply_gil_switch_interval(rc.gil_switch_interval_ms)
         tp = rc.tensor_model_parallel_size if rc.name == "vllm" else 1  # the HF engine runs one process per rank
         self.rollout_layout = RolloutLayout(self.world_size, tp)
         layout, rank = self.rollout_layout, self.rank

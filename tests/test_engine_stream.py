@@ -1,0 +1,212 @@
+"""``actor_rollout_ref.rollout.engine_stream``: the CUDA stream of the in-process vLLM engine thread.
+
+CPU: the stream is inert there (every method a no-op), an unknown mode is refused naming the key, and the engine
+thread's protocol is checked with a recording stand-in for the stream (CUDA streams cannot exist here): a call
+waits for its caller's mark, runs, finishes the stream's work, then answers; every weight bucket is waited for and
+held on the engine stream before it is loaded. GPU (``gpu``): a real engine on its own high-priority stream
+generates what HF generates, also while another thread keeps the GPU busy, and a weight sync round trip lands.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import pytest
+import torch
+
+from tests.test_config import compose_config, script_overrides
+from verl.trainer.config_schema import validate_config
+from verl.workers.rollout.engine_stream import ENGINE_STREAMS, EngineStream
+from verl.workers.rollout.vllm_engine import _InprocDriver
+from verl.workers.rollout.weight_sync import BEGIN_UPDATE_RPC, FINISH_UPDATE_RPC, LOAD_WEIGHTS_RPC
+
+
+def test_on_cpu_the_stream_is_inert_in_every_mode():
+    for mode in ENGINE_STREAMS:
+        stream = EngineStream(mode, device=None)
+        assert not stream.active and stream.stream is None
+        stream.enter()
+        assert stream.mark() is None
+        stream.wait(None)
+        stream.hold([torch.zeros(2)])
+        stream.finish()
+
+
+def test_an_unknown_mode_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.engine_stream must be one of"):
+        EngineStream("fast", device=None)
+
+
+def test_valid_settings_pass_validation(tmp_path):
+    """The launch script's config with the stream of its own and a 0.5 ms switch interval validates (the bad
+    values are in tests/test_config.py::BAD_OVERRIDES)."""
+    validate_config(
+        compose_config(
+            script_overrides("run_memory_7B.sh", tmp_path)
+            + [
+                "actor_rollout_ref.rollout.engine_stream=high_priority",
+                "actor_rollout_ref.rollout.gil_switch_interval_ms=0.5",
+            ]
+        )
+    )
+
+
+class RecordingStream:
+    """Stands in for EngineStream: records what the driver asks of it, in order."""
+
+    def __init__(self):
+        self.log: list = []
+        self._marks = 0
+
+    def mark(self):
+        self._marks += 1
+        self.log.append(("mark", self._marks))
+        return self._marks
+
+    def wait(self, event):
+        self.log.append(("wait", event))
+
+    def hold(self, tensors):
+        self.log.append(("hold", [tuple(t.shape) for t in tensors]))
+
+    def finish(self):
+        self.log.append(("finish",))
+
+
+class FakeWorker:
+    def __init__(self, log):
+        self.log = log
+
+    def __getattr__(self, name):
+        if name in (BEGIN_UPDATE_RPC, FINISH_UPDATE_RPC):
+            return lambda: self.log.append((name,))
+        if name == LOAD_WEIGHTS_RPC:
+            return lambda bucket: self.log.append(("load", [n for n, _ in bucket]))
+        raise AttributeError(name)
+
+
+class FakeEngine:
+    def __init__(self, log):
+        self.log = log
+
+    def reset_prefix_cache(self):
+        self.log.append(("reset_prefix_cache",))
+
+
+def _driver_with_engine_thread():
+    """An _InprocDriver without vLLM: its command queue served by a thread that runs the calls as ``_loop`` does."""
+    driver = object.__new__(_InprocDriver)
+    driver._stream = RecordingStream()
+    driver._commands = queue.Queue()
+    driver._closed = False
+    driver.engine = FakeEngine(driver._stream.log)
+    worker = FakeWorker(driver._stream.log)
+    driver.local_worker = lambda: worker
+
+    def serve():
+        while True:
+            cmd = driver._commands.get()
+            if cmd[0] == "stop":
+                return
+            assert cmd[0] == "call"
+            driver._run_call(*cmd[1:])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return driver, thread
+
+
+def test_a_call_waits_for_its_callers_mark_and_finishes_before_answering():
+    driver, thread = _driver_with_engine_thread()
+    log = driver._stream.log
+    try:
+        assert driver.run_when_idle(lambda: log.append(("call",)) or 7) == 7
+        assert log == [("mark", 1), ("wait", 1), ("call",), ("finish",)]
+        with pytest.raises(RuntimeError, match="boom"):
+            driver.run_when_idle(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+        assert log[-2:] == [("mark", 2), ("wait", 2)]  # a failed call answers with its error, no finish
+    finally:
+        driver._commands.put(("stop",))
+        thread.join(5)
+
+
+def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
+    driver, thread = _driver_with_engine_thread()
+    log = driver._stream.log
+    buckets = [[("a", torch.zeros(2, 3))], [("b", torch.zeros(4)), ("c", torch.zeros(1))]]
+    try:
+        assert driver.load_weights(iter(buckets)) == 3
+    finally:
+        driver._commands.put(("stop",))
+        thread.join(5)
+    marks = [entry for entry in log if entry[0] == "mark"]
+    assert len(marks) == 3  # the call and one per bucket, all made in the calling thread
+    engine_side = [entry for entry in log if entry[0] != "mark"]
+    call_mark, first, second = (m[1] for m in marks)
+    assert engine_side == [
+        ("wait", call_mark),
+        (BEGIN_UPDATE_RPC,),
+        ("wait", first),
+        ("hold", [(2, 3)]),
+        ("load", ["a"]),
+        ("wait", second),
+        ("hold", [(4,), (1,)]),
+        ("load", ["b", "c"]),
+        (FINISH_UPDATE_RPC,),
+        ("reset_prefix_cache",),
+        ("finish",),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+@pytest.mark.gpu
+def test_gpu_engine_on_its_own_stream_generates_like_hf_beside_busy_training(varied_path):
+    """vLLM on CUDA with engine_stream=high_priority: greedy tokens equal HF's (float32), also while another thread
+    runs matmuls on its own stream; after loading perturbed weights and then the original ones back, the tokens
+    are the original ones again (the loads landed in order on the engine's stream)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from transformers import AutoModelForCausalLM
+
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
+
+    prompts = [[5, 6, 7], [100, 200, 300, 400, 500, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 77, 78]]
+    params = SamplingParams(greedy=True, max_tokens=16)
+    model = AutoModelForCausalLM.from_pretrained(varied_path, dtype=torch.float32).cuda().eval()
+    expected = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt], device="cuda")
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+        expected.append(out[0, len(prompt) :].tolist())
+    engine = VLLMRolloutEngine(
+        varied_path, dtype="float32", max_model_len=512, gpu_memory_utilization=0.2, engine_stream="high_priority"
+    )
+    stop = threading.Event()
+
+    def busy() -> None:
+        a = torch.randn(4096, 4096, device="cuda")
+        with torch.cuda.stream(torch.cuda.Stream()):
+            while not stop.is_set():
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+
+    try:
+        assert engine._driver._stream.active
+        assert [o[0].token_ids for o in engine.generate_batch(prompts, params)] == expected
+        worker = threading.Thread(target=busy)
+        worker.start()
+        try:
+            assert [o[0].token_ids for o in engine.generate_batch(prompts, params)] == expected
+            state = {k: v.detach() for k, v in model.state_dict().items()}
+            engine.update_weights((k, v * 1.5 if v.dim() == 2 else v) for k, v in state.items())
+            perturbed = [o[0].token_ids for o in engine.generate_batch(prompts, params)]
+            engine.update_weights(state.items())
+            assert [o[0].token_ids for o in engine.generate_batch(prompts, params)] == expected
+        finally:
+            stop.set()
+            worker.join()
+        assert perturbed != expected
+    finally:
+        engine.shutdown()

@@ -1,0 +1,94 @@
+"""The CUDA stream the in-process vLLM engine thread runs on (``actor_rollout_ref.rollout.engine_stream``).
+
+With ``trainer.rollout_overlap`` the next step's generation runs in the worker process while this step trains: vLLM's
+engine thread steps the engine while the training thread runs the log-prob passes and the update. Kernels issued
+on one stream run in order, so where both threads issue on the same stream, generation kernels wait behind the
+trainer's queue (and the other way round); where they issue on different streams the GPU may run them side by side,
+and a high-priority stream's kernels are scheduled first as the trainer's blocks finish.
+
+``"shared"`` (default): the engine thread keeps the stream it has (today's behaviour).
+``"high_priority"``: the engine thread runs on its own stream at high priority. Ordering against the other threads
+is then explicit: a call handed to the engine thread (weight loading, sleep, wake-up, prefix-cache reset) first
+waits for the work its caller had queued on the caller's stream (:meth:`EngineStream.mark` /
+:meth:`EngineStream.wait`), and the engine thread finishes the call's GPU work before the caller continues
+(:meth:`EngineStream.finish`); weight buckets are marked in use on the engine stream (``record_stream``) so the
+caching allocator does not hand their memory to the caller's next allocation while the engine still reads it.
+
+On CPU, or with ``"shared"``, every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import torch
+
+from verl.workers.config.rollout import ENGINE_STREAMS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ENGINE_STREAMS", "EngineStream"]
+
+# torch maps priorities outside the device's range to its nearest end; -1 is "high" on every CUDA device
+HIGH_PRIORITY = -1
+
+
+class EngineStream:
+    """The engine thread's stream under ``mode`` (:data:`ENGINE_STREAMS`) on ``device`` (a CUDA device index or
+    None on CPU). Built in any thread; :meth:`enter` makes it current in the engine thread."""
+
+    def __init__(self, mode: str = "shared", device: Optional[int] = None):
+        if mode not in ENGINE_STREAMS:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.engine_stream must be one of {list(ENGINE_STREAMS)}, got {mode!r}"
+            )
+        self.mode = mode
+        self.device = device
+        self.stream: Optional[torch.cuda.Stream] = None
+        if mode == "high_priority" and device is not None:
+            self.stream = torch.cuda.Stream(device=device, priority=HIGH_PRIORITY)
+
+    @property
+    def active(self) -> bool:
+        """The engine thread runs on a stream of its own."""
+        return self.stream is not None
+
+    def enter(self) -> None:
+        """In the engine thread: make the engine stream current there (vLLM patches ``torch.cuda.set_stream``
+        to remember it, so vLLM's own ``current_stream()`` sees it too), after all work queued so far on the device
+        (the engine's creation ran in another thread, on other streams)."""
+        if self.stream is None:
+            return
+        torch.cuda.synchronize(self.device)
+        torch.cuda.set_stream(self.stream)
+        logger.info("vLLM engine thread runs on its own high-priority CUDA stream (rollout.engine_stream)")
+
+    def mark(self) -> Optional[torch.cuda.Event]:
+        """In a calling thread: an event after the work queued so far on the caller's current stream."""
+        if self.stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def wait(self, event: Optional[torch.cuda.Event]) -> None:
+        """In the engine thread: the engine stream waits for ``event`` (from :meth:`mark`) before what follows."""
+        if self.stream is not None and event is not None:
+            self.stream.wait_event(event)
+
+    def hold(self, tensors: Iterable[Any]) -> None:
+        """In the engine thread: the caching allocator keeps these CUDA tensors' memory until the engine stream's
+        work queued so far is done, even if the caller frees them first."""
+        if self.stream is None:
+            return
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                tensor.record_stream(self.stream)
+
+    def finish(self) -> None:
+        """In the engine thread: block until the engine stream's queued work is done (before handing a call's
+        result back, so the caller's later work follows it)."""
+        if self.stream is not None:
+            self.stream.synchronize()
