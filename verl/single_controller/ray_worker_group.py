@@ -168,6 +168,9 @@ class WorkerHost:
     """Runs in each Ray actor: sets the process environment, builds the roles, runs their methods."""
 
     def __init__(self) -> None:
+        from verl.utils.logging_setup import configure_verl_logging
+
+        configure_verl_logging()  # the workers' INFO lines reach the driver's console (VERL_LOGGING_LEVEL)
         self._roles: dict[str, Any] = {}
         self._errors: dict[str, str] = {}  # "setup" or role -> error text, re-raised by later calls
 
