@@ -225,6 +225,23 @@ def test_gil_switch_interval_is_set_for_the_worker_process(actor_build, monkeypa
         sys.setswitchinterval(before)
 
 
+def test_engine_stream_off_cuda_warns_that_it_does_nothing(actor_build, monkeypatch, caplog):
+    """``engine_stream`` acts on vLLM on CUDA only: on this CPU worker the fixture's high_priority is reported."""
+    import verl.workers.rollout.base as rollout_base
+
+    worker, _, _ = actor_build
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: None)
+    with caplog.at_level("WARNING"):
+        worker._init_rollout()
+    assert "actor_rollout_ref.rollout.engine_stream=high_priority has no effect here" in caplog.text
+    assert "(rollout.name=vllm, device cpu)" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(worker, "device_name", "cuda")
+    with caplog.at_level("WARNING"):
+        worker._init_rollout()
+    assert "engine_stream" not in caplog.text
+
+
 def test_hf_engine_batch_rows(actor_build, monkeypatch):
     """``actor_rollout_ref.rollout.hf_max_batch_size``: rows of the HF engine's KV cache."""
     import verl.workers.rollout.base as rollout_base

@@ -231,6 +231,14 @@ class ActorRolloutRefWorker(TrainingWorker):
                 f"(got {rc.max_model_len}, {rc.prompt_length}, {rc.response_length})"
             )
         apply_gil_switch_interval(rc.gil_switch_interval_ms)
+        if rc.engine_stream != "shared" and (rc.name != "vllm" or self.device_name != "cuda"):
+            logger.warning(
+                "actor_rollout_ref.rollout.engine_stream=%s has no effect here: it applies to vLLM on CUDA "
+                "(rollout.name=%s, device %s)",
+                rc.engine_stream,
+                rc.name,
+                self.device_name,
+            )
         tp = rc.tensor_model_parallel_size if rc.name == "vllm" else 1  # the HF engine runs one process per rank
         self.rollout_layout = RolloutLayout(self.world_size, tp)
         layout, rank = self.rollout_layout, self.rank
