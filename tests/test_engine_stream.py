@@ -208,5 +208,9 @@ def test_gpu_engine_on_its_own_stream_generates_like_hf_beside_busy_training(var
             stop.set()
             worker.join()
         assert perturbed != expected
+        # the engine thread still issues on the stream it was given (vLLM did not replace it)
+        own = engine._driver._stream.stream
+        assert engine._driver.run_when_idle(lambda: torch.cuda.current_stream() == own)
+        assert own.priority < torch.cuda.Stream().priority
     finally:
         engine.shutdown()

@@ -73,22 +73,28 @@ class EngineStream:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
+    def _current(self) -> torch.cuda.Stream:
+        """The engine thread's current stream: the engine stream, unless vLLM replaced it (the methods below act
+        on whatever stream the thread's kernels go to)."""
+        return torch.cuda.current_stream(self.device)
+
     def wait(self, event: Optional[torch.cuda.Event]) -> None:
-        """In the engine thread: the engine stream waits for ``event`` (from :meth:`mark`) before what follows."""
+        """In the engine thread: its stream waits for ``event`` (from :meth:`mark`) before what follows."""
         if self.stream is not None and event is not None:
-            self.stream.wait_event(event)
+            self._current().wait_event(event)
 
     def hold(self, tensors: Iterable[Any]) -> None:
         """In the engine thread: the caching allocator keeps these CUDA tensors' memory until the engine stream's
         work queued so far is done, even if the caller frees them first."""
         if self.stream is None:
             return
+        stream = self._current()
         for tensor in tensors:
             if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-                tensor.record_stream(self.stream)
+                tensor.record_stream(stream)
 
     def finish(self) -> None:
         """In the engine thread: block until the engine stream's queued work is done (before handing a call's
         result back, so the caller's later work follows it)."""
         if self.stream is not None:
-            self.stream.synchronize()
+            self._current().synchronize()
