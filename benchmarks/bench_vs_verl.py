@@ -237,7 +237,13 @@ def run_side(side: str, workdir: Path, upstream: Path | None, timeout: float) ->
             cmd, env=env, cwd=str(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         ) as proc,
     ):
-        watchdog = threading.Timer(timeout, proc.kill)
+        timed_out = threading.Event()  # a SIGKILL from elsewhere (the OOM killer) is not reported as the timeout
+
+        def _kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(timeout, _kill)
         watchdog.start()
         try:
             for line in proc.stdout:
@@ -249,7 +255,7 @@ def run_side(side: str, workdir: Path, upstream: Path | None, timeout: float) ->
         returncode = proc.wait()
     if returncode != 0:
         tail = log.read_text()[-8000:].strip()
-        why = f"killed after --timeout {timeout:g} s" if returncode == -9 else f"exit {returncode}"
+        why = f"killed after --timeout {timeout:g} s" if timed_out.is_set() else f"exit {returncode}"
         raise RuntimeError(f"{side} side failed ({why}):\n{tail}")
     return json.loads((workdir / f"result_{side}.json").read_text())
 

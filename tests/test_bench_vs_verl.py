@@ -146,3 +146,15 @@ def test_a_failing_side_is_logged_and_its_tail_reported(tmp_path, capfd):
     assert "spec.json" in capfd.readouterr().err
     with pytest.raises(RuntimeError, match=r"killed after --timeout 0.5 s"):
         bench_vs_verl.run_side("ours", tmp_path, None, timeout=0.5)
+
+
+def test_a_side_killed_from_elsewhere_is_not_reported_as_the_timeout(tmp_path, monkeypatch):
+    """A side killed by a signal it did not get from --timeout's watchdog (the OOM killer's SIGKILL) is reported by
+    its exit status, with its output's tail, not as a timeout."""
+    killer = tmp_path / "killed.sh"
+    killer.write_text("#!/bin/sh\necho about to be killed\nkill -9 $$\n")
+    killer.chmod(0o755)
+    monkeypatch.setattr(bench_vs_verl.sys, "executable", str(killer))
+    with pytest.raises(RuntimeError, match=r"ours side failed \(exit -9\)") as failed:
+        bench_vs_verl.run_side("ours", tmp_path, None, timeout=120)
+    assert "about to be killed" in str(failed.value)

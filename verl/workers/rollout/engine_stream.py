@@ -44,7 +44,6 @@ class EngineStream:
             raise ValueError(
                 f"actor_rollout_ref.rollout.engine_stream must be one of {list(ENGINE_STREAMS)}, got {mode!r}"
             )
-        self.mode = mode
         self.device = device
         self.stream: Optional[torch.cuda.Stream] = None
         if mode == "high_priority" and device is not None:
