@@ -2,7 +2,7 @@
 
 CPU: the stream is inert there (every method a no-op), an unknown mode is refused naming the key, and the engine
 thread's protocol is checked with a recording stand-in for the stream (CUDA streams cannot exist here): a call
-waits for its caller's mark, runs, finishes the stream's work, then answers; every weight bucket is waited for and
+starts after the engine's queued work and its caller's mark, runs, finishes the stream's work, then answers; every weight bucket is waited for and
 held on the engine stream before it is loaded. GPU (``gpu``): a real engine on its own high-priority stream
 generates what HF generates, also while another thread keeps the GPU busy, and a weight sync round trip lands.
 """
@@ -122,10 +122,10 @@ def test_a_call_waits_for_its_callers_mark_and_finishes_before_answering():
     log = driver._stream.log
     try:
         assert driver.run_when_idle(lambda: log.append(("call",)) or 7) == 7
-        assert log == [("mark", 1), ("wait", 1), ("call",), ("finish",)]
+        assert log == [("mark", 1), ("finish",), ("wait", 1), ("call",), ("finish",)]
         with pytest.raises(RuntimeError, match="boom"):
             driver.run_when_idle(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-        assert log[-2:] == [("mark", 2), ("wait", 2)]  # a failed call answers with its error, no finish
+        assert log[-3:] == [("mark", 2), ("finish",), ("wait", 2)]  # a failed call answers with its error
     finally:
         driver._commands.put(("stop",))
         thread.join(5)
@@ -145,6 +145,7 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
     engine_side = [entry for entry in log if entry[0] != "mark"]
     call_mark, first, second = (m[1] for m in marks)
     assert engine_side == [
+        ("finish",),
         ("wait", call_mark),
         (BEGIN_UPDATE_RPC,),
         ("wait", first),

@@ -6,15 +6,15 @@ on one stream run in order, so where both threads issue on the same stream, gene
 trainer's queue (and the other way round); where they issue on different streams the GPU may run them side by side,
 and a high-priority stream's kernels are scheduled first as the trainer's blocks finish.
 
-``"shared"`` (default): the engine thread keeps the stream it has (today's behaviour).
-``"high_priority"``: the engine thread runs on its own stream at high priority. Ordering against the other threads
-is then explicit: a call handed to the engine thread (weight loading, sleep, wake-up, prefix-cache reset) first
-waits for the work its caller had queued on the caller's stream (:meth:`EngineStream.mark` /
-:meth:`EngineStream.wait`), and the engine thread finishes the call's GPU work before the caller continues
-(:meth:`EngineStream.finish`); weight buckets are marked in use on the engine stream (``record_stream``) so the
-caching allocator does not hand their memory to the caller's next allocation while the engine still reads it.
+``"shared"`` (default): the engine thread keeps the stream it has (as before).
+``"high_priority"``: the engine thread runs on its own stream at high priority.
 
-On CPU, or with ``"shared"``, every method is a no-op.
+On CUDA, in both modes, ordering against the other threads is explicit: a call handed to the engine thread (weight
+loading, sleep, wake-up, prefix-cache reset) starts after the engine's own queued work and after the work its
+caller had queued on the caller's stream (:meth:`EngineStream.mark` / :meth:`EngineStream.wait`), and the engine
+thread finishes the call's GPU work before the caller continues (:meth:`EngineStream.finish`); weight buckets are
+marked in use on the engine's stream (``record_stream``) so the caching allocator does not hand their memory to the
+caller's next allocation while the engine still reads it. On CPU every method is a no-op.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ HIGH_PRIORITY = -1
 
 class EngineStream:
     """The engine thread's stream under ``mode`` (:data:`ENGINE_STREAMS`) on ``device`` (a CUDA device index or
-    None on CPU). Built in any thread; :meth:`enter` makes it current in the engine thread."""
+    None on CPU). Built in any thread; :meth:`enter` makes the high-priority stream current in the engine thread.
+
+    The ordering methods (:meth:`mark`, :meth:`wait`, :meth:`hold`, :meth:`finish`) act on CUDA in both modes: even
+    ``shared`` does not guarantee one stream for both threads (vLLM's ``current_stream()`` gives a thread that calls
+    it a new non-blocking stream of its own, e.g. through its NCCL communicator with tensor parallelism), and an
+    event, a ``record_stream`` and a synchronize per call cost next to nothing."""
 
     def __init__(self, mode: str = "shared", device: Optional[int] = None):
         if mode not in ENGINE_STREAMS:
@@ -66,26 +71,25 @@ class EngineStream:
 
     def mark(self) -> Optional[torch.cuda.Event]:
         """In a calling thread: an event after the work queued so far on the caller's current stream."""
-        if self.stream is None:
+        if self.device is None:
             return None
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
         return event
 
     def _current(self) -> torch.cuda.Stream:
-        """The engine thread's current stream: the engine stream, unless vLLM replaced it (the methods below act
-        on whatever stream the thread's kernels go to)."""
+        """The engine thread's current stream (the methods below act on whatever stream its kernels go to)."""
         return torch.cuda.current_stream(self.device)
 
     def wait(self, event: Optional[torch.cuda.Event]) -> None:
         """In the engine thread: its stream waits for ``event`` (from :meth:`mark`) before what follows."""
-        if self.stream is not None and event is not None:
+        if self.device is not None and event is not None:
             self._current().wait_event(event)
 
     def hold(self, tensors: Iterable[Any]) -> None:
         """In the engine thread: the caching allocator keeps these CUDA tensors' memory until the engine stream's
         work queued so far is done, even if the caller frees them first."""
-        if self.stream is None:
+        if self.device is None:
             return
         stream = self._current()
         for tensor in tensors:
@@ -93,7 +97,8 @@ class EngineStream:
                 tensor.record_stream(stream)
 
     def finish(self) -> None:
-        """In the engine thread: block until the engine stream's queued work is done (before handing a call's
-        result back, so the caller's later work follows it)."""
-        if self.stream is not None:
+        """In the engine thread: block until its stream's queued work is done (before a call starts, so e.g. a
+        sleep never unmaps memory under a pending step, and before a call's result goes back, so the caller's
+        later work follows it)."""
+        if self.device is not None:
             self._current().synchronize()

@@ -611,6 +611,7 @@ class _InprocDriver:
         """Run a call after the work its caller had queued (``ready``: :meth:`EngineStream.mark`); its GPU work is
         done before the caller gets the result."""
         try:
+            self._stream.finish()  # no engine step still running under e.g. a sleep's unmapping
             self._stream.wait(ready)
             result = fn()
             self._stream.finish()
