@@ -8,6 +8,7 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -592,3 +593,117 @@ def test_startup_estimate_counts_liger_as_the_workers_resolve_it(
     one_layer = (16 * 1536 + 6 * 256 + 6 * 8960) if expected else (24 * 1536 + 6 * 256 + 8 * 8960)
     assert est.gpu["update"]["activations"] == est.plan.update_tokens * 28 * one_layer
     assert est.gpu["log-prob"]["activations"] == est.plan.log_prob_tokens * one_layer
+
+
+# ---------------------------------------------------------------------------------------------------- micro-batches
+SMOLLM2_135M = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    tie_word_embeddings=True,
+)
+BUDGET = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+LOG_PROB_KEYS = ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
+
+
+def _script_config(tmp_path: Path, script: str, config: Any, extra: list[str], **env: str):
+    """The config a launch script composes (its DRY_RUN overrides), for a config.json of ``config``'s shape."""
+    from tests.test_config import script_overrides
+
+    model_dir = tmp_path / "model"
+    config.save_pretrained(model_dir)
+    overrides = [o for o in script_overrides(script, tmp_path, **env) if "model.path=" not in o]
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[*overrides, f"actor_rollout_ref.model.path={model_dir}", *extra])  # fmt: skip
+
+
+def _miniature(tmp_path: Path, monkeypatch, extra: list[str], liger: bool = True):
+    """run_memory_smollm2.sh's config at the 135M shape; liger resolved as on a GPU with liger-kernel (or without)."""
+    import verl.utils.liger as liger_module
+
+    def model_types():
+        if not liger:
+            raise ImportError("No module named 'liger_kernel'")
+        return frozenset({"llama"})
+
+    monkeypatch.setattr(liger_module, "liger_model_types", model_types)
+    script = "recipe/miniature/run_memory_smollm2.sh"
+    return _script_config(tmp_path, script, LlamaConfig(**SMOLLM2_135M), extra, DATA_DIR="/data", OUT_DIR=str(tmp_path))
+
+
+def _with_budget(est, cfg, budget: int, log_prob: int, **plan):
+    """The estimate of ``est``'s config with these token budgets (and ``plan`` fields replaced)."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    variant = copy.deepcopy(cfg)
+    for key, value in ((BUDGET, budget), *((k, log_prob) for k in LOG_PROB_KEYS)):
+        OmegaConf.update(variant, key, value)
+    return estimate_memory(est.shape, dataclasses.replace(plan_from_config(variant), liger=est.plan.liger, **plan), est.gpu_capacity)  # fmt: skip
+
+
+@pytest.mark.parametrize("liger", [True, False])
+@pytest.mark.parametrize("now", [32768, 16384])
+def test_micro_batch_hint_suggests_64k_for_the_135m_miniature(tmp_path, monkeypatch, capsys, liger, now):
+    """The miniature (135M, no checkpointing, vLLM at 0.35 awake while training) on a 140 GiB device: from its 32K
+    budget, or from 16K, the largest budget that peaks under 80% is 64K (the measured 2.8x), log-probs at 128K."""
+    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET}={now}"], liger)
+    est = startup_memory_check(cfg, "cuda", capacities=(140 * GiB, HOST))
+    assert est.problems() == [] and est.plan.liger is liger and not est.plan.gradient_checkpointing
+    assert est.shape.num_params * now < 10**13  # small for its budget (MICRO_BATCH_HINT_WORK)
+    out = capsys.readouterr().out
+    phase, peak = _with_budget(est, cfg, 65536, 131072).gpu_peak
+    assert peak <= 0.8 * est.gpu_capacity
+    assert _with_budget(est, cfg, 2 * 65536, 2 * 131072).gpu_peak[1] > 0.8 * est.gpu_capacity  # the next does not
+    [hint] = [line for line in out.splitlines() if "hint:" in line]  # no checkpointing hint: it is off
+    assert hint.startswith(
+        f"  hint: {BUDGET}=65536 {LOG_PROB_KEYS[0]}=131072 {LOG_PROB_KEYS[1]}=131072 is estimated to fit "
+        f"(peak {peak / GiB:.1f} GiB ({phase}), {peak / est.gpu_capacity:.0%} of the device; now {now}): "
+        "small models run faster with larger micro-batches"
+    )
+
+
+def test_micro_batch_hint_stops_at_8x_and_keeps_checkpointing_as_configured(tmp_path, monkeypatch, capsys):
+    """The miniature with checkpointing on at 16K: both hints. Checkpointing off fits at 16K; 8x the budget (131072)
+    fits with checkpointing on (16x would too: the cap) but not with it off, and the line says so."""
+    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET}=16384", "actor_rollout_ref.model.enable_gradient_checkpointing=True"])  # fmt: skip
+    est = startup_memory_check(cfg, "cuda", capacities=(140 * GiB, HOST))
+    out = capsys.readouterr().out
+    cap = 0.8 * est.gpu_capacity
+    assert "hint: actor_rollout_ref.model.enable_gradient_checkpointing=False is estimated to fit" in out
+    assert _with_budget(est, cfg, 16 * 16384, 32 * 16384).gpu_peak[1] < cap  # 16x fits: 8x is the cap
+    assert _with_budget(est, cfg, 8 * 16384, 16 * 16384, gradient_checkpointing=False).gpu_peak[1] > cap
+    phase, peak = _with_budget(est, cfg, 131072, 262144).gpu_peak
+    assert (
+        f"hint: {BUDGET}=131072 {LOG_PROB_KEYS[0]}=262144 {LOG_PROB_KEYS[1]}=262144 is estimated to fit (peak "
+        f"{peak / GiB:.1f} GiB ({phase}), {peak / est.gpu_capacity:.0%} of the device; now 16384, with gradient "
+        "checkpointing on as configured)"
+    ) in out
+
+
+@pytest.mark.parametrize(
+    "dims, gpus", [(QWEN25_15B, 1), (QWEN25_15B, 8), (QWEN25_7B, 8)], ids=["1.5B-1gpu", "1.5B-8gpu", "7B-8gpu"]
+)
+def test_no_micro_batch_hint_at_the_launch_scripts_sizes(tmp_path, capsys, dims, gpus):
+    """run_memory_7B.sh's sizes (16K update, 32K log-probs) on one node of H200s (the 7B does not fit one): the 1.5B
+    and 7B are not small for a 16K budget. At 1.5B memory alone would allow 2x (under 80%): the work rule is what keeps it quiet."""
+    cfg = _script_config(tmp_path, "run_memory_7B.sh", Qwen2Config(**dims), ["trainer.nnodes=1", f"trainer.n_gpus_per_node={gpus}"])  # fmt: skip
+    est = startup_memory_check(cfg, "cuda", capacities=(H200, 2 * 10**12))  # host RAM of an 8-GPU node
+    assert est.problems() == [] and est.plan.update_tokens == 16384 + 9216 and est.plan.log_prob_tokens == 32768 + 9216
+    assert BUDGET not in capsys.readouterr().out
+    if dims is QWEN25_15B:
+        assert _with_budget(est, cfg, 32768, 65536).gpu_peak[1] < 0.8 * H200
+
+
+def test_no_micro_batch_hint_on_cpu_or_without_dynamic_batches(tmp_path, monkeypatch, capsys):
+    cfg = _miniature(tmp_path, monkeypatch, [])
+    startup_memory_check(cfg, "cpu", capacities=(140 * GiB, HOST))
+    assert "hint:" not in capsys.readouterr().out
+    rows = _miniature(tmp_path, monkeypatch, ["actor_rollout_ref.actor.use_dynamic_bsz=False", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"])  # fmt: skip
+    est = startup_memory_check(rows, "cuda", capacities=(140 * GiB, HOST))
+    assert est.problems() == [] and est.gpu_peak[1] < 0.5 * 140 * GiB  # room to spare, but no token budget to raise
+    assert "hint:" not in capsys.readouterr().out

@@ -1,14 +1,18 @@
 """Start-up memory check of the trainer (``trainer.memory_check``): read the model's ``config.json``, print the
 per-rank estimate of ``verl/utils/memory_estimate.py``, refuse (or warn about) a GPU run that cannot fit, and hint at
-less gradient checkpointing when more memory is free (``checkpointing_hint``)."""
+less gradient checkpointing (``checkpointing_hint``) or, for a small model, larger micro-batches
+(``micro_batch_hint``) when more memory is free."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 from dataclasses import replace
 from typing import Any, Optional
+
+from omegaconf import OmegaConf
 
 from verl.utils.memory_estimate import (
     MemoryCheckError,
@@ -22,7 +26,13 @@ from verl.utils.memory_estimate import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MEMORY_CHECK_MODES", "CHECKPOINTING_HINT_SHARE", "startup_memory_check", "device_capacities"]
+__all__ = [
+    "MEMORY_CHECK_MODES",
+    "CHECKPOINTING_HINT_SHARE",
+    "MICRO_BATCH_HINT_WORK",
+    "startup_memory_check",
+    "device_capacities",
+]
 
 MEMORY_CHECK_MODES = ("error", "warn", "off")
 MODEL = "actor_rollout_ref.model"
@@ -97,8 +107,10 @@ def startup_memory_check(cfg: Any, device: str, capacities: Optional[tuple[Optio
         raise MemoryCheckError("the config does not fit in memory:\n- " + "\n- ".join(problems))
     for problem in problems:
         logger.warning("memory check: %s", problem)
-    if device == "cuda" and not problems and (hint := checkpointing_hint(est)):
-        print(hint)
+    if device == "cuda" and not problems:
+        for hint in (checkpointing_hint(est), micro_batch_hint(cfg, est)):
+            if hint:
+                print(hint)
     return est
 
 
@@ -156,5 +168,51 @@ def checkpointing_hint(est: MemoryEstimate) -> str:
                 f"(peak {_gib(fit[1])} ({fit[0]}), {fit[1] / cap:.0%} of the device; {checkpointed} of {layers} "
                 "decoder layers checkpointed, the others skip the recomputed forward; without checkpointing it would "
                 f"pass {CHECKPOINTING_HINT_SHARE:.0%} of the device)"
+            )
+    return ""
+
+
+# Work of one update micro-batch (parameters x ``actor.ppo_max_token_len_per_gpu`` tokens) under which the passes are
+# bound by per-call and per-layer overheads rather than their matmuls (benchmarks/RESULTS.md, 2026-12-03): the 135M
+# update at 64K tokens (8.8e12) ran at 16.8% MFU, 2.8x its tokens/s at 16K; the 1.5B at 16K (2.5e13) at 35.6%
+MICRO_BATCH_HINT_WORK = 10**13
+BUDGET_KEY = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+LOG_PROB_KEYS = (
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+)
+
+
+def micro_batch_hint(cfg: Any, est: MemoryEstimate) -> str:
+    """A line suggesting a larger token budget per micro-batch for a small model, or ``""``. At small micro-batches
+    a small model's passes are bound by per-call overheads (the 135M update: 2.8x the tokens/s at 64K tokens per
+    micro-batch than at 16K, its log-prob pass 2.1x at 128K than at 32K; RESULTS.md). Suggested when all hold:
+
+    * ``actor.use_dynamic_bsz`` is on and the GPU's size is known (a CUDA run);
+    * the model is small for its budget: ``num_params x ppo_max_token_len_per_gpu < MICRO_BATCH_HINT_WORK`` (the
+      135M up to 64K tokens, not the 1.5B at 16K). Not a share of the estimate: without checkpointing the 135M's
+      activations are a larger part of its estimate than the 1.5B's with it;
+    * the largest of 8x, 4x, 2x the budget, with both log-prob budgets at twice it (as the launch scripts set them;
+      never lowered), is estimated with checkpointing as configured to peak under ``CHECKPOINTING_HINT_SHARE`` of the
+      GPU. Each hint is estimated alone: with the checkpointing hint as well, the start-up check re-estimates."""
+    actor, cap = cfg.actor_rollout_ref.actor, est.gpu_capacity
+    now = int(actor.get("ppo_max_token_len_per_gpu") or 16384)
+    if not actor.get("use_dynamic_bsz") or not cap or est.shape.num_params * now >= MICRO_BATCH_HINT_WORK:
+        return ""
+    log_prob_now = int(cfg.actor_rollout_ref.rollout.get("log_prob_max_token_len_per_gpu") or now)
+    for factor in (8, 4, 2):
+        budget, log_prob = factor * now, max(2 * factor * now, log_prob_now)
+        variant_cfg = copy.deepcopy(cfg)
+        for key, value in ((BUDGET_KEY, budget), *((k, log_prob) for k in LOG_PROB_KEYS)):
+            OmegaConf.update(variant_cfg, key, value, merge=False)
+        variant = estimate_memory(est.shape, replace(plan_from_config(variant_cfg), liger=est.plan.liger), cap)
+        phase, peak = variant.gpu_peak
+        if not variant.problems() and peak <= CHECKPOINTING_HINT_SHARE * cap:
+            keys = " ".join(f"{k}={log_prob}" for k in LOG_PROB_KEYS)
+            ckpt = ", with gradient checkpointing on as configured" if est.plan.gradient_checkpointing else ""
+            return (
+                f"  hint: {BUDGET_KEY}={budget} {keys} is estimated to fit (peak {_gib(peak)} ({phase}), {peak / cap:.0%} "
+                f"of the device; now {now}{ckpt}): small models run faster with larger micro-batches (the 135M update "
+                "2.8x the tokens/s at 64K tokens than at 16K, benchmarks/RESULTS.md)"
             )
     return ""
