@@ -207,7 +207,7 @@ def micro_batch_hint(cfg: Any, est: MemoryEstimate) -> str:
             OmegaConf.update(variant_cfg, key, value, merge=False)
         variant = estimate_memory(est.shape, replace(plan_from_config(variant_cfg), liger=est.plan.liger), cap)
         phase, peak = variant.gpu_peak
-        if not variant.problems() and peak <= CHECKPOINTING_HINT_SHARE * cap:
+        if peak <= CHECKPOINTING_HINT_SHARE * cap:  # then nothing overflows (no host capacity given)
             keys = " ".join(f"{k}={log_prob}" for k in LOG_PROB_KEYS)
             ckpt = ", with gradient checkpointing on as configured" if est.plan.gradient_checkpointing else ""
             return (
