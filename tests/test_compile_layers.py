@@ -219,7 +219,7 @@ def _fsdp2_run(init_file: str, model_path: str) -> dict:
 @pytest.mark.slow
 def test_fsdp2_gradient_checkpointing_and_fused_head(tiny_model_path, tmp_path):
     """In this process (a world of one gloo rank, destroyed after): the layers' compilation reuses the inductor
-    set-up the tests above paid for; a spawned rank compiled from scratch (31 s here, 15 s in process)."""
+    set-up the tests above paid for; a spawned rank compiled from scratch (27-32 s here, 20 s in process)."""
     out = _fsdp2_run(str(tmp_path / "init"), str(tiny_model_path))
     eager = load_causal_lm(tiny_model_path, attn_implementation="sdpa").train()
     for call, (total, (log_probs, grads)) in enumerate(zip(TOTALS, out["results"])):
