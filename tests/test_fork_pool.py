@@ -33,9 +33,15 @@ def test_workers_take_sigterm_with_the_default_action(parent_sigterm_handler):
 
 def test_control_a_plain_fork_pool_inherits_the_parents_handler(parent_sigterm_handler):
     """Without the initializer the workers keep the parent's handler, survive Pool.terminate's SIGTERM when idle in
-    the task queue's lock, and terminate() waits for them forever: what the test above guards against."""
-    with multiprocessing.get_context("fork").Pool(1) as pool:
+    the task queue's lock, and terminate() waits for them forever: what the test above guards against. So this
+    pool ends with close() + join() (the workers leave on the queue's sentinel), never terminate(): ``with Pool``
+    hung the suite here for 7 min."""
+    pool = multiprocessing.get_context("fork").Pool(1)
+    try:
         assert pool.apply(_sigterm_is_default) is False
+    finally:
+        pool.close()
+        pool.join()
 
 
 def test_results_and_clean_exit():

@@ -1,15 +1,19 @@
 """Quickstart and the evaluation harness against a real vLLM (CPU build) server with the tiny model.
 
 One module-scoped server, started through ``serve.vllm_server`` (so the launcher and its /health
-wait are exercised too); startup takes ~30-60 s on 2 cores. The tiny model is random, so the tests
-check structure (every item accounted for, files written, lenient and strict columns, PNG), not
-accuracy.
+wait are exercised too) with an API key; startup takes ~30-60 s on 2 cores. The clients send the
+key as users of a keyed server do (``API_KEY`` / ``--api-key``); the key's own checks (401 without
+it, on no command line and in no log) are ``test_real_vllm_server_requires_the_key_it_got_from_the_environment``
+(here rather than in test_serve_signals.py: one vLLM start-up for both). The tiny model is random,
+so the tests check structure (every item accounted for, files written, lenient and strict columns,
+PNG), not accuracy.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -22,6 +26,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+KEY = "sk-test-3f9a1c77e2b04d5e"
 
 
 def _free_port() -> int:
@@ -30,8 +35,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Records(logging.Handler):
+    """What ``serve.vllm_server`` logs while the module's server starts (caplog is per test)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 @pytest.fixture(scope="module")
-def vllm_server(tiny_model_path, tmp_path_factory):
+def keyed_server(tiny_model_path, tmp_path_factory):
+    """The module's vLLM server, started by VLLMServerGroup with the API key ``KEY``; yields the group and what
+    the launcher logged. After it stops, its log (shutdown included) must not hold the key either."""
     from serve.vllm_server import ServerSpec, VLLMServerGroup
 
     spec = ServerSpec(
@@ -42,20 +60,64 @@ def vllm_server(tiny_model_path, tmp_path_factory):
         max_model_len=4096,
         dtype="float32",
         enforce_eager=True,
+        api_key=KEY,
         env=SERVER_ENV,
     )
     group = VLLMServerGroup(spec, tmp_path_factory.mktemp("vllm_logs"))
-    group.start()
+    records, launcher = _Records(), logging.getLogger("serve.vllm_server")
+    level = launcher.level
+    launcher.addHandler(records)
+    launcher.setLevel(logging.INFO)
     try:
+        group.start()
         group.wait_ready(timeout=300)
-        yield group.base_urls[0]
+    except BaseException:
+        group.stop()
+        raise
+    finally:
+        launcher.removeHandler(records)
+        launcher.setLevel(level)
+    try:
+        yield group, records.lines
     finally:
         group.stop()
+    if KEY in group.log_paths[0].read_text():
+        pytest.fail(f"the API key is in the vLLM server's log {group.log_paths[0]}")
+
+
+@pytest.fixture(scope="module")
+def vllm_server(keyed_server) -> str:
+    return keyed_server[0].base_urls[0]
+
+
+def test_real_vllm_server_requires_the_key_it_got_from_the_environment(keyed_server):
+    """vLLM (CPU build) started by VLLMServerGroup with an API key: requests without it get 401, with it 200;
+    the key is on no command line and in no log the launcher writes (nor vLLM's own, checked again after it
+    stops by the fixture)."""
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    from serve.vllm_server import API_KEY_ENV
+
+    group, logged = keyed_server
+    (server,) = group.processes
+    assert KEY not in " ".join(psutil.Process(server.pid).cmdline())
+    url = group.base_urls[0] + "/models"
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(url, timeout=10)
+    assert denied.value.code == 401
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["data"][0]["id"] == "tiny"
+    text = "\n".join(logged)
+    assert KEY not in text and f"{API_KEY_ENV}=***" in text
+    assert KEY not in group.log_paths[0].read_text()  # vLLM itself does not log it either
 
 
 def test_quickstart_cli_against_vllm(vllm_server, tiny_model_path):
-    env = {**os.environ, **SERVER_ENV, "URL": vllm_server}
-    env.pop("API_KEY", None)
+    env = {**os.environ, **SERVER_ENV, "URL": vllm_server, "API_KEY": KEY}
     cmd = [sys.executable, "quickstart.py", "--model", "tiny", "--tokenizer", str(tiny_model_path), "--chunk-size", "200",
            "--max-memory-tokens", "24", "--max-final-tokens", "24"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -70,6 +132,7 @@ def test_quickstart_wrong_model_against_vllm(vllm_server, monkeypatch, capsys):
     import quickstart
 
     monkeypatch.setenv("URL", vllm_server)
+    monkeypatch.setenv("API_KEY", KEY)
     assert quickstart.main(["--model", "not-tiny"]) == 2
     assert "available: tiny" in capsys.readouterr().err
 
@@ -103,7 +166,7 @@ def test_eval_harness_against_vllm(vllm_server, tiny_model_path, tmp_path, capsy
     data.mkdir()
     _write_dataset(data)
     out = tmp_path / "results"
-    argv = ["--model", "tiny", "--base-url", vllm_server, "--tokenizer", str(tiny_model_path),
+    argv = ["--model", "tiny", "--base-url", vllm_server, "--api-key", KEY, "--tokenizer", str(tiny_model_path),
             "--methods", "recurrent", "recurrent-boxed", "openai", "--tasks", "hotpotqa", "niah_single_1",
             "--data-root", str(data), "--out", str(out), "--chunk-size", "256", "--max-memory-tokens", "24",
             "--max-final-tokens", "24", "--max-input-tokens", "1500", "--max-output-tokens", "24",
