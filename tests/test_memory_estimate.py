@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from verl.utils.memory_estimate import (
     estimate_memory,
     plan_from_config,
 )
-from verl.utils.memory_startup import startup_memory_check
+from verl.utils.memory_startup import BUDGET_KEY, LOG_PROB_BUDGET_KEYS, estimate_with_budgets, startup_memory_check
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "verl" / "trainer" / "config"
+sys.path.insert(0, str(CONFIG_DIR.parents[2] / "benchmarks"))  # bench_common.shape_config
 H200 = 141 * 10**9  # the simulated GPU of the issue (141 GB)
 HOST = 128 * 10**9
 
@@ -596,17 +598,6 @@ def test_startup_estimate_counts_liger_as_the_workers_resolve_it(
 
 
 # ---------------------------------------------------------------------------------------------------- micro-batches
-SMOLLM2_135M = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    tie_word_embeddings=True,
-)
-BUDGET = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-LOG_PROB_KEYS = ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")  # fmt: skip
 
 
 def _script_config(tmp_path: Path, script: str, config: Any, extra: list[str], **env: str):
@@ -622,6 +613,8 @@ def _script_config(tmp_path: Path, script: str, config: Any, extra: list[str], *
 
 def _miniature(tmp_path: Path, monkeypatch, extra: list[str], liger: bool = True):
     """run_memory_smollm2.sh's config at the 135M shape; liger resolved as on a GPU with liger-kernel (or without)."""
+    from bench_common import shape_config  # benchmarks/: the project's named model shapes
+
     import verl.utils.liger as liger_module
 
     def model_types():
@@ -631,19 +624,9 @@ def _miniature(tmp_path: Path, monkeypatch, extra: list[str], liger: bool = True
 
     monkeypatch.setattr(liger_module, "liger_model_types", model_types)
     script = "recipe/miniature/run_memory_smollm2.sh"
-    return _script_config(tmp_path, script, LlamaConfig(**SMOLLM2_135M), extra, DATA_DIR="/data", OUT_DIR=str(tmp_path))
-
-
-def _with_budget(est, cfg, budget: int, log_prob: int, **plan):
-    """The estimate of ``est``'s config with these token budgets (and ``plan`` fields replaced)."""
-    import copy
-
-    from omegaconf import OmegaConf
-
-    variant = copy.deepcopy(cfg)
-    for key, value in ((BUDGET, budget), *((k, log_prob) for k in LOG_PROB_KEYS)):
-        OmegaConf.update(variant, key, value)
-    return estimate_memory(est.shape, dataclasses.replace(plan_from_config(variant), liger=est.plan.liger, **plan), est.gpu_capacity)  # fmt: skip
+    return _script_config(
+        tmp_path, script, shape_config("smollm2-135m"), extra, DATA_DIR="/data", OUT_DIR=str(tmp_path)
+    )
 
 
 @pytest.mark.parametrize("liger", [True, False])
@@ -651,17 +634,19 @@ def _with_budget(est, cfg, budget: int, log_prob: int, **plan):
 def test_micro_batch_hint_suggests_64k_for_the_135m_miniature(tmp_path, monkeypatch, capsys, liger, now):
     """The miniature (135M, no checkpointing, vLLM at 0.35 awake while training) on a 140 GiB device: from its 32K
     budget, or from 16K, the largest budget that peaks under 80% is 64K (the measured 2.8x), log-probs at 128K."""
-    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET}={now}"], liger)
+    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET_KEY}={now}"], liger)
     est = startup_memory_check(cfg, "cuda", capacities=(140 * GiB, HOST))
     assert est.problems() == [] and est.plan.liger is liger and not est.plan.gradient_checkpointing
     assert est.shape.num_params * now < 10**13  # small for its budget (MICRO_BATCH_HINT_WORK)
     out = capsys.readouterr().out
-    phase, peak = _with_budget(est, cfg, 65536, 131072).gpu_peak
+    phase, peak = estimate_with_budgets(cfg, est, 65536, 131072).gpu_peak
     assert peak <= 0.8 * est.gpu_capacity
-    assert _with_budget(est, cfg, 2 * 65536, 2 * 131072).gpu_peak[1] > 0.8 * est.gpu_capacity  # the next does not
+    assert (
+        estimate_with_budgets(cfg, est, 2 * 65536, 2 * 131072).gpu_peak[1] > 0.8 * est.gpu_capacity
+    )  # the next does not
     [hint] = [line for line in out.splitlines() if "hint:" in line]  # no checkpointing hint: it is off
     assert hint.startswith(
-        f"  hint: {BUDGET}=65536 {LOG_PROB_KEYS[0]}=131072 {LOG_PROB_KEYS[1]}=131072 is estimated to fit "
+        f"  hint: {BUDGET_KEY}=65536 {LOG_PROB_BUDGET_KEYS[0]}=131072 {LOG_PROB_BUDGET_KEYS[1]}=131072 is estimated to fit "
         f"(peak {peak / GiB:.1f} GiB ({phase}), {peak / est.gpu_capacity:.0%} of the device; now {now}): "
         "small models run faster with larger micro-batches"
     )
@@ -670,16 +655,16 @@ def test_micro_batch_hint_suggests_64k_for_the_135m_miniature(tmp_path, monkeypa
 def test_micro_batch_hint_stops_at_8x_and_keeps_checkpointing_as_configured(tmp_path, monkeypatch, capsys):
     """The miniature with checkpointing on at 16K: both hints. Checkpointing off fits at 16K; 8x the budget (131072)
     fits with checkpointing on (16x would too: the cap) but not with it off, and the line says so."""
-    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET}=16384", "actor_rollout_ref.model.enable_gradient_checkpointing=True"])  # fmt: skip
+    cfg = _miniature(tmp_path, monkeypatch, [f"{BUDGET_KEY}=16384", "actor_rollout_ref.model.enable_gradient_checkpointing=True"])  # fmt: skip
     est = startup_memory_check(cfg, "cuda", capacities=(140 * GiB, HOST))
     out = capsys.readouterr().out
     cap = 0.8 * est.gpu_capacity
     assert "hint: actor_rollout_ref.model.enable_gradient_checkpointing=False is estimated to fit" in out
-    assert _with_budget(est, cfg, 16 * 16384, 32 * 16384).gpu_peak[1] < cap  # 16x fits: 8x is the cap
-    assert _with_budget(est, cfg, 8 * 16384, 16 * 16384, gradient_checkpointing=False).gpu_peak[1] > cap
-    phase, peak = _with_budget(est, cfg, 131072, 262144).gpu_peak
+    assert estimate_with_budgets(cfg, est, 16 * 16384, 32 * 16384).gpu_peak[1] < cap  # 16x fits: 8x is the cap
+    assert estimate_with_budgets(cfg, est, 8 * 16384, 16 * 16384, gradient_checkpointing=False).gpu_peak[1] > cap
+    phase, peak = estimate_with_budgets(cfg, est, 131072, 262144).gpu_peak
     assert (
-        f"hint: {BUDGET}=131072 {LOG_PROB_KEYS[0]}=262144 {LOG_PROB_KEYS[1]}=262144 is estimated to fit (peak "
+        f"hint: {BUDGET_KEY}=131072 {LOG_PROB_BUDGET_KEYS[0]}=262144 {LOG_PROB_BUDGET_KEYS[1]}=262144 is estimated to fit (peak "
         f"{peak / GiB:.1f} GiB ({phase}), {peak / est.gpu_capacity:.0%} of the device; now 16384, with gradient "
         "checkpointing on as configured)"
     ) in out
@@ -694,9 +679,9 @@ def test_no_micro_batch_hint_at_the_launch_scripts_sizes(tmp_path, capsys, dims,
     cfg = _script_config(tmp_path, "run_memory_7B.sh", Qwen2Config(**dims), ["trainer.nnodes=1", f"trainer.n_gpus_per_node={gpus}"])  # fmt: skip
     est = startup_memory_check(cfg, "cuda", capacities=(H200, 2 * 10**12))  # host RAM of an 8-GPU node
     assert est.problems() == [] and est.plan.update_tokens == 16384 + 9216 and est.plan.log_prob_tokens == 32768 + 9216
-    assert BUDGET not in capsys.readouterr().out
+    assert BUDGET_KEY not in capsys.readouterr().out
     if dims is QWEN25_15B:
-        assert _with_budget(est, cfg, 32768, 65536).gpu_peak[1] < 0.8 * H200
+        assert estimate_with_budgets(cfg, est, 32768, 65536).gpu_peak[1] < 0.8 * H200
 
 
 def test_no_micro_batch_hint_on_cpu_without_dynamic_batches_or_past_80_percent(tmp_path, monkeypatch, capsys):
@@ -705,7 +690,7 @@ def test_no_micro_batch_hint_on_cpu_without_dynamic_batches_or_past_80_percent(t
     cfg = _miniature(tmp_path, monkeypatch, [])
     est = startup_memory_check(cfg, "cuda", capacities=(85_000_000_000, HOST))
     assert est.problems() == []
-    assert 0.8 < _with_budget(est, cfg, 65536, 131072).gpu_peak[1] / est.gpu_capacity < 0.9
+    assert 0.8 < estimate_with_budgets(cfg, est, 65536, 131072).gpu_peak[1] / est.gpu_capacity < 0.9
     assert "hint:" not in capsys.readouterr().out
     startup_memory_check(cfg, "cpu", capacities=(140 * GiB, HOST))
     assert "hint:" not in capsys.readouterr().out

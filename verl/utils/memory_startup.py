@@ -30,6 +30,7 @@ __all__ = [
     "MEMORY_CHECK_MODES",
     "CHECKPOINTING_HINT_SHARE",
     "MICRO_BATCH_HINT_WORK",
+    "estimate_with_budgets",
     "startup_memory_check",
     "device_capacities",
 ]
@@ -177,10 +178,22 @@ def checkpointing_hint(est: MemoryEstimate) -> str:
 # update at 64K tokens (8.8e12) ran at 16.8% MFU, 2.8x its tokens/s at 16K; the 1.5B at 16K (2.5e13) at 35.6%
 MICRO_BATCH_HINT_WORK = 10**13
 BUDGET_KEY = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
-LOG_PROB_KEYS = (
+LOG_PROB_BUDGET_KEYS = (
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
 )
+
+
+def estimate_with_budgets(cfg: Any, est: MemoryEstimate, budget: int, log_prob: int, **plan: Any) -> MemoryEstimate:
+    """The estimate of ``cfg`` (whose start-up estimate is ``est``) with ``budget`` tokens per update micro-batch
+    and ``log_prob`` per log-prob micro-batch (both passes), liger as resolved for ``est``, and ``plan``'s
+    :class:`~verl.utils.memory_estimate.MemoryPlan` fields replaced."""
+    variant = copy.deepcopy(cfg)
+    for key, value in ((BUDGET_KEY, budget), *((k, log_prob) for k in LOG_PROB_BUDGET_KEYS)):
+        OmegaConf.update(variant, key, value, merge=False)
+    return estimate_memory(
+        est.shape, replace(plan_from_config(variant), liger=est.plan.liger, **plan), est.gpu_capacity
+    )
 
 
 def micro_batch_hint(cfg: Any, est: MemoryEstimate) -> str:
@@ -202,13 +215,9 @@ def micro_batch_hint(cfg: Any, est: MemoryEstimate) -> str:
     log_prob_now = int(cfg.actor_rollout_ref.rollout.get("log_prob_max_token_len_per_gpu") or now)
     for factor in (8, 4, 2):
         budget, log_prob = factor * now, max(2 * factor * now, log_prob_now)
-        variant_cfg = copy.deepcopy(cfg)
-        for key, value in ((BUDGET_KEY, budget), *((k, log_prob) for k in LOG_PROB_KEYS)):
-            OmegaConf.update(variant_cfg, key, value, merge=False)
-        variant = estimate_memory(est.shape, replace(plan_from_config(variant_cfg), liger=est.plan.liger), cap)
-        phase, peak = variant.gpu_peak
+        phase, peak = estimate_with_budgets(cfg, est, budget, log_prob).gpu_peak
         if peak <= CHECKPOINTING_HINT_SHARE * cap:  # then nothing overflows (no host capacity given)
-            keys = " ".join(f"{k}={log_prob}" for k in LOG_PROB_KEYS)
+            keys = " ".join(f"{k}={log_prob}" for k in LOG_PROB_BUDGET_KEYS)
             ckpt = ", with gradient checkpointing on as configured" if est.plan.gradient_checkpointing else ""
             return (
                 f"  hint: {BUDGET_KEY}={budget} {keys} is estimated to fit (peak {_gib(peak)} ({phase}), {peak / cap:.0%} "
