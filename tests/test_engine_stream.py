@@ -73,6 +73,9 @@ class RecordingStream:
     def finish(self):
         self.log.append(("finish",))
 
+    def keep(self):
+        self.log.append(("keep",))
+
 
 class FakeWorker:
     def __init__(self, log):
@@ -122,10 +125,10 @@ def test_a_call_waits_for_its_callers_mark_and_finishes_before_answering():
     log = driver._stream.log
     try:
         assert driver.run_when_idle(lambda: log.append(("call",)) or 7) == 7
-        assert log == [("mark", 1), ("finish",), ("wait", 1), ("call",), ("finish",)]
+        assert log == [("mark", 1), ("keep",), ("finish",), ("wait", 1), ("call",), ("finish",)]
         with pytest.raises(RuntimeError, match="boom"):
             driver.run_when_idle(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-        assert log[-3:] == [("mark", 2), ("finish",), ("wait", 2)]  # a failed call answers with its error
+        assert log[-4:] == [("mark", 2), ("keep",), ("finish",), ("wait", 2)]  # a failed call answers with its error
     finally:
         driver._commands.put(("stop",))
         thread.join(5)
@@ -145,6 +148,7 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
     engine_side = [entry for entry in log if entry[0] != "mark"]
     call_mark, first, second = (m[1] for m in marks)
     assert engine_side == [
+        ("keep",),
         ("finish",),
         ("wait", call_mark),
         (BEGIN_UPDATE_RPC,),
@@ -158,6 +162,64 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
         ("reset_prefix_cache",),
         ("finish",),
     ]
+
+
+def test_every_engine_step_first_puts_the_thread_back_on_its_stream():
+    """``_step`` asks the stream to keep the engine thread on it before stepping the engine (vLLM moved it off)."""
+    log: list = []
+    driver = object.__new__(_InprocDriver)
+    driver._stream = RecordingStream()
+    driver._stream.log = log
+    driver._inflight = {}
+
+    class StepEngine:
+        def step(self):
+            log.append(("step",))
+            return []
+
+    driver.engine = StepEngine()
+    driver._step()
+    driver._step()
+    assert log == [("keep",), ("step",), ("keep",), ("step",)]
+
+
+class FakeCudaStream:
+    def __init__(self, name, priority=0):
+        self.name, self.priority, self.waited_for = name, priority, []
+
+    def wait_stream(self, other):
+        self.waited_for.append(other.name)
+
+
+def test_keep_moves_the_thread_back_after_the_work_queued_where_it_was(monkeypatch, caplog):
+    """keep(): on its own stream nothing happens; moved elsewhere, the engine stream waits for that stream's work,
+    becomes current again, the move is counted and warned about once."""
+    own, other = FakeCudaStream("own", -1), FakeCudaStream("other", 0)
+    current = {"stream": own}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.update(stream=stream))
+    stream = EngineStream("shared", device=None)
+    stream.device, stream.stream = 0, own
+    stream.keep()
+    assert (stream.switches, own.waited_for, current["stream"]) == (0, [], own)
+    with caplog.at_level("WARNING", logger="verl.workers.rollout.engine_stream"):
+        for _ in range(2):
+            current["stream"] = other
+            stream.keep()
+    assert current["stream"] is own and own.waited_for == ["other", "other"] and stream.switches == 2
+    assert [r.getMessage() for r in caplog.records].count(
+        "the vLLM engine thread had been moved off its rollout.engine_stream stream (to a stream of priority 0); "
+        "moved back, and so before every engine step and call from now on"
+    ) == 1
+
+
+def test_keep_is_a_no_op_without_a_stream_of_its_own(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: pytest.fail("no stream to keep"))
+    for mode in ENGINE_STREAMS:
+        EngineStream(mode, device=None).keep()
+    shared = EngineStream("shared", device=None)
+    shared.device = 0  # "shared" on CUDA: the thread stays on whatever stream vLLM gives it
+    shared.keep()
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
@@ -209,9 +271,11 @@ def test_gpu_engine_on_its_own_stream_generates_like_hf_beside_busy_training(var
             stop.set()
             worker.join()
         assert perturbed != expected
-        # the engine thread still issues on the stream it was given (vLLM did not replace it)
+        # the engine thread issues on the stream it was given (kept there before every step and call: vLLM 0.26
+        # moved it off during generation)
         own = engine._driver._stream.stream
         assert engine._driver.run_when_idle(lambda: torch.cuda.current_stream() == own)
+        print(f"engine thread moved off its stream {engine._driver._stream.switches} time(s) and put back")
         assert own.priority < torch.cuda.Stream().priority
     finally:
         engine.shutdown()

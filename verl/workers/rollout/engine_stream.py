@@ -51,6 +51,7 @@ class EngineStream:
             )
         self.device = device
         self.stream: Optional[torch.cuda.Stream] = None
+        self.switches = 0  # times :meth:`keep` found the engine thread moved off its stream
         if mode == "high_priority" and device is not None:
             self.stream = torch.cuda.Stream(device=device, priority=HIGH_PRIORITY)
 
@@ -68,6 +69,26 @@ class EngineStream:
         torch.cuda.synchronize(self.device)
         torch.cuda.set_stream(self.stream)
         logger.info("vLLM engine thread runs on its own high-priority CUDA stream (rollout.engine_stream)")
+
+    def keep(self) -> None:
+        """In the engine thread, before each engine step and each call: if something moved the thread off the
+        engine stream, move it back, after the work queued on the stream it found. vLLM 0.26 on CUDA did so during
+        generation (``tests/test_engine_stream.py``'s GPU test found the thread on another stream), which left the
+        rest of the engine's work on an ordinary-priority stream."""
+        if self.stream is None:
+            return
+        current = torch.cuda.current_stream(self.device)
+        if current == self.stream:
+            return
+        self.stream.wait_stream(current)
+        torch.cuda.set_stream(self.stream)
+        self.switches += 1
+        if self.switches == 1:
+            logger.warning(
+                "the vLLM engine thread had been moved off its rollout.engine_stream stream (to a stream of "
+                "priority %d); moved back, and so before every engine step and call from now on",
+                current.priority,
+            )
 
     def mark(self) -> Optional[torch.cuda.Event]:
         """In a calling thread: an event after the work queued so far on the caller's current stream."""

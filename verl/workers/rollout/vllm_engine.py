@@ -596,6 +596,7 @@ class _InprocDriver:
 
     def _step(self) -> None:
         try:
+            self._stream.keep()
             outputs = self.engine.step()
         except BaseException as exc:
             logger.exception("vLLM engine step failed")
@@ -611,6 +612,7 @@ class _InprocDriver:
         """Run a call after the work its caller had queued (``ready``: :meth:`EngineStream.mark`); its GPU work is
         done before the caller gets the result."""
         try:
+            self._stream.keep()
             self._stream.finish()  # no engine step still running under e.g. a sleep's unmapping
             self._stream.wait(ready)
             result = fn()
