@@ -271,8 +271,8 @@ def test_gpu_engine_on_its_own_stream_generates_like_hf_beside_busy_training(var
             stop.set()
             worker.join()
         assert perturbed != expected
-        # the engine thread issues on the stream it was given (kept there before every step and call: vLLM 0.26
-        # moved it off during generation)
+        # the engine thread issues on the stream it was given (kept there before every step and call: under vLLM 0.26
+        # this assertion failed without that)
         own = engine._driver._stream.stream
         assert engine._driver.run_when_idle(lambda: torch.cuda.current_stream() == own)
         print(f"engine thread moved off its stream {engine._driver._stream.switches} time(s) and put back")

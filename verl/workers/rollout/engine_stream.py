@@ -72,9 +72,9 @@ class EngineStream:
 
     def keep(self) -> None:
         """In the engine thread, before each engine step and each call: if something moved the thread off the
-        engine stream, move it back, after the work queued on the stream it found. vLLM 0.26 on CUDA did so during
-        generation (``tests/test_engine_stream.py``'s GPU test found the thread on another stream), which left the
-        rest of the engine's work on an ordinary-priority stream."""
+        engine stream, move it back, after the work queued on the stream it found. vLLM 0.26 on CUDA did so
+        (``tests/test_engine_stream.py``'s GPU test found the thread on another stream after generating and loading
+        weights), which left the engine's later work on an ordinary-priority stream."""
         if self.stream is None:
             return
         current = torch.cuda.current_stream(self.device)
