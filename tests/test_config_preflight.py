@@ -442,3 +442,10 @@ def test_single_turn_trainer_raises_the_launch_check_message(tmp_path):
     with pytest.raises(ValueError) as info:
         SingleTurnPPOTrainer(_cfg(tmp_path, "algorithm.filter_groups.enable=True"), tok, None, None, None, None, None)
     assert str(info.value) == filter_groups_error(True, multi_turn=False)
+
+
+def test_tis_without_the_engines_log_probs_is_refused_at_launch(tmp_path):
+    """The launch check runs ``rollout_log_prob_errors`` (its cases: tests/test_calculate_log_probs.py)."""
+    off = "actor_rollout_ref.rollout.calculate_log_probs=False"
+    _one(_cfg(tmp_path, off, "algorithm.rollout_is=True"), f"{off} with algorithm.rollout_is=True")
+    check_config(_cfg(tmp_path, off))

@@ -183,7 +183,8 @@ def test_two_ray_ranks_match_one_process(runs):
 
 
 def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, runs):
-    """Filter on: every kept group has reward variance; the batch is refilled from more questions."""
+    """Filter on: every kept group has reward variance; the batch is refilled from more questions. Run without the
+    engine's log-probs (``rollout.calculate_log_probs=False``): no engine-vs-actor metrics."""
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -199,10 +200,13 @@ def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, r
                 "algorithm.overlong_buffer.enable=True",
                 "algorithm.overlong_buffer.len=4",
                 "algorithm.overlong_buffer.penalty_factor=0.5",
+                # no engine log-probs (tests/test_calculate_log_probs.py): the batch and its DAPO refills lack them
+                "actor_rollout_ref.rollout.calculate_log_probs=False",
             ],
         )
     )
     h = {x["step"]: x for x in hist}[1]
+    assert not [k for k in h if k.startswith("rollout/logprob_abs_diff")]
     assert h["train/total_groups"] >= h["train/kept_groups"]
     assert 1 <= h["train/num_gen_batches"] <= 4
     assert h["train/overlong_penalty_mean"] <= 0

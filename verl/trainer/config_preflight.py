@@ -76,6 +76,7 @@ def check_config(cfg: Any) -> None:
         recurrent = None
     errors += algorithm_errors(cfg, recurrent)
     errors += parallelism_errors(cfg, recurrent)
+    errors += rollout_log_prob_errors(cfg)
     errors += model_path_errors(cfg, recurrent)
     errors += folder_errors(cfg)
     errors += reward_function_errors(cfg)
@@ -203,6 +204,26 @@ def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
             errors.append(f"{key} must be 1: sequence parallelism is not implemented (got {size!r})")
     errors += rollout_tp_errors(cfg)
     return errors
+
+
+def rollout_log_prob_errors(cfg: DictConfig) -> list[str]:
+    """TIS (``algorithm.rollout_is``; null = on with ``trainer.rollout_overlap``) weighs the loss by the engine's
+    log-probs, which the rollout returns only with ``actor_rollout_ref.rollout.calculate_log_probs``: without them
+    TIS would silently weigh nothing."""
+    key = "actor_rollout_ref.rollout.calculate_log_probs"
+    if _get(cfg, key, True) is not False:
+        return []
+    rollout_is, overlap = _get(cfg, "algorithm.rollout_is"), _get(cfg, "trainer.rollout_overlap")
+    if rollout_is is True:
+        why = "algorithm.rollout_is=True"
+    elif rollout_is is None and overlap:
+        why = "trainer.rollout_overlap=True (which turns algorithm.rollout_is on when it is null)"
+    else:
+        return []
+    return [
+        f"{key}=False with {why}: truncated importance sampling weighs the policy loss by the rollout engine's "
+        f"log-probs, which the rollout does not return without {key}; set {key}=True or algorithm.rollout_is=False"
+    ]
 
 
 def rollout_tp_errors(cfg: DictConfig) -> list[str]:

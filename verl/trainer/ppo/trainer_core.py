@@ -114,7 +114,7 @@ def rollout_sampling(config: DictConfig | PPOConfig, global_step: int, validate:
     """Sampling parameters of a rollout: ``actor_rollout_ref.rollout`` (training) or its ``val_kwargs``.
 
     Training requests the engine's own log-probs of its samples (compared with the actor's to check the
-    weight sync). With ``rollout.seed`` set, the seed depends on the step and on train vs validation only.
+    weight sync; TIS) unless ``rollout.calculate_log_probs`` is False. With ``rollout.seed`` set, the seed depends on the step and on train vs validation only.
     Per-turn limits (``max_tokens``) are the caller's: a workflow sets them per turn.
     """
     rc = typed_config(config).actor_rollout_ref.rollout
@@ -122,7 +122,8 @@ def rollout_sampling(config: DictConfig | PPOConfig, global_step: int, validate:
         vk = rc.val_kwargs
         params = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k, "greedy": not vk.do_sample}
     else:
-        params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k, "logprobs": True}
+        params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k}
+        params["logprobs"] = bool(rc.calculate_log_probs)
     if rc.seed is not None:
         params["seed"] = rc.seed + 7919 * global_step + (1 << 20) * int(validate)
     return params
@@ -159,12 +160,14 @@ def rollout_actor_mismatch(conv: DataProto) -> dict[str, float]:
     """How far the engine's sampling log-probs are from the actor's recomputed ones (response tokens).
 
     Near 0 when the rollout engine holds the actor's current weights; a stale engine (broken
-    weight sync) shows up here at once. Differences also come from bf16 vs fp32 and kernels.
+    weight sync) shows up here at once. Differences also come from bf16 vs fp32 and kernels. Tokens without an
+    engine log-prob (0: async turns re-tokenised from text) do not count, as in TIS.
     """
     if "rollout_log_probs" not in conv.batch.keys():
         return {}
-    mask = conv.batch["response_mask"].bool()
-    diff = (conv.batch["rollout_log_probs"] - conv.batch["old_log_probs"]).abs()[mask]
+    rollout_lp = conv.batch["rollout_log_probs"]
+    mask = conv.batch["response_mask"].bool() & (rollout_lp != 0)
+    diff = (rollout_lp - conv.batch["old_log_probs"]).abs()[mask]
     if diff.numel() == 0:
         return {}
     return {"rollout/logprob_abs_diff_mean": float(diff.mean()), "rollout/logprob_abs_diff_max": float(diff.max())}

@@ -100,6 +100,8 @@ class RolloutConfig(BaseConfig):
     hf_max_batch_size: Optional[int] = None
     # Seed of the rollout engine's sampler (each request gets its own, derived from it); null = unseeded.
     seed: Optional[int] = 0
+    # Training rollouts return the engine's log-probs of the sampled tokens (TIS, the weight-sync check metrics).
+    calculate_log_probs: bool = True
     # Deprecated global micro-batch size for old log-probs (divided by the data-parallel size).
     log_prob_micro_batch_size: Optional[int] = None
     # Rows per micro-batch per GPU of the old-log-prob pass; null = actor.ppo_micro_batch_size_per_gpu.
