@@ -30,6 +30,9 @@ import bench_common as bc
 import torch
 
 METHODS = ("vllm_engine", "hf_generate", "hf_engine")
+# on request: the vLLM engine again, asking for the sampled tokens' log-probs (what training rollouts do unless
+# actor_rollout_ref.rollout.calculate_log_probs=False); its row has vs_vllm_engine, the ratio to the plain call
+ALL_METHODS = (*METHODS, "vllm_engine_logprobs")
 
 
 def add_rollout_args(p: argparse.ArgumentParser) -> None:
@@ -39,7 +42,7 @@ def add_rollout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="timed calls per method and batch (after a warm-up)")
     p.add_argument("--hf-repeats", type=int, default=None, help="timed calls for the HF methods (default: --repeats)")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=ALL_METHODS)
 
 
 def hf_generate_fixed(
@@ -88,6 +91,7 @@ def measure_rollout(
     avoid = bc.special_ids(model_path)
     prompts_all = bc.random_prompts(max(batches), prompt_len, vocab, avoid)
     params = SamplingParams(greedy=True, max_tokens=new_tokens)
+    params_lp = SamplingParams(greedy=True, max_tokens=new_tokens, logprobs=True)
     model = hf_engine = None
     if "hf_generate" in methods or "hf_engine" in methods:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(device).eval()
@@ -116,6 +120,12 @@ def measure_rollout(
             calls = {
                 "vllm_engine": (
                     lambda prompts=prompts: engine_call(vllm_engine, prompts),
+                    repeats,
+                    getattr(vllm_engine, "reset_prefix_cache", None),
+                    None,
+                ),
+                "vllm_engine_logprobs": (
+                    lambda prompts=prompts: engine_call(vllm_engine, prompts, params_lp),
                     repeats,
                     getattr(vllm_engine, "reset_prefix_cache", None),
                     None,
@@ -161,6 +171,9 @@ def measure_rollout(
     for row in rows:
         base = next((r for r in rows if r["batch"] == row["batch"] and r["method"] == "hf_generate"), None)
         row["vs_hf_generate"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+        if row["method"] == "vllm_engine_logprobs":
+            plain = next((r for r in rows if r["batch"] == row["batch"] and r["method"] == "vllm_engine"), None)
+            row["vs_vllm_engine"] = row["tokens_per_s"] / plain["tokens_per_s"] if plain else None
     expected = {b: b * new_tokens for b in batches}
     return {
         "benchmark": "rollout",
@@ -188,6 +201,7 @@ def rollout_table(report: dict) -> str:
             r["seconds"],
             r["tokens_per_s"],
             f"{r['vs_hf_generate']:.2f}x" if r.get("vs_hf_generate") else "",
+            f"{r['vs_vllm_engine']:.2f}x" if r.get("vs_vllm_engine") else "",
         )
         for r in report["results"]
     ]
@@ -195,7 +209,9 @@ def rollout_table(report: dict) -> str:
         f"Rollout ({report['model']}, {report['device']}, {report['dtype']}, prompt {report['prompt_len']}, "
         f"{report['new_tokens']} new tokens, {report['decoding']}, equal token counts: {report['equal_tokens']})"
     )
-    return head + "\n\n" + bc.markdown_table(["batch", "method", "tokens", "seconds", "tokens/s", "vs generate"], rows)
+    return head + "\n\n" + bc.markdown_table(
+        ["batch", "method", "tokens", "seconds", "tokens/s", "vs generate", "vs vllm_engine"], rows
+    )
 
 
 def build_vllm_engine(
@@ -235,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
     model_path = bc.model_folder(args.model, args.shape, dtype="bfloat16" if args.device == "cuda" else "float32")
     engine = None
-    if "vllm_engine" in args.methods:
+    if {"vllm_engine", "vllm_engine_logprobs"} & set(args.methods):
         engine = build_vllm_engine(
             model_path,
             args.device,

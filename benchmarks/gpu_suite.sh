@@ -77,16 +77,12 @@ if want train_step; then
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False
     # one-step-off: generation beside training ran 2.4x slower than alone; the engine thread on its own
-    # high-priority CUDA stream, a shorter GIL switch interval, and both (docs/config.md, "One-step-off training")
-    for variant in "stream:actor_rollout_ref.rollout.engine_stream=high_priority" \
-        "gil:actor_rollout_ref.rollout.gil_switch_interval_ms=0.5" \
-        "stream_gil:actor_rollout_ref.rollout.engine_stream=high_priority actor_rollout_ref.rollout.gil_switch_interval_ms=0.5"; do
-        name=${variant%%:*}
-        run "train_step_1p5b_nockpt_$name" $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
-            --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap_$name.json" -- $BIG_OVERRIDES \
-            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
-            actor_rollout_ref.model.enable_gradient_checkpointing=False ${variant#*:}
-    done
+    # high-priority CUDA stream (docs/config.md, "One-step-off training"; a 0.5 ms GIL switch interval measured no
+    # change). 4 steps: the last step launches no rollout ahead, so steps 2-3 are the steady state
+    run train_step_1p5b_nockpt_stream $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
+        --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap_stream.json" -- $BIG_OVERRIDES \
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
+        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.rollout.engine_stream=high_priority
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \
@@ -106,6 +102,15 @@ if want small_step; then
         actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 \
         actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 \
         actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072
+    # generation is half of that step: what asking vLLM for log-probs costs per decode step, and the synchronous
+    # step without them (rollout.calculate_log_probs=False)
+    run rollout_135m_logprobs python3 benchmarks/bench_rollout.py --shape smollm2-135m --device cuda --batch 128 256 \
+        --prompt-len 640 --new-tokens 128 --methods vllm_engine vllm_engine_logprobs --out "$OUT/rollout_135m_logprobs.json"
+    run train_step_135m_fast_nolp $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 \
+        --out "$OUT/train_step_135m_fast_no_rollout_logprobs.json" -- $SMALL_OVERRIDES \
+        actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=False \
+        actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 \
+        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072 actor_rollout_ref.rollout.calculate_log_probs=False
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \

@@ -379,3 +379,33 @@ def test_logprob_benchmark_compares_variants_side_by_side(monkeypatch, tmp_path)
         assert row["max_abs_diff_vs_unfused"] < 1e-5
         unfused = rows[("unfused", name)]
         assert row["speedup_vs_unfused"] == pytest.approx(unfused["seconds"] / row["seconds"])
+
+
+def test_measure_rollout_with_log_probs_reports_its_ratio_to_the_plain_call(tiny_model_path):
+    """``vllm_engine_logprobs`` times the engine under test asking for log-probs (here the HF engine stands in for
+    vLLM) and reports its tokens/s over the plain call's, per batch."""
+    from bench_rollout import measure_rollout, rollout_table
+
+    from verl.workers.rollout.hf_engine import HFRolloutEngine
+
+    engine = HFRolloutEngine(str(tiny_model_path), device="cpu", max_batch_size=3, num_threads=1, max_model_len=16)
+    try:
+        report = measure_rollout(
+            engine,
+            tiny_model_path,
+            [3],
+            prompt_len=6,
+            new_tokens=4,
+            repeats=1,
+            device="cpu",
+            dtype="float32",
+            methods=("vllm_engine", "vllm_engine_logprobs"),
+        )
+    finally:
+        engine.shutdown()
+    plain, with_lp = report["results"]
+    assert (plain["method"], with_lp["method"]) == ("vllm_engine", "vllm_engine_logprobs")
+    assert report["equal_tokens"] is True and with_lp["tokens"] == 12
+    assert with_lp["vs_vllm_engine"] == pytest.approx(with_lp["tokens_per_s"] / plain["tokens_per_s"])
+    assert "vs_vllm_engine" not in plain
+    assert f"| {with_lp['vs_vllm_engine']:.2f}x |" in rollout_table(report)
