@@ -209,8 +209,10 @@ def rollout_table(report: dict) -> str:
         f"Rollout ({report['model']}, {report['device']}, {report['dtype']}, prompt {report['prompt_len']}, "
         f"{report['new_tokens']} new tokens, {report['decoding']}, equal token counts: {report['equal_tokens']})"
     )
-    return head + "\n\n" + bc.markdown_table(
-        ["batch", "method", "tokens", "seconds", "tokens/s", "vs generate", "vs vllm_engine"], rows
+    return (
+        head
+        + "\n\n"
+        + bc.markdown_table(["batch", "method", "tokens", "seconds", "tokens/s", "vs generate", "vs vllm_engine"], rows)
     )
 
 
