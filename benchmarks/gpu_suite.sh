@@ -97,20 +97,17 @@ if want small_step; then
     run update_135m_compile_64k $UPDATE_135M --liger off --compile-layers --token-budget 65536 \
         --log-prob-token-budget 131072 --out "$OUT/update_135m_compile_nockpt_64k.json"
     # the 135M step with what the small update needs: no checkpointing, larger micro-batches, one-step-off
+    FAST_135M="$SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True
+      actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536
+      actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072"
     run train_step_135m_fast $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --overlap both \
-        --out "$OUT/train_step_135m_fast.json" -- $SMALL_OVERRIDES actor_rollout_ref.model.use_remove_padding=True \
-        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 \
-        actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 \
-        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072
+        --out "$OUT/train_step_135m_fast.json" -- $FAST_135M
     # generation is half of that step: what asking vLLM for log-probs costs per decode step, and the synchronous
     # step without them (rollout.calculate_log_probs=False)
     run rollout_135m_logprobs python3 benchmarks/bench_rollout.py --shape smollm2-135m --device cuda --batch 128 256 \
         --prompt-len 640 --new-tokens 128 --methods vllm_engine vllm_engine_logprobs --out "$OUT/rollout_135m_logprobs.json"
     run train_step_135m_fast_nolp $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 \
-        --out "$OUT/train_step_135m_fast_no_rollout_logprobs.json" -- $SMALL_OVERRIDES \
-        actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.model.enable_gradient_checkpointing=False \
-        actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536 actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=131072 \
-        actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=131072 actor_rollout_ref.rollout.calculate_log_probs=False
+        --out "$OUT/train_step_135m_fast_no_rollout_logprobs.json" -- $FAST_135M actor_rollout_ref.rollout.calculate_log_probs=False
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \

@@ -389,6 +389,14 @@ def test_measure_rollout_with_log_probs_reports_its_ratio_to_the_plain_call(tiny
     from verl.workers.rollout.hf_engine import HFRolloutEngine
 
     engine = HFRolloutEngine(str(tiny_model_path), device="cpu", max_batch_size=3, num_threads=1, max_model_len=16)
+    asked, generate_batch = [], engine.generate_batch
+
+    def recording(prompts, params):  # what each call asked for and whether every output carries its log-probs
+        outs = generate_batch(prompts, params)
+        asked.append((params.logprobs, all(o[0].log_probs is not None for o in outs)))
+        return outs
+
+    engine.generate_batch = recording
     try:
         report = measure_rollout(
             engine,
@@ -409,3 +417,5 @@ def test_measure_rollout_with_log_probs_reports_its_ratio_to_the_plain_call(tiny
     assert with_lp["vs_vllm_engine"] == pytest.approx(with_lp["tokens_per_s"] / plain["tokens_per_s"])
     assert "vs_vllm_engine" not in plain
     assert f"| {with_lp['vs_vllm_engine']:.2f}x |" in rollout_table(report)
+    # a warm-up and a timed call each: the plain method asks for no log-probs, the other gets them
+    assert asked == [(False, False)] * 2 + [(True, True)] * 2

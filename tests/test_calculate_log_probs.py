@@ -32,6 +32,24 @@ def test_training_rollouts_ask_for_log_probs_by_default_and_not_when_off():
     assert not SamplingParams.from_dict(rollout_sampling(compose_config([]), global_step=3, validate=True)).logprobs
 
 
+def test_the_single_turn_trainer_and_its_batch_follow_the_key():
+    """The single-turn trainers' sampling (rollout_sampling plus max_tokens) asks for log-probs only when on, and
+    outputs without log-probs give a batch without ``rollout_log_probs`` (TIS and the metric then skip it)."""
+    from verl.trainer.ppo.single_turn import single_turn_sampling
+    from verl.utils.conversation_batch import engine_log_probs
+
+    for value in (True, False):
+        params = single_turn_sampling(compose_config([f"{KEY}={value}"]), global_step=0, validate=False)
+        assert params["logprobs"] is value
+    outputs = [SimpleNamespace(token_ids=[5, 6], log_probs=None), SimpleNamespace(token_ids=[7], log_probs=None)]
+    assert engine_log_probs(outputs, 4) is None
+    outputs = [
+        SimpleNamespace(token_ids=[5, 6], log_probs=[-0.5, -1.5]),
+        SimpleNamespace(token_ids=[7], log_probs=[-2.0]),
+    ]
+    assert engine_log_probs(outputs, 3).tolist() == [[-0.5, -1.5, 0.0], [-2.0, 0.0, 0.0]]
+
+
 @pytest.mark.parametrize(
     ("overrides", "names"),
     [

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["compute_rollout_is_weights", "rollout_is_metrics"]
+__all__ = ["compute_rollout_is_weights", "engine_token_mask", "rollout_is_metrics"]
 
 
 def compute_rollout_is_weights(
@@ -43,7 +43,12 @@ def _ratio_and_valid(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``exp(clamp(old - rollout, -20, 20))`` and the mask of response tokens that have an engine log-prob."""
     ratio = torch.exp(torch.clamp(old_log_prob.float() - rollout_log_prob.float(), min=-20.0, max=20.0))
-    return ratio, response_mask.bool() & (rollout_log_prob != 0)
+    return ratio, engine_token_mask(rollout_log_prob, response_mask)
+
+
+def engine_token_mask(rollout_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Response tokens that have an engine log-prob (the managers store 0 where the engine gave none)."""
+    return response_mask.bool() & (rollout_log_prob != 0)
 
 
 def rollout_is_metrics(

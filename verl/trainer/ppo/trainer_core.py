@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.ppo.metric_utils import process_validation_metrics
-from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, rollout_is_metrics
+from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
 
 __all__ = [
@@ -113,17 +113,21 @@ def typed_config(config: DictConfig | PPOConfig) -> PPOConfig:
 def rollout_sampling(config: DictConfig | PPOConfig, global_step: int, validate: bool) -> dict[str, Any]:
     """Sampling parameters of a rollout: ``actor_rollout_ref.rollout`` (training) or its ``val_kwargs``.
 
-    Training requests the engine's own log-probs of its samples (compared with the actor's to check the
-    weight sync; TIS) unless ``rollout.calculate_log_probs`` is False. With ``rollout.seed`` set, the seed depends on the step and on train vs validation only.
-    Per-turn limits (``max_tokens``) are the caller's: a workflow sets them per turn.
+    Training requests the engine's own log-probs of its samples (compared with the actor's to check the weight sync;
+    TIS) unless ``rollout.calculate_log_probs`` is False. With ``rollout.seed`` set, the seed depends on the step and
+    on train vs validation only. Per-turn limits (``max_tokens``) are the caller's: a workflow sets them per turn.
     """
     rc = typed_config(config).actor_rollout_ref.rollout
     if validate:
         vk = rc.val_kwargs
         params = {"temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k, "greedy": not vk.do_sample}
     else:
-        params = {"temperature": rc.temperature, "top_p": rc.top_p, "top_k": rc.top_k}
-        params["logprobs"] = bool(rc.calculate_log_probs)
+        params = {
+            "temperature": rc.temperature,
+            "top_p": rc.top_p,
+            "top_k": rc.top_k,
+            "logprobs": bool(rc.calculate_log_probs),
+        }
     if rc.seed is not None:
         params["seed"] = rc.seed + 7919 * global_step + (1 << 20) * int(validate)
     return params
@@ -166,7 +170,7 @@ def rollout_actor_mismatch(conv: DataProto) -> dict[str, float]:
     if "rollout_log_probs" not in conv.batch.keys():
         return {}
     rollout_lp = conv.batch["rollout_log_probs"]
-    mask = conv.batch["response_mask"].bool() & (rollout_lp != 0)
+    mask = engine_token_mask(rollout_lp, conv.batch["response_mask"])
     diff = (rollout_lp - conv.batch["old_log_probs"]).abs()[mask]
     if diff.numel() == 0:
         return {}
