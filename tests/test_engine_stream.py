@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,8 +74,8 @@ class RecordingStream:
     def finish(self):
         self.log.append(("finish",))
 
-    def keep(self):
-        self.log.append(("keep",))
+    def check(self):
+        self.log.append(("check",))
 
 
 class FakeWorker:
@@ -125,10 +126,10 @@ def test_a_call_waits_for_its_callers_mark_and_finishes_before_answering():
     log = driver._stream.log
     try:
         assert driver.run_when_idle(lambda: log.append(("call",)) or 7) == 7
-        assert log == [("mark", 1), ("keep",), ("finish",), ("wait", 1), ("call",), ("finish",)]
+        assert log == [("mark", 1), ("check",), ("finish",), ("wait", 1), ("call",), ("finish",)]
         with pytest.raises(RuntimeError, match="boom"):
             driver.run_when_idle(lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-        assert log[-4:] == [("mark", 2), ("keep",), ("finish",), ("wait", 2)]  # a failed call answers with its error
+        assert log[-4:] == [("mark", 2), ("check",), ("finish",), ("wait", 2)]  # a failed call answers with its error
     finally:
         driver._commands.put(("stop",))
         thread.join(5)
@@ -148,7 +149,7 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
     engine_side = [entry for entry in log if entry[0] != "mark"]
     call_mark, first, second = (m[1] for m in marks)
     assert engine_side == [
-        ("keep",),
+        ("check",),
         ("finish",),
         ("wait", call_mark),
         (BEGIN_UPDATE_RPC,),
@@ -164,8 +165,8 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
     ]
 
 
-def test_every_engine_step_first_puts_the_thread_back_on_its_stream():
-    """``_step`` asks the stream to keep the engine thread on it before stepping the engine (vLLM moved it off)."""
+def test_every_engine_step_first_checks_the_threads_stream():
+    """``_step`` checks that the engine thread is on its stream before stepping the engine."""
     log: list = []
     driver = object.__new__(_InprocDriver)
     driver._stream = RecordingStream()
@@ -180,7 +181,59 @@ def test_every_engine_step_first_puts_the_thread_back_on_its_stream():
     driver.engine = StepEngine()
     driver._step()
     driver._step()
-    assert log == [("keep",), ("step",), ("keep",), ("step",)]
+    assert log == [("check",), ("step",), ("check",), ("step",)]
+
+
+def test_the_engine_is_built_on_the_engine_stream(monkeypatch):
+    """vLLM keeps the stream current while it builds and warms up as its main stream: the driver builds the engine
+    inside ``EngineStream.building()``."""
+    import vllm.v1.engine.llm_engine as llm_engine
+
+    log: list = []
+
+    class BuildingStream(RecordingStream):
+        def __init__(self, mode, device):
+            super().__init__()
+            self.log = log
+            self.inside = False
+
+        def building(self):
+            stream = self
+
+            class Inside:
+                def __enter__(self):
+                    stream.inside = True
+
+                def __exit__(self, *exc):
+                    stream.inside = False
+
+            return Inside()
+
+    class FakeEngine:
+        model_config = SimpleNamespace(max_model_len=64)
+
+        @classmethod
+        def from_engine_args(cls, args):
+            log.append(("build", driver_stream[0].inside))
+            return cls()
+
+        def has_unfinished_requests(self):
+            return False
+
+    driver_stream: list = []
+
+    def make_stream(mode, device):
+        driver_stream.append(BuildingStream(mode, device))
+        return driver_stream[0]
+
+    monkeypatch.setattr(llm_engine, "LLMEngine", FakeEngine)
+    monkeypatch.setattr("verl.workers.rollout.vllm_engine.EngineStream", make_stream)
+    driver = _InprocDriver({"model": "unused"}, "high_priority")
+    try:
+        assert log == [("build", True)] and not driver_stream[0].inside
+    finally:
+        driver._commands.put(("stop",))
+        driver._thread.join(5)
 
 
 class FakeCudaStream:
@@ -191,35 +244,60 @@ class FakeCudaStream:
         self.waited_for.append(other.name)
 
 
-def test_keep_moves_the_thread_back_after_the_work_queued_where_it_was(monkeypatch, caplog):
-    """keep(): on its own stream nothing happens; moved elsewhere, the engine stream waits for that stream's work,
-    becomes current again, the move is counted and warned about once."""
+def test_check_counts_a_move_off_the_stream_warns_once_and_leaves_the_thread_there(monkeypatch, caplog):
+    """check(): on its own stream nothing happens; elsewhere the move is counted and warned about once, and the
+    thread stays on the stream vLLM chose (vLLM orders its copies after that stream)."""
     own, other = FakeCudaStream("own", -1), FakeCudaStream("other", 0)
     current = {"stream": own}
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
-    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.update(stream=stream))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: pytest.fail("check() must not switch streams"))
     stream = EngineStream("shared", device=None)
     stream.device, stream.stream = 0, own
-    stream.keep()
-    assert (stream.switches, own.waited_for, current["stream"]) == (0, [], own)
+    stream.check()
+    assert stream.switches == 0
+    current["stream"] = other
     with caplog.at_level("WARNING", logger="verl.workers.rollout.engine_stream"):
-        for _ in range(2):
-            current["stream"] = other
-            stream.keep()
-    assert current["stream"] is own and own.waited_for == ["other", "other"] and stream.switches == 2
+        stream.check()
+        stream.check()
+    assert current["stream"] is other and own.waited_for == [] and stream.switches == 2
     assert [r.getMessage() for r in caplog.records].count(
-        "the vLLM engine thread had been moved off its rollout.engine_stream stream (to a stream of priority 0); "
-        "moved back, and so before every engine step and call from now on"
+        "vLLM moved its engine thread off the rollout.engine_stream stream (to a stream of priority 0): "
+        "its kernels run at that priority from here on"
     ) == 1
 
 
-def test_keep_is_a_no_op_without_a_stream_of_its_own(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: pytest.fail("no stream to keep"))
+def test_building_makes_the_engine_stream_current_and_nothing_without_one(monkeypatch):
+    entered: list = []
+
+    class Ctx:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            entered.append(self.stream)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "stream", Ctx)
     for mode in ENGINE_STREAMS:
-        EngineStream(mode, device=None).keep()
+        with EngineStream(mode, device=None).building():
+            pass
+    assert entered == []
+    own = EngineStream("shared", device=None)
+    own.device, own.stream = 0, FakeCudaStream("own", -1)
+    with own.building():
+        pass
+    assert entered == [own.stream]
+
+
+def test_check_is_a_no_op_without_a_stream_of_its_own(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: pytest.fail("no stream to check"))
+    for mode in ENGINE_STREAMS:
+        EngineStream(mode, device=None).check()
     shared = EngineStream("shared", device=None)
     shared.device = 0  # "shared" on CUDA: the thread stays on whatever stream vLLM gives it
-    shared.keep()
+    shared.check()
 
 
 # ---------------------------------------------------------------------------------------------------- GPU
@@ -271,11 +349,11 @@ def test_gpu_engine_on_its_own_stream_generates_like_hf_beside_busy_training(var
             stop.set()
             worker.join()
         assert perturbed != expected
-        # the engine thread issues on the stream it was given (kept there before every step and call: under vLLM 0.26
-        # this assertion failed without that)
+        # the engine thread still issues on the stream it was given: vLLM, built on it, made it its main stream
+        # (built on another stream, vLLM 0.26 moved the thread back there after every step)
         own = engine._driver._stream.stream
         assert engine._driver.run_when_idle(lambda: torch.cuda.current_stream() == own)
-        print(f"engine thread moved off its stream {engine._driver._stream.switches} time(s) and put back")
+        assert engine._driver._stream.switches == 0
         assert own.priority < torch.cuda.Stream().priority
     finally:
         engine.shutdown()

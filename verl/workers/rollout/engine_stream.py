@@ -7,7 +7,9 @@ trainer's queue (and the other way round); where they issue on different streams
 and a high-priority stream's kernels are scheduled first as the trainer's blocks finish.
 
 ``"shared"`` (default): the engine thread keeps the stream it has (as before).
-``"high_priority"``: the engine thread runs on its own stream at high priority.
+``"high_priority"``: the engine thread runs on its own stream at high priority; the engine is built with that
+stream current (:meth:`EngineStream.building`), so vLLM keeps it as the stream it returns to and orders its
+copies after.
 
 On CUDA, in both modes, ordering against the other threads is explicit: a call handed to the engine thread (weight
 loading, sleep, wake-up, prefix-cache reset) starts after the engine's own queued work and after the work its
@@ -19,6 +21,7 @@ caller's next allocation while the engine still reads it. On CPU every method is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -51,7 +54,7 @@ class EngineStream:
             )
         self.device = device
         self.stream: Optional[torch.cuda.Stream] = None
-        self.switches = 0  # times :meth:`keep` found the engine thread moved off its stream
+        self.switches = 0  # times :meth:`check` found the engine thread off its stream
         if mode == "high_priority" and device is not None:
             self.stream = torch.cuda.Stream(device=device, priority=HIGH_PRIORITY)
 
@@ -70,23 +73,33 @@ class EngineStream:
         torch.cuda.set_stream(self.stream)
         logger.info("vLLM engine thread runs on its own high-priority CUDA stream (rollout.engine_stream)")
 
-    def keep(self) -> None:
-        """In the engine thread, before each engine step and each call: if something moved the thread off the
-        engine stream, move it back, after the work queued on the stream it found. vLLM 0.26 on CUDA did so
-        (``tests/test_engine_stream.py``'s GPU test found the thread on another stream after generating and loading
-        weights), which left the engine's later work on an ordinary-priority stream."""
+    def building(self) -> contextlib.AbstractContextManager:
+        """Around the engine's construction (in whichever thread builds it): the engine stream is current there.
+
+        vLLM's model runner caches the stream current while the engine warms up as its ``main_stream``, ends every
+        step by making ``main_stream`` current again, and orders its copy of the sampled tokens to the host after
+        ``main_stream`` only (vLLM 0.26-0.32's V2 runner). Built on another stream, the engine thread would be
+        moved back to that stream after every step (the GPU test saw it), and an engine thread put back on its
+        own stream would sample on a stream the copy does not wait for."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.stream)
+
+    def check(self) -> None:
+        """In the engine thread, before each engine step and each call: count (and warn once) when the thread is
+        not on the engine stream. It is left where vLLM put it: vLLM orders its copies after the stream it chose,
+        and moving the thread back could let such a copy overtake the kernels it reads; left there, the engine only
+        loses the priority. With the engine built under :meth:`building` this does not happen."""
         if self.stream is None:
             return
         current = torch.cuda.current_stream(self.device)
         if current == self.stream:
             return
-        self.stream.wait_stream(current)
-        torch.cuda.set_stream(self.stream)
         self.switches += 1
         if self.switches == 1:
             logger.warning(
-                "the vLLM engine thread had been moved off its rollout.engine_stream stream (to a stream of "
-                "priority %d); moved back, and so before every engine step and call from now on",
+                "vLLM moved its engine thread off the rollout.engine_stream stream (to a stream of priority %d): "
+                "its kernels run at that priority from here on",
                 current.priority,
             )
 

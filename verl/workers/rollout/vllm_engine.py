@@ -419,11 +419,12 @@ class _InprocDriver:
 
         # a process group the trainer created outlives the engine (vLLM's teardown would destroy it)
         self._keep_torch_group = torch.distributed.is_initialized()
-        self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
-        self.max_model_len = int(self.engine.model_config.max_model_len)
-        self.tokenizer = getattr(self.engine, "tokenizer", None)
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
         self._stream = EngineStream(engine_stream, self._cuda_device)  # the engine thread's CUDA stream
+        with self._stream.building():  # vLLM keeps the stream it was built on as its main stream
+            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self.max_model_len = int(self.engine.model_config.max_model_len)
+        self.tokenizer = getattr(self.engine, "tokenizer", None)
         # vLLM-CPU's attention checks that the OpenMP thread count seen when building metadata equals the
         # one the kernel runs with; torch lazily applies its process-wide value to new threads, which may
         # differ from this thread's (e.g. after another component called torch.set_num_threads). Pin the
@@ -596,7 +597,7 @@ class _InprocDriver:
 
     def _step(self) -> None:
         try:
-            self._stream.keep()
+            self._stream.check()
             outputs = self.engine.step()
         except BaseException as exc:
             logger.exception("vLLM engine step failed")
@@ -612,7 +613,7 @@ class _InprocDriver:
         """Run a call after the work its caller had queued (``ready``: :meth:`EngineStream.mark`); its GPU work is
         done before the caller gets the result."""
         try:
-            self._stream.keep()
+            self._stream.check()
             self._stream.finish()  # no engine step still running under e.g. a sleep's unmapping
             self._stream.wait(ready)
             result = fn()
