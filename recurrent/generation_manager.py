@@ -19,6 +19,7 @@ import torch
 from recurrent.interface import RAgent
 from recurrent.utils import build_conversation_batch, concat_conversations
 from verl.protocol import DataProto
+from verl.utils.conversation_batch import engine_log_probs
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,8 @@ class LLMGenerationManager:
 
     def _turn_batch(self, prompts: list[list[int]], outs: list[Any]) -> DataProto:
         tensors = build_conversation_batch(prompts, [o.token_ids for o in outs], self.pad_id)
-        if outs and all(o.log_probs is not None for o in outs):
-            lp = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
-            for i, o in enumerate(outs):
-                lp[i, : len(o.log_probs)] = torch.tensor(o.log_probs, dtype=torch.float32)
+        lp = engine_log_probs(outs, tensors["responses"].shape[1])
+        if lp is not None:
             tensors["rollout_log_probs"] = lp
         non_tensors = {"finish_reason": np.array([o.finish_reason for o in outs], dtype=object)}
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
