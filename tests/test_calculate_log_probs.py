@@ -104,3 +104,18 @@ def test_engine_vs_actor_metric_skips_tokens_without_an_engine_log_prob():
     assert metrics["rollout/logprob_abs_diff_max"] == pytest.approx(0.3, abs=1e-6)
     none = DataProto.from_dict(tensors={k: v for k, v in conv.batch.items() if k != "rollout_log_probs"})
     assert rollout_actor_mismatch(none) == {}
+
+
+def test_tis_on_a_batch_without_engine_log_probs_stops_instead_of_weighing_nothing():
+    """A trainer built without the launch check (e.g. from Python) with TIS on: the step raises, naming the keys;
+    with TIS off the same batch passes (only the engine-vs-actor metrics are missing)."""
+    from verl.trainer.ppo.trainer_core import TrainerCore
+
+    batch = DataProto.from_dict(
+        tensors={"old_log_probs": torch.zeros(1, 2), "response_mask": torch.ones(1, 2, dtype=torch.long)}
+    )
+    on = TrainerCore(compose_config(["algorithm.rollout_is=True"]), None, None, None, None)
+    with pytest.raises(RuntimeError, match=r"set actor_rollout_ref.rollout.calculate_log_probs=True or algorithm"):
+        on.off_policy_correction(batch)
+    off = TrainerCore(compose_config([]), None, None, None, None)
+    assert off.off_policy_correction(batch) == {}

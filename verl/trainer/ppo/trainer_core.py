@@ -253,8 +253,14 @@ class TrainerCore:
         """Engine vs actor log-prob metrics and, with TIS on (``algorithm.rollout_is``), the per-token
         ``rollout_is_weights`` the actor multiplies into the policy loss (``rollout_correction.py``)."""
         metrics = rollout_actor_mismatch(data)
-        if not self.use_rollout_is or "rollout_log_probs" not in data.batch.keys():
+        if not self.use_rollout_is:
             return metrics
+        if "rollout_log_probs" not in data.batch.keys():  # launch refuses this config (rollout_log_prob_errors)
+            raise RuntimeError(
+                "algorithm.rollout_is is on but the rollout returned no engine log-probs to weigh the loss with "
+                "(actor_rollout_ref.rollout.calculate_log_probs=False, or an engine that gives none); set "
+                "actor_rollout_ref.rollout.calculate_log_probs=True or algorithm.rollout_is=False"
+            )
         b, cap = data.batch, self.conf.algorithm.rollout_is_threshold
         weights = compute_rollout_is_weights(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"], cap)
         b["rollout_is_weights"] = weights
