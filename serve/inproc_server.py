@@ -69,9 +69,27 @@ def build_engine(args: argparse.Namespace):
     return HFRolloutEngine(args.model, dtype=dtype, max_model_len=args.max_model_len or 4096)  # GPU if there is one
 
 
+def record_sigint(stop: threading.Event) -> None:
+    """SIGINT while the server starts: set ``stop`` and raise KeyboardInterrupt, as Python's default handler does.
+
+    Python can swallow that KeyboardInterrupt: raised inside a callback whose errors it only prints ("Exception
+    ignored in: <function _get_module_lock.<locals>.cb ...>", importlib's module-lock callback, seen when the
+    launcher's SIGINT came while this process imported transformers). The start-up then went on, the server
+    served, and ``VLLMServerGroup.stop`` waited out its 30 s grace before its SIGKILL. With the signal recorded,
+    ``main`` stops as soon as the server is up instead."""
+
+    def handler(signum, frame):
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    stop = threading.Event()
+    record_sigint(stop)
     from transformers import AutoTokenizer
 
     from recurrent.async_utils import ChatCompletionProxy
@@ -85,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         engine, tokenizer, model_name=name, default_max_tokens=args.default_max_tokens, max_records=1
     )
     server = ChatServer(proxy, host=args.host, port=args.port).start()
-    stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"[serve.inproc] {name} ({args.engine}) at {server.url}", flush=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
@@ -43,6 +46,22 @@ def test_thread_custom_fn_extra_info_and_edge_sizes(ray_cluster, tiny_model_path
     assert scores.tolist() == [10.0, 11.0] and extra["length"] == [2, 3]
     one, _ = mgr(_batch(tok, ["a"], [["x"]]))  # fewer requests than workers/actors
     assert one.tolist() == [11.0]
+
+
+def test_the_reward_actor_process_does_not_import_torch():
+    """Ray imports the actor class's module in the actor's process: that module (and ``verl``) import no torch, so a
+    reward actor starts without torch's ~3 s; the default verifier it unpickles in its process pool imports none."""
+    from verl.utils.reward_actors import RewardActor
+    from verl.workers.reward_manager.thread import RewardActorPool
+
+    assert RewardActor.__module__ == RewardActorPool.__module__ == "verl.utils.reward_actors"
+    probe = (
+        "import sys, verl.utils.reward_actors, verl.utils.reward_score;"
+        "loaded = [m for m in ('torch', 'tensordict', 'verl.protocol') if m in sys.modules];"
+        "assert not loaded, loaded"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_unknown_manager_named():

@@ -20,13 +20,13 @@ import pytest
 import ray
 
 import verl.trainer.main_ppo as main_ppo
+from tests.meeting_worker import MeetingWorker
 from tests.test_trainer_e2e import _cfg
 from verl.single_controller import (
     Dispatch,
     RayClassWithInitArgs,
     RayWorkerGroup,
     ResourcePool,
-    Worker,
     register,
 )
 from verl.workers.fsdp_workers import OVERLAP_CONCURRENCY_GROUPS, TRAIN_GROUP, ActorRolloutRefWorker
@@ -37,34 +37,6 @@ GEN_SECONDS = 0.5  # added to every generate call of the recording worker: the t
 
 
 # ------------------------------------------------------------------------------------------ concurrency groups
-
-
-class MeetingWorker(Worker):
-    """Two calls that wait for each other at a barrier: they return only if they run at the same time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.barrier = threading.Barrier(2)
-
-    def _meet(self, timeout: float) -> str:
-        try:
-            self.barrier.wait(timeout)
-        except threading.BrokenBarrierError:
-            self.barrier.reset()
-            return "alone"
-        return threading.current_thread().name
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False, concurrency_group="rollout")
-    def meet_from_rollout(self, timeout: float) -> str:
-        return self._meet(timeout)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False, concurrency_group="train")
-    def meet_from_train(self, timeout: float) -> str:
-        return self._meet(timeout)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def plain(self) -> str:
-        return threading.current_thread().name
 
 
 def test_concurrency_groups_run_rollout_and_train_calls_at_once(ray_cluster):

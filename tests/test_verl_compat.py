@@ -4,6 +4,9 @@ still differs, with reasons."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +34,20 @@ def test_top_level_exports():
     assert DataProto is ProtocolDataProto
     assert "DataProto" in verl.__all__ and isinstance(verl.__version__, str)
     assert isinstance(_proto()[0], DataProtoItem)
+
+
+def test_import_verl_leaves_torch_to_the_first_data_proto_use():
+    """``import verl`` alone (a torch-free Ray worker of verl.single_controller) does not import torch/tensordict;
+    the names resolve on first use (here, in this process, where verl.protocol is loaded already)."""
+    import verl
+    import verl.protocol as protocol
+
+    probe = "import sys, verl; assert 'torch' not in sys.modules and 'tensordict' not in sys.modules, 'eager'"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert verl.DataProto is protocol.DataProto and verl.DataProtoItem is protocol.DataProtoItem
+    assert {"DataProto", "DataProtoItem"} <= set(dir(verl))
+    assert not hasattr(verl, "NoSuchName")
 
 
 def test_from_dict_keyword_forms():
