@@ -187,6 +187,7 @@ def test_every_engine_step_first_checks_the_threads_stream():
 def test_the_engine_is_built_on_the_engine_stream(monkeypatch):
     """vLLM keeps the stream current while it builds and warms up as its main stream: the driver builds the engine
     inside ``EngineStream.building()``."""
+    import vllm.engine.arg_utils as arg_utils
     import vllm.v1.engine.llm_engine as llm_engine
 
     log: list = []
@@ -227,6 +228,7 @@ def test_the_engine_is_built_on_the_engine_stream(monkeypatch):
         return driver_stream[0]
 
     monkeypatch.setattr(llm_engine, "LLMEngine", FakeEngine)
+    monkeypatch.setattr(arg_utils, "EngineArgs", lambda **kwargs: kwargs)  # no model folder to resolve
     monkeypatch.setattr("verl.workers.rollout.vllm_engine.EngineStream", make_stream)
     driver = _InprocDriver({"model": "unused"}, "high_priority")
     try:
