@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.trainer.config.algorithm import rollout_is_on
 from verl.trainer.config.data import file_list
 from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, active_recurrent_name
 
@@ -223,13 +224,13 @@ def rollout_log_prob_errors(cfg: DictConfig) -> list[str]:
             key,
         )
         return []
-    rollout_is, overlap = _get(cfg, "algorithm.rollout_is"), _get(cfg, "trainer.rollout_overlap")
-    if rollout_is is True:
-        why = "algorithm.rollout_is=True"
-    elif rollout_is is None and overlap:
+    rollout_is = _get(cfg, "algorithm.rollout_is")
+    if not rollout_is_on(rollout_is, _get(cfg, "trainer.rollout_overlap")):
+        return []
+    if rollout_is is None:
         why = "trainer.rollout_overlap=True (which turns algorithm.rollout_is on when it is null)"
     else:
-        return []
+        why = "algorithm.rollout_is=True"
     return [
         f"{key}=False with {why}: truncated importance sampling weighs the policy loss by the rollout engine's "
         f"log-probs, which the rollout does not return without {key}; set {key}=True or algorithm.rollout_is=False"

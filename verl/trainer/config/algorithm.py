@@ -7,10 +7,15 @@ from typing import Any, Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
-__all__ = ["KLControlConfig", "FilterGroupsConfig", "OverlongBufferConfig", "AlgoConfig"]
+__all__ = ["KLControlConfig", "FilterGroupsConfig", "OverlongBufferConfig", "AlgoConfig", "rollout_is_on"]
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 FILTER_GROUP_METRICS = ("score", "reward")
+
+
+def rollout_is_on(rollout_is: Optional[bool], rollout_overlap: bool) -> bool:
+    """Whether TIS is on: ``algorithm.rollout_is``, or (null) exactly when ``trainer.rollout_overlap`` is."""
+    return bool(rollout_overlap) if rollout_is is None else bool(rollout_is)
 
 
 @dataclass

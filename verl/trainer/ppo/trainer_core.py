@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
+from verl.trainer.config.algorithm import rollout_is_on
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
@@ -199,8 +200,7 @@ class TrainerCore:
         self.norm_by_std = self.conf.algorithm.norm_adv_by_std
         # one-step-off training (verl/trainer/ppo/rollout_overlap.py) and its off-policy correction
         self.ahead = RolloutAhead(self.conf.trainer.rollout_overlap)
-        rollout_is = self.conf.algorithm.rollout_is
-        self.use_rollout_is = self.conf.trainer.rollout_overlap if rollout_is is None else bool(rollout_is)
+        self.use_rollout_is = rollout_is_on(self.conf.algorithm.rollout_is, self.conf.trainer.rollout_overlap)
         self.policy_version: int | None = None  # the actor's weights: the step whose update made them
         self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
 
