@@ -29,7 +29,7 @@ returned = restore_after_vllm()
 print(json.dumps({"env": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"), "before": before,
                   "after": cfg.compile_threads, "returned": returned}))
 """
-DEFAULT = min(32, torch._utils.cpu_count())
+DEFAULT = min(32, compile_threads.usable_cpus())
 
 
 def _start_probe(env_extra: dict[str, str]) -> subprocess.Popen:
@@ -128,3 +128,16 @@ def test_restore_leaves_a_parallel_setting_alone(monkeypatch):
     with cfg.patch(compile_threads=1):
         assert compile_threads.restore_after_vllm() == (DEFAULT if DEFAULT > 1 else None)
         assert cfg.compile_threads == max(DEFAULT, 1)
+
+
+def test_restore_on_a_torch_without_utils_cpu_count(monkeypatch):
+    """torch 2.11 has no ``torch._utils.cpu_count`` (the 135M rollout benchmark died on it on a GPU machine): the
+    count falls back to the CPUs this process may use."""
+    import torch._inductor.config as cfg
+
+    monkeypatch.delattr(torch._utils, "cpu_count", raising=False)
+    monkeypatch.setenv(compile_threads.USER_SETTING_ENV, "")
+    expected = min(32, len(os.sched_getaffinity(0)))
+    assert compile_threads.usable_cpus() == len(os.sched_getaffinity(0))
+    with cfg.patch(compile_threads=1):
+        assert compile_threads.restore_after_vllm() == (expected if expected > 1 else None)

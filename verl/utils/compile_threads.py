@@ -37,6 +37,19 @@ def remember_user_setting() -> None:
         os.environ[USER_SETTING_ENV] = os.environ.get(COMPILE_THREADS_ENV, "")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on, as inductor counts them: ``torch._utils.cpu_count()`` where torch has it
+    (2.13), else the scheduler affinity, else ``os.cpu_count()`` (torch 2.11 has no ``torch._utils.cpu_count``)."""
+    import torch
+
+    counter = getattr(torch._utils, "cpu_count", None)
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def restore_after_vllm() -> Optional[int]:
     """Give inductor its default compile threads back after vLLM forced one; returns the new count or None.
 
@@ -45,13 +58,12 @@ def restore_after_vllm() -> Optional[int]:
     """
     if os.environ.get(USER_SETTING_ENV, ""):
         return None
-    import torch
     import torch._inductor.config as inductor_config
 
     current = inductor_config.compile_threads
     if current is not None and current > 1:
         return None
-    threads = min(32, int(torch._utils.cpu_count() or 1))  # torch's own default (decide_compile_threads)
+    threads = min(32, usable_cpus())  # torch's own default (decide_compile_threads)
     if threads <= 1:
         return None
     inductor_config.compile_threads = threads
