@@ -46,7 +46,11 @@ which says little). The first (warm-up) ``update_policy`` call is the "first ste
 log-probs of the first batch are compared token by token (max / mean absolute difference over response tokens).
 
 GPU run (one GPU, each side in turn; attention flash_attention_2 when flash-attn is installed, else sdpa, which
-packs rows with a dense block mask on both sides; ``--attn flex_attention`` for the flex layout)::
+packs rows with a dense block mask on both sides; ``--attn flex_attention`` for the flex layout). Without flash-attn
+neither side's packed rows have a fast sdpa path, and upstream's packed rows never had a path other than flash-attn
+(measured on one H200: upstream padded sdpa with its fused head ran its update 2.1x faster than ours on sdpa's dense
+block mask, and 3.5x faster than upstream's own packed rows through flex): compare each side at its best with
+``--ours-attn torch_varlen --upstream-attn sdpa --upstream-no-remove-padding --upstream-fused-kernels``::
 
     pip download --no-deps -d /tmp/verlwhl verl==0.7.1        # or copy the wheel; it needs no other wheel
     python benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda \\
@@ -113,6 +117,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="attention implementation (default: flash_attention_2 if installed "
         "on CUDA, else sdpa); the same for both sides",
+    )
+    p.add_argument(
+        "--ours-attn",
+        default=None,
+        help="ours only: its attention (e.g. torch_varlen, its default for packed rows on CUDA without flash-attn); "
+        "default --attn",
+    )
+    p.add_argument(
+        "--upstream-attn",
+        default=None,
+        help="upstream only: its attention (e.g. sdpa with --upstream-no-remove-padding); default --attn",
     )
     p.add_argument("--no-fused-kernels", action="store_true", help="ours: full-vocabulary logits")
     p.add_argument("--upstream-fused-kernels", action="store_true", help="upstream: its fused head (torch backend)")
@@ -181,7 +196,9 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
     from verl.utils.model_loading import build_causal_lm_from_config, count_parameters, resolve_attn_implementation
 
     attn = resolve_attn_implementation(args.attn, device_type)
-    model = build_causal_lm_from_config(shape_config(args.shape), dtype="float32", attn_implementation=attn, seed=0)
+    ours_attn = resolve_attn_implementation(args.ours_attn, device_type) if args.ours_attn else attn
+    upstream_attn = args.upstream_attn or attn  # names transformers knows (upstream registers nothing of ours)
+    model = build_causal_lm_from_config(shape_config(args.shape), dtype="float32", attn_implementation="sdpa", seed=0)
     model_dir = workdir / "model"
     model.save_pretrained(model_dir)
     num_params, vocab_size = count_parameters(model), model.config.vocab_size
@@ -192,7 +209,9 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
         model_dir=str(model_dir),
         batches=str(workdir / "batches.pt"),
         device=device_type,
-        attn=attn,
+        attn=attn if ours_attn == upstream_attn else f"{ours_attn} (ours) / {upstream_attn} (upstream)",
+        ours_attn=ours_attn,
+        upstream_attn=upstream_attn,
         num_params=num_params,
         rows=args.rows,
         mini_batches=args.mini_batches,
@@ -485,7 +504,7 @@ def _build_ours(spec: dict, device: torch.device):
     model = load_causal_lm(
         spec["model_dir"],
         dtype="float32",
-        attn_implementation=spec["attn"],
+        attn_implementation=spec["ours_attn"],
         device=device,
         gradient_checkpointing=spec["grad_ckpt"],
     )
@@ -521,6 +540,7 @@ def _build_ours(spec: dict, device: torch.device):
         return counts, parts
 
     info = {
+        "attn_implementation": model.config._attn_implementation,
         "fused_kernels": actor.use_fused_kernels,
         "fsdp": "verl.utils.fsdp_utils.apply_fsdp2 (this repository)",
         "rule": "global_token_mean",
@@ -572,7 +592,7 @@ def _build_upstream(spec: dict, device: torch.device):
     on_cuda = device.type == "cuda"
     substitutions = _upstream_padding_functions(spec)
     model = AutoModelForCausalLM.from_pretrained(
-        spec["model_dir"], dtype=torch.float32, attn_implementation=spec["attn"]
+        spec["model_dir"], dtype=torch.float32, attn_implementation=spec["upstream_attn"]
     )
     model.to(device)
     if spec["grad_ckpt"]:  # as upstream's FSDP worker
@@ -621,6 +641,7 @@ def _build_upstream(spec: dict, device: torch.device):
         return counts, parts
 
     info = {
+        "attn_implementation": model.config._attn_implementation,
         "fused_kernels": spec["upstream_fused"],
         "fsdp": "upstream verl.utils.fsdp_utils.apply_fsdp2 after apply_monkey_patch",
         "rule": "micro_token_mean_row_weighted",

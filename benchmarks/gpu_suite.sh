@@ -119,6 +119,11 @@ if want vs_verl; then
     if [ -n "${VERL_WHEEL:-}" ]; then
         run vs_verl python3 benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda --attn flex_attention \
             --upstream-wheel "$VERL_WHEEL" --out "$OUT/vs_verl_qwen2.5-1.5b.json"
+        # each side at its best without flash-attn: ours packed through torch_varlen (its default there), upstream
+        # padded sdpa with its fused head (its packed rows need flash-attn; through flex they ran 3.5x slower)
+        run vs_verl_best python3 benchmarks/bench_vs_verl.py --shape qwen2.5-1.5b --device cuda \
+            --ours-attn torch_varlen --upstream-attn sdpa --upstream-no-remove-padding --upstream-fused-kernels \
+            --upstream-wheel "$VERL_WHEEL" --out "$OUT/vs_verl_qwen2.5-1.5b_best_each.json"
     else
         echo "=== vs_verl skipped: set VERL_WHEEL to a verl-0.7.1 wheel (pip download verl==0.7.1 --no-deps)"
     fi
