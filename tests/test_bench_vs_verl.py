@@ -58,6 +58,7 @@ def test_one_micro_batch_same_weights_same_losses(tmp_path):
     assert Path(ours["verl_from"]) == REPO / "verl"
     assert up["verl_version"] == "0.7.1" and Path(up["verl_from"]) != REPO / "verl"
     assert up["stubs"] == [] and up["fused_kernels"] is False and ours["fused_kernels"] is True
+    assert ours["attn_implementation"] == up["attn_implementation"] == report["spec"]["attn"] == "sdpa"
     assert (
         bool(up["substitutions"]) != up["flash_attn_available"]
     )  # upstream's own unpad copies only without flash-attn
@@ -96,9 +97,15 @@ def test_one_micro_batch_same_weights_same_losses(tmp_path):
 def test_several_micro_batches_each_side_follows_its_normalisation(tmp_path):
     """A 100-token budget splits every mini-batch: ours keeps the global token-mean, upstream 0.7.1 weights the
     token-mean of each micro-batch by its share of rows (and sums over mini-batches), so the losses differ."""
-    report = _run(tmp_path, "--rows", "6", "--token-budget", "100", "--mini-batches", "2", "--upstream-fused-kernels")
+    report = _run(
+        tmp_path,
+        *("--rows", "6", "--token-budget", "100", "--mini-batches", "2", "--upstream-fused-kernels"),
+        *("--upstream-attn", "eager"),  # each side its own attention (the models still agree: fp32, same weights)
+    )
     ours, up = report["sides"]["ours"], report["sides"]["upstream"]
     assert up["fused_kernels"] is True
+    assert (ours["attn_implementation"], up["attn_implementation"]) == ("sdpa", "eager")
+    assert report["spec"]["attn"] == "sdpa (ours) / eager (upstream)"
     batch = torch.load(tmp_path / "batches.pt")[0]
     adv, mask = batch["advantages"], batch["response_mask"]
     ours_expected = (_on_policy_loss(adv[:3], mask[:3]) + _on_policy_loss(adv[3:], mask[3:])) / 2

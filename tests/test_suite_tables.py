@@ -135,11 +135,17 @@ def test_train_step_per_report_tables_and_summary(suite):
     summary = {(row["file"], row["overlap"]): row for row in tables(body)[-1]}
     assert len(summary) == 4
     row = summary[(ONE_STEP_OFF, "one-step-off")]
-    totals = [s["total"] for s in report["steps"][1:]]
-    assert row["mean total s"] == f"{sum(totals) / 2:.1f}" == "47.2"  # (54.9 + 39.5) / 2
-    tokens = sum(s["tokens"] for s in report["steps"][1:])
-    assert row["tokens/s"] == f"{tokens / sum(totals):,.0f}" == "15,413"
-    assert (row["steps"], row["update peak GiB"], row["update growth GiB"], row["note"]) == ("2, 3", "", "", "")
+    # step 3, the run's last, launched no rollout ahead (its update overlapped nothing): not the steady state
+    assert report["steps"][2]["update_gen_overlap_frac"] == 0.0 < report["steps"][1]["update_gen_overlap_frac"]
+    step2 = report["steps"][1]
+    assert row["mean total s"] == f"{step2['total']:.1f}" == "54.9"
+    assert row["tokens/s"] == f"{step2['tokens'] / step2['total']:,.0f}"
+    assert (row["steps"], row["update peak GiB"], row["update growth GiB"], row["note"]) == (
+        "2",
+        "",
+        "",
+        "left out: step 3 (no rollout ahead)",
+    )
     for name, peak in (
         ("train_step_smollm2-135m_packed.json", "59.7"),
         ("train_step_smollm2-135m_padded_sdpa.json", "61.1"),
@@ -220,4 +226,6 @@ def test_overlap_both_report_has_a_row_per_run(tmp_path, capsys):
     body = sections(capsys.readouterr().out)["Training step by phase"]
     assert "One-step-off (trainer.rollout_overlap) vs synchronous" in body
     summary = tables(body)[-1]
-    assert [(row["overlap"], row["mean total s"]) for row in summary] == [("sync", "24.0"), ("one-step-off", "47.2")]
+    assert [(row["overlap"], row["mean total s"]) for row in summary] == [("sync", "24.0"), ("one-step-off", "54.9")]
+    # the synchronous run keeps its last step (it has no rollout ahead to miss)
+    assert suite_tables.step_summary(sync)["steps"] == [s["step"] for s in sync[1:]]
