@@ -48,6 +48,7 @@ import bench_common as bc  # noqa: E402  (also puts the repository root on sys.p
 
 from verl.utils.tracking import METRICS_FILE, drop_superseded_lines  # noqa: E402
 from verl.workers.memory_peaks import GROWTH_PREFIX as PHASE_GROWTH_PREFIX  # noqa: E402
+from verl.workers.memory_peaks import IN_USE_PREFIX as PHASE_IN_USE_PREFIX  # noqa: E402
 from verl.workers.memory_peaks import METRIC_PREFIX as PHASE_PEAK_PREFIX  # noqa: E402
 
 # (trainer timing name ``timing_s/<name>``, report key, table title)
@@ -295,14 +296,17 @@ def print_report(report: dict) -> None:
     print(json.dumps(report, indent=2), file=sys.stderr)
     print("\n" + train_step_table(report))
     for r in report["steps"]:
-        growth = r.get("gpu_growth_by_phase_gib", {})
+        growth, in_use = r.get("gpu_growth_by_phase_gib", {}), r.get("gpu_in_use_by_phase_gib", {})
         phases = ", ".join(
-            f"{k} {v:.1f}" + (f" (+{growth[k]:.1f})" if k in growth else "")
+            f"{k} {v:.1f}"
+            + (f" (+{growth[k]:.1f})" if k in growth else "")
+            + (f" [in use {in_use[k]:.1f}]" if k in in_use and in_use[k] < v else "")
             for k, v in r.get("gpu_peak_by_phase_gib", {}).items()
         )
+        legend = "peak (+growth over the phase start) [in use: the peak less what the sleeping engine released]"
         print(
             f"step {r['step']}: actor worker peak GPU allocated {r['gpu_peak_allocated_gib']} GiB"
-            f"{f' (by phase, GiB, peak (+growth over the phase start): {phases})' if phases else ''}"
+            f"{f' (by phase, GiB, {legend}: {phases})' if phases else ''}"
             f", host RSS peak {r['host_peak_rss_gib']} GiB"
         )
     if "overlap_steps" in report:
@@ -346,6 +350,11 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 # engine's pool and the resident model that every peak above carries
                 "gpu_growth_by_phase_gib": {
                     k.removeprefix(PHASE_GROWTH_PREFIX): v for k, v in h.items() if k.startswith(PHASE_GROWTH_PREFIX)
+                },
+                # each phase's peak less the memory the sleeping vLLM engine had released (its pool counts as
+                # allocated): what the phase really held on the device
+                "gpu_in_use_by_phase_gib": {
+                    k.removeprefix(PHASE_IN_USE_PREFIX): v for k, v in h.items() if k.startswith(PHASE_IN_USE_PREFIX)
                 },
                 "host_peak_rss_gib": h.get("perf/cpu_memory_peak_rss_gb"),
             }

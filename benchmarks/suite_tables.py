@@ -225,6 +225,7 @@ def step_summary(steps: list[dict], one_step_off: bool = False) -> dict:
         "tokens_per_s": sum(s["tokens"] for s in later) / seconds if later and seconds > 0 else None,
         "update_peak_gib": largest("gpu_peak_by_phase_gib"),
         "update_growth_gib": largest("gpu_growth_by_phase_gib"),
+        "update_in_use_gib": largest("gpu_in_use_by_phase_gib"),
     }
 
 
@@ -260,6 +261,7 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
                         _num(s["tokens_per_s"], ",.0f"),
                         _num(s["update_peak_gib"], ".1f", missing=""),
                         _num(s["update_growth_gib"], ".1f", missing=""),
+                        _num(s["update_in_use_gib"], ".1f", missing=""),
                         note,
                     ]
                 )
@@ -268,13 +270,16 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
         except (KeyError, TypeError, ValueError) as exc:
             failed = _cannot_render(problems, name, exc)
             parts.append(f"**{name}**: {failed}")
-            summary.append([name, "", "", "", "", "", "", failed])
-    headers = ["file", "overlap", "steps", "mean total s", "tokens/s", "update peak GiB", "update growth GiB", "note"]
+            summary.append([name, "", "", "", "", "", "", "", failed])
+    headers = [
+        *("file", "overlap", "steps", "mean total s", "tokens/s"),
+        *("update peak GiB", "update growth GiB", "update in use GiB", "note"),
+    ]
     parts.append(
         "Summary over the steps after the first (step 1 carries the one-off warm-ups; one-step-off: also without "
         "its last step, which runs no rollout ahead): mean step seconds, their "
-        "tokens over their seconds, the update's largest per-phase GPU peak and growth (empty: the report has no "
-        "per-phase peaks)\n\n" + bc.markdown_table(headers, summary)
+        "tokens over their seconds, the update's largest per-phase GPU peak, growth, and peak less what the sleeping "
+        "rollout engine had released (empty: the report has none)\n\n" + bc.markdown_table(headers, summary)
     )
     return "\n\n".join(parts)
 

@@ -46,6 +46,8 @@ def _metrics(step: int, total: float) -> dict:
         "perf/max_memory_allocated_gb/rollout": 29.0,
         "perf/phase_growth_gb/update": 2.5,
         "perf/phase_growth_gb/rollout": 1.0,
+        "perf/max_memory_in_use_gb/update": 8.5,  # 20 GiB of the update's peak was the sleeping engine's pool
+        "perf/max_memory_in_use_gb/rollout": 29.0,
     }
 
 
@@ -81,7 +83,8 @@ def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
     assert report["steps"][0]["gpu_peak_allocated_gib"] == 30.0
     printed = capsys.readouterr().out
     assert "incomplete" in printed
-    assert "update 28.5 (+2.5), rollout 29.0 (+1.0)" in printed
+    assert report["steps"][0]["gpu_in_use_by_phase_gib"] == {"update": 8.5, "rollout": 29.0}
+    assert "update 28.5 (+2.5) [in use 8.5], rollout 29.0 (+1.0))" in printed  # shown only where it differs
 
 
 def test_report_from_a_folder_without_a_run_is_refused(tmp_path):

@@ -15,7 +15,7 @@ import torch
 from tests.test_log_prob_budgets import build_worker
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.fsdp_workers import memory_metrics
-from verl.workers.memory_peaks import GROWTH_PREFIX, METRIC_PREFIX, PhasePeaks
+from verl.workers.memory_peaks import GROWTH_PREFIX, IN_USE_PREFIX, METRIC_PREFIX, PhasePeaks
 
 GIB = 2**30
 
@@ -292,3 +292,71 @@ def test_worker_phases_are_measured_where_they_run(monkeypatch, tiny_model_path,
     metrics = worker.update_actor(data)
     assert _gib(metrics) == {"sync": 51.0, "update": 55.0}
     assert _growth(metrics) == {"sync": 1.0, "update": 5.0}
+
+
+def test_in_use_subtracts_what_the_sleeping_engine_released(counter):
+    """vLLM's sleep-mode pool counts as allocated also while released (7B shape on one H200: the update's peak read
+    167.6 GiB on a 140 GiB GPU). A phase that ran with the pool released at its start and its end reports its peak
+    less that; one that woke the engine (the weight sync) reports its whole peak; without a source, no such key."""
+    released = {"bytes": 0}
+    peaks = PhasePeaks(enabled=True, released=lambda: released["bytes"])
+    counter.alloc(40)  # the engine's pool: 50 GiB allocated
+    with peaks.phase("rollout"):  # awake
+        counter.alloc(5)
+        counter.free(5)
+    released["bytes"] = 40 * GIB  # sleep: the pool's memory goes back to the device, torch still counts it
+    with peaks.phase("update"):
+        counter.alloc(30)
+        counter.free(30)
+    with peaks.phase("sync"):  # starts asleep, wakes the engine
+        counter.alloc(1)
+        released["bytes"] = 0
+        counter.free(1)
+    report = peaks.report()
+    in_use = {k.removeprefix(IN_USE_PREFIX): v for k, v in report.items() if k.startswith(IN_USE_PREFIX)}
+    assert _gib(report) == {"rollout": 55.0, "update": 80.0, "sync": 51.0}
+    assert in_use == {"rollout": 55.0, "update": 40.0, "sync": 51.0}
+    assert _growth(report) == {"rollout": 5.0, "update": 30.0, "sync": 1.0}  # unchanged by the source
+
+    plain = PhasePeaks(enabled=True)
+    with plain.phase("update"):
+        counter.alloc(1)
+        counter.free(1)
+    assert not [k for k in plain.report() if k.startswith(IN_USE_PREFIX)]
+
+
+class _FreeBytes:
+    """The device's free bytes as the driver counts them: sleep releases the pool, each wake-up takes a part back."""
+
+    def __init__(self):
+        self.free = 10 * GIB
+        self.freed_elsewhere = 0  # bytes another allocator frees while a wake-up runs
+
+    def call(self, name, **kwargs):
+        if name == "sleep":
+            self.free += 69 * GIB
+        elif name == "wake_up":
+            self.free -= sum({"weights": 15, "kv_cache": 54}[t] for t in kwargs["tags"]) * GIB
+            self.free += self.freed_elsewhere
+
+
+def test_engine_counts_what_its_sleep_released_until_woken(monkeypatch):
+    """``VLLMRolloutEngine.released_bytes``: the device's free bytes after sleep minus before, less each wake-up's
+    take; 0 once all is awake. The driver stands in for vLLM (sleep mode needs CUDA)."""
+    from verl.workers.rollout import vllm_engine
+
+    device = _FreeBytes()
+    monkeypatch.setattr(vllm_engine, "_device_free_bytes", lambda: device.free)
+    eng = object.__new__(vllm_engine.VLLMRolloutEngine)
+    eng.enable_sleep_mode, eng.sleep_level, eng._driver = True, 2, device
+    eng._asleep, eng._sleeping_tags, eng._weights_discarded, eng._released_bytes = False, set(), False, 0
+    assert eng.released_bytes == 0
+    eng.sleep()
+    assert eng.released_bytes == 69 * GIB
+    eng.sleep()  # already asleep: nothing more
+    assert eng.released_bytes == 69 * GIB
+    eng.wake_up(tags=["weights"])
+    assert eng.released_bytes == 54 * GIB
+    device.freed_elsewhere = 3 * GIB  # the wake-up seems to take only 51 GiB: the last wake-up still ends at 0
+    eng.wake_up(tags=["kv_cache"])
+    assert eng.released_bytes == 0

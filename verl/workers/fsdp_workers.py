@@ -276,6 +276,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 distributed_executor_backend="external_launcher" if tp > 1 else None,
                 **vllm_extra_options(rc),
             )
+            # its sleep-mode pool counts as allocated while released: perf/max_memory_in_use_gb/<phase> subtracts it
+            self.phase_peaks.released = lambda: self.rollout.released_bytes
             if tp > 1 and self.rollout.tp_group_ranks != layout.group(layout.dp_rank(rank)):
                 raise RuntimeError(
                     f"vLLM formed the tensor-parallel group {self.rollout.tp_group_ranks} for rank {rank}, expected "

@@ -17,6 +17,13 @@ growth), i.e. the most the phase added on top of what was already held (the pool
 states). It is not the phase's whole footprint: memory allocated before the phase started (with ``param_offload``,
 the parameters brought back onto the GPU just before a log-prob or update phase) is in its start, not its growth.
 
+The engine can say how much of that pool it has released (``released``: bytes the sleeping engine gave back to the
+device, measured by the engine around its sleep and wake-up, ``VLLMRolloutEngine.released_bytes``). A phase that ran
+with the pool released throughout then also reports ``perf/max_memory_in_use_gb/<phase>``: its peak minus what was
+released at both its start and its end (the smaller of the two), an estimate of the device memory its allocations
+really held (one H200, 7B shape: the update's peak read 167.6 GiB on a 140 GiB GPU, 69.4 GiB of it vLLM's released
+pool).
+
 With ``trainer.rollout_overlap`` the rollout thread's generation and the train thread's passes run at the same time;
 one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peaks
 stay exact either way: torch's reset clears the allocated and the reserved peak, and :meth:`PhasePeaks.lifetime_peaks`
@@ -26,27 +33,32 @@ keeps the maximum of each across the resets.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["PhasePeaks", "METRIC_PREFIX", "GROWTH_PREFIX"]
+__all__ = ["PhasePeaks", "METRIC_PREFIX", "GROWTH_PREFIX", "IN_USE_PREFIX"]
 
 METRIC_PREFIX = "perf/max_memory_allocated_gb/"
 GROWTH_PREFIX = "perf/phase_growth_gb/"
+IN_USE_PREFIX = "perf/max_memory_in_use_gb/"
 
 
 class PhasePeaks:
     """Per-phase peaks of ``torch.cuda.max_memory_allocated()`` and their growth over ``torch.cuda.memory_allocated()``
     at the phase's start; a no-op when ``enabled`` is False (CPU)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, released: Callable[[], int] | None = None):
+        """``released``: bytes of the allocated count that the rollout engine has released while asleep (None: no
+        such engine, no ``perf/max_memory_in_use_gb/<phase>``)."""
         self.enabled = enabled
+        self.released = released  # settable once the engine exists
         self._lock = threading.Lock()
         self._active = 0
         self._concurrent = False
-        self._peaks: dict[str, tuple[int, int]] = {}  # phase -> (peak, allocated at the start of that call)
+        # phase -> (peak, allocated at the start of that call, bytes released at both its start and its end)
+        self._peaks: dict[str, tuple[int, int, int]] = {}
         self._lifetime = 0
         self._lifetime_reserved = 0
 
@@ -58,6 +70,7 @@ class PhasePeaks:
             yield
             return
         start = 0
+        released = self._released_now()
         with self._lock:
             if self._active:  # another phase is running in another thread: their peaks mix (the report is empty)
                 self._concurrent = True
@@ -69,13 +82,17 @@ class PhasePeaks:
         try:
             yield
         finally:
+            released = min(released, self._released_now())
             with self._lock:
                 self._active -= 1
                 self._fold_lifetime()
                 peak, kept = torch.cuda.max_memory_allocated(), self._peaks.get(name)
                 # the call with the largest peak; on equal peaks the one with the smaller start (the larger growth)
                 if kept is None or (peak, -start) > (kept[0], -kept[1]):
-                    self._peaks[name] = (peak, start)
+                    self._peaks[name] = (peak, start, released)
+
+    def _released_now(self) -> int:
+        return max(int(self.released()), 0) if self.released is not None else 0
 
     def _fold_lifetime(self) -> None:
         """Fold torch's peaks since its last reset into the process-wide ones (with the lock held)."""
@@ -93,12 +110,15 @@ class PhasePeaks:
 
     def report(self) -> dict[str, float]:
         """``{perf/max_memory_allocated_gb/<phase>: GiB, perf/phase_growth_gb/<phase>: GiB}`` of the phases since the
-        last report, then forgotten; empty when phases ran at the same time (or when disabled)."""
+        last report (with a ``released`` source also ``perf/max_memory_in_use_gb/<phase>``), then forgotten; empty
+        when phases ran at the same time (or when disabled)."""
         with self._lock:
             peaks, concurrent = self._peaks, self._concurrent
             self._peaks, self._concurrent = {}, self._active > 0
         if concurrent:
             return {}
-        out = {METRIC_PREFIX + name: peak / 2**30 for name, (peak, _) in peaks.items()}
-        out.update({GROWTH_PREFIX + name: (peak - start) / 2**30 for name, (peak, start) in peaks.items()})
+        out = {METRIC_PREFIX + name: peak / 2**30 for name, (peak, _, _) in peaks.items()}
+        out.update({GROWTH_PREFIX + name: (peak - start) / 2**30 for name, (peak, start, _) in peaks.items()})
+        if self.released is not None:
+            out.update({IN_USE_PREFIX + name: (peak - rel) / 2**30 for name, (peak, _, rel) in peaks.items()})
         return out

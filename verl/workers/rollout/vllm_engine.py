@@ -208,6 +208,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._asleep = False
         self._sleeping_tags: set[str] = set()
         self._weights_discarded = False
+        self._released_bytes = 0
 
         args: dict[str, Any] = dict(
             model=model_path,
@@ -369,7 +370,9 @@ class VLLMRolloutEngine(RolloutEngine):
             logger.debug("VLLMRolloutEngine.sleep: sleep mode unavailable (CPU or disabled); no-op")
             return
         if not self._asleep:
+            free = _device_free_bytes()
             self._driver.call("sleep", level=self.sleep_level)
+            self._released_bytes += max(_device_free_bytes() - free, 0)
             self._asleep = True
             self._sleeping_tags = {"weights", "kv_cache"}
             self._weights_discarded = self.sleep_level >= 2
@@ -384,8 +387,12 @@ class VLLMRolloutEngine(RolloutEngine):
         wake = set(tags or ("weights", "kv_cache")) & self._sleeping_tags
         if not wake:
             return
+        free = _device_free_bytes()
         self._driver.call("wake_up", tags=sorted(wake))
         self._sleeping_tags -= wake
+        self._released_bytes = max(self._released_bytes - max(free - _device_free_bytes(), 0), 0)
+        if not self._sleeping_tags:
+            self._released_bytes = 0  # all woken: whatever the device counters drifted by, nothing is released
         if "kv_cache" in wake:
             self._driver.call("reset_prefix_cache")
         self._asleep = bool(self._sleeping_tags)
@@ -393,6 +400,13 @@ class VLLMRolloutEngine(RolloutEngine):
     @property
     def weights_discarded(self) -> bool:
         return self._weights_discarded
+
+    @property
+    def released_bytes(self) -> int:
+        """Device memory the sleeping engine has given back (its sleep-mode pool still counts as allocated in torch's
+        counters): the device's free bytes after :meth:`sleep` minus before, less what each :meth:`wake_up` took
+        back; 0 while awake (and on CPU). ``verl/workers/memory_peaks.py`` subtracts it from a phase's peak."""
+        return self._released_bytes
 
     def reset_prefix_cache(self) -> None:
         """Drop vLLM's prefix cache."""
@@ -408,6 +422,11 @@ class VLLMRolloutEngine(RolloutEngine):
     def shutdown(self) -> None:
         """Stop the engine; unfinished requests fail."""
         self._driver.shutdown()
+
+
+def _device_free_bytes() -> int:
+    """Free bytes of the current CUDA device as the driver counts them (0 without CUDA)."""
+    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else 0
 
 
 class _InprocDriver:
