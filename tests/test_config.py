@@ -626,7 +626,6 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     (the engine factory is recorded here instead of starting vLLM)."""
     import verl.workers.rollout.base as rollout_base
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
-    from verl.workers.memory_peaks import PhasePeaks
 
     seen: dict = {}
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: seen.update(name=name, **kw))
@@ -640,7 +639,6 @@ def test_rollout_worker_builds_vllm_with_those_options(monkeypatch: pytest.Monke
     )
     worker = object.__new__(ActorRolloutRefWorker)
     worker.config, worker.model_path, worker.device_name = cfg.actor_rollout_ref, "/m", "cuda"
-    worker.phase_peaks = PhasePeaks(enabled=False)
     worker._init_rollout()
     assert seen["name"] == "vllm" and seen["cudagraph_max_tokens"] == 4096
     assert seen["engine_kwargs"] == {"max_logprobs": 7} and seen["max_num_batched_tokens"] == 8192

@@ -205,22 +205,16 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
     assert engines[-1]["dtype"] == "float16" and engines[-1]["enable_sleep_mode"] is False
 
 
-def test_phase_peaks_read_what_the_vllm_engine_released(actor_build, monkeypatch):
-    """perf/max_memory_in_use_gb/<phase> subtracts the sleeping vLLM engine's released pool: the worker points its
-    PhasePeaks at ``released_bytes`` of the engine it built."""
+def test_phase_peaks_read_what_the_rollout_engine_released(actor_build, monkeypatch):
+    """perf/max_memory_in_use_gb/<phase> subtracts what the sleeping vLLM engine released: the worker's PhasePeaks
+    read ``released_bytes`` of its engine (0 for an engine without it, e.g. the HF engine)."""
     from types import SimpleNamespace
 
-    import verl.workers.rollout.base as rollout_base
-    from verl.workers.memory_peaks import PhasePeaks
-
     worker, _, _ = actor_build
-    engine = SimpleNamespace(released_bytes=0)
-    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: engine)
-    monkeypatch.setattr(worker, "rollout", worker.rollout)  # restored after
-    monkeypatch.setattr(worker, "phase_peaks", PhasePeaks(enabled=False))
-    worker._init_rollout()
-    engine.released_bytes = 7 * 2**30
+    monkeypatch.setattr(worker, "rollout", SimpleNamespace(released_bytes=7 * 2**30))
     assert worker.phase_peaks.released() == 7 * 2**30
+    monkeypatch.setattr(worker, "rollout", SimpleNamespace())
+    assert worker.phase_peaks.released() == 0
 
 
 def test_gil_switch_interval_is_set_for_the_worker_process(actor_build, monkeypatch):

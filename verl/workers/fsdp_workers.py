@@ -122,7 +122,12 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.rollout = None
         self.ref = None
         self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
-        self.phase_peaks = PhasePeaks(enabled=device == "cuda")  # perf/{max_memory_allocated,phase_growth}_gb/<phase>
+        # perf/{max_memory_allocated,phase_growth,max_memory_in_use}_gb/<phase>; in use: less what the rollout engine
+        # released while asleep (vLLM's sleep-mode pool counts as allocated also then)
+        self.phase_peaks = PhasePeaks(enabled=device == "cuda", released=self._rollout_released_bytes)
+
+    def _rollout_released_bytes(self) -> int:
+        return int(getattr(self.rollout, "released_bytes", 0))
 
     # ------------------------------------------------------------------ setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -276,8 +281,6 @@ class ActorRolloutRefWorker(TrainingWorker):
                 distributed_executor_backend="external_launcher" if tp > 1 else None,
                 **vllm_extra_options(rc),
             )
-            # its sleep-mode pool counts as allocated while released: perf/max_memory_in_use_gb/<phase> subtracts it
-            self.phase_peaks.released = lambda: self.rollout.released_bytes
             if tp > 1 and self.rollout.tp_group_ranks != layout.group(layout.dp_rank(rank)):
                 raise RuntimeError(
                     f"vLLM formed the tensor-parallel group {self.rollout.tp_group_ranks} for rank {rank}, expected "
