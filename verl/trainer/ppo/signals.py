@@ -48,12 +48,21 @@ class GracefulStop:
         self.signum = signum
         self.received = 0
         self.doing: str | None = None  # what the loop is doing, for the messages ("step 3/5", ...)
+        self.announced: str | None = None  # ``doing`` as the first signal's message named it
         self._previous: Any = None
         self._installed = False
 
     @property
     def requested(self) -> bool:
         return self.received > 0
+
+    def stop_before(self, doing: str) -> bool:
+        """Name the work about to start (``doing``), then say whether to stop instead: a signal came and its message
+        did not name this work. A signal that lands once ``doing`` is set names it and lets it finish; one that
+        landed before named what was already done (checking :attr:`requested` before setting ``doing`` let a
+        signal in between name the finished step while the loop went on to finish and checkpoint the next)."""
+        self.doing = doing
+        return self.requested and self.announced != doing
 
     @property
     def abandoned(self) -> bool:
@@ -70,6 +79,7 @@ class GracefulStop:
         self.received += 1
         name = self.signal_name
         if self.received == 1:
+            self.announced = self.doing
             _say(
                 f"[trainer] {name} received: finishing {self.doing or 'the current work'}, then writing a "
                 f"checkpoint and exiting; send {name} again to abandon it"
