@@ -48,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="vLLM with CUDA graphs + torch.compile (rollout.enforce_eager=False; the trainer's default is eager)",
+        help="vLLM with CUDA graphs + torch.compile (rollout.enforce_eager=False, the trainer's default on a GPU); "
+        "without it this benchmark sets enforce_eager=True",
     )
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=256)

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=32768",
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=32768",
         "actor_rollout_ref.model.use_remove_padding=True",
-        # the launch scripts' rollout: vLLM with CUDA graphs (enforce_eager=False; the config's default is True).
+        # the launch scripts' rollout: vLLM with CUDA graphs (enforce_eager=False; the config's null means the same on CUDA).
         # Eager decoding made the 135M step's generation 6x slower (35 s against 5.5 s, benchmarks/RESULTS.md)
         *([] if args.device == "cpu" else ["actor_rollout_ref.rollout.enforce_eager=False"]),
         "algorithm.adv_estimator=grpo",

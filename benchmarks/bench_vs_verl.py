@@ -209,7 +209,7 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
         model_dir=str(model_dir),
         batches=str(workdir / "batches.pt"),
         device=device_type,
-        attn=attn if ours_attn == upstream_attn else f"{ours_attn} (ours) / {upstream_attn} (upstream)",
+        attn=ours_attn if ours_attn == upstream_attn else f"{ours_attn} (ours) / {upstream_attn} (upstream)",
         ours_attn=ours_attn,
         upstream_attn=upstream_attn,
         num_params=num_params,

@@ -124,6 +124,20 @@ def test_several_micro_batches_each_side_follows_its_normalisation(tmp_path):
     assert c["log_prob_batch0_max_abs_diff"] < 1e-5  # the log-prob pass (one micro-batch) still agrees
 
 
+def test_spec_names_the_attention_both_sides_run(tmp_path):
+    """``spec["attn"]`` (the table's title) names what the sides run: with both set apart from ``--attn``, their
+    common backend, not ``--attn``; different ones, both."""
+    args = bench_vs_verl.parse_args([*TINY, "--attn", "eager", "--ours-attn", "sdpa", "--upstream-attn", "sdpa"])
+    spec = bench_vs_verl.write_inputs(args, tmp_path, "cpu")
+    assert (spec["attn"], spec["ours_attn"], spec["upstream_attn"]) == ("sdpa", "sdpa", "sdpa")
+    spec = bench_vs_verl.write_inputs(bench_vs_verl.parse_args([*TINY, "--ours-attn", "eager"]), tmp_path, "cpu")
+    assert (spec["attn"], spec["ours_attn"], spec["upstream_attn"]) == (
+        "eager (ours) / sdpa (upstream)",
+        "eager",
+        "sdpa",
+    )
+
+
 def test_side_pythonpath_keeps_inherited_entries_without_a_verl(tmp_path):
     """A ``pip --target`` environment on PYTHONPATH stays importable; a folder holding a ``verl`` (this repository
     or another upstream copy) never follows a side's own ``verl``."""

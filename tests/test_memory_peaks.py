@@ -330,14 +330,26 @@ class _FreeBytes:
 
     def __init__(self):
         self.free = 10 * GIB
+        self.cached = 0  # torch's cached, unallocated blocks (vLLM's sleep ends with torch.cuda.empty_cache())
         self.freed_elsewhere = 0  # bytes another allocator frees while a wake-up runs
+
+    def empty_cache(self):
+        self.free, self.cached = self.free + self.cached, 0
 
     def call(self, name, **kwargs):
         if name == "sleep":
             self.free += 69 * GIB
+            self.empty_cache()
         elif name == "wake_up":
             self.free -= sum({"weights": 15, "kv_cache": 54}[t] for t in kwargs["tags"]) * GIB
             self.free += self.freed_elsewhere
+
+
+def _engine(vllm_engine, driver, backend):
+    eng = object.__new__(vllm_engine.VLLMRolloutEngine)
+    eng.backend, eng.enable_sleep_mode, eng.sleep_level, eng._driver = backend, True, 2, driver
+    eng._asleep, eng._sleeping_tags, eng._weights_discarded, eng._released_bytes = False, set(), False, 0
+    return eng
 
 
 def test_engine_counts_what_its_sleep_released_until_woken(monkeypatch):
@@ -347,10 +359,10 @@ def test_engine_counts_what_its_sleep_released_until_woken(monkeypatch):
 
     device = _FreeBytes()
     monkeypatch.setattr(vllm_engine, "_device_free_bytes", lambda: device.free)
-    eng = object.__new__(vllm_engine.VLLMRolloutEngine)
-    eng.enable_sleep_mode, eng.sleep_level, eng._driver = True, 2, device
-    eng._asleep, eng._sleeping_tags, eng._weights_discarded, eng._released_bytes = False, set(), False, 0
+    monkeypatch.setattr(vllm_engine, "_empty_cache", device.empty_cache)
+    eng = _engine(vllm_engine, device, "inproc")
     assert eng.released_bytes == 0
+    device.cached = 2 * GIB  # e.g. the weight sync's buckets: never allocated, so not the engine's release
     eng.sleep()
     assert eng.released_bytes == 69 * GIB
     eng.sleep()  # already asleep: nothing more
@@ -359,4 +371,19 @@ def test_engine_counts_what_its_sleep_released_until_woken(monkeypatch):
     assert eng.released_bytes == 54 * GIB
     device.freed_elsewhere = 3 * GIB  # the wake-up seems to take only 51 GiB: the last wake-up still ends at 0
     eng.wake_up(tags=["kv_cache"])
+    assert eng.released_bytes == 0
+
+
+def test_engine_in_another_process_releases_nothing_of_this_process(monkeypatch):
+    """``backend="async_llm"``: vLLM's pool lives in the engine-core process, so this process's torch counters never
+    had it; the device's free bytes still rise at its sleep, and subtracting them would understate a phase's memory."""
+    from verl.workers.rollout import vllm_engine
+
+    device = _FreeBytes()
+    monkeypatch.setattr(vllm_engine, "_device_free_bytes", lambda: device.free)
+    monkeypatch.setattr(vllm_engine, "_empty_cache", device.empty_cache)
+    eng = _engine(vllm_engine, device, "async_llm")
+    eng.sleep()
+    assert device.free == 79 * GIB and eng.released_bytes == 0
+    eng.wake_up()
     assert eng.released_bytes == 0

@@ -18,9 +18,9 @@ states). It is not the phase's whole footprint: memory allocated before the phas
 the parameters brought back onto the GPU just before a log-prob or update phase) is in its start, not its growth.
 
 The engine can say how much of that pool it has released (``released``: bytes the sleeping engine gave back to the
-device, measured by the engine around its sleep and wake-up, ``VLLMRolloutEngine.released_bytes``). A phase that ran
-with the pool released throughout then also reports ``perf/max_memory_in_use_gb/<phase>``: its peak minus what was
-released at both its start and its end (the smaller of the two), an estimate of the device memory its allocations
+device, measured by the engine around its sleep and wake-up, ``VLLMRolloutEngine.released_bytes``). With such a
+source every phase also reports ``perf/max_memory_in_use_gb/<phase>``: its peak minus what was released at both its
+start and its end (the smaller of the two; the peak itself for a phase that started or ended awake), an estimate of the device memory its allocations
 really held (one H200, 7B shape: the update's peak read 167.6 GiB on a 140 GiB GPU, 69.4 GiB of it vLLM's released
 pool).
 

@@ -370,9 +370,15 @@ class VLLMRolloutEngine(RolloutEngine):
             logger.debug("VLLMRolloutEngine.sleep: sleep mode unavailable (CPU or disabled); no-op")
             return
         if not self._asleep:
-            free = _device_free_bytes()
+            # only an engine in this process: AsyncLLM's pool lives in its engine-core process, which this process's
+            # torch counters never saw
+            measure = self.backend == "inproc"
+            if measure:  # vLLM's sleep ends with empty_cache: free torch's cached blocks (never counted as allocated)
+                _empty_cache()  # first, so that they are not taken for the engine's release
+            free = _device_free_bytes() if measure else 0
             self._driver.call("sleep", level=self.sleep_level)
-            self._released_bytes += max(_device_free_bytes() - free, 0)
+            if measure:
+                self._released_bytes += max(_device_free_bytes() - free, 0)
             self._asleep = True
             self._sleeping_tags = {"weights", "kv_cache"}
             self._weights_discarded = self.sleep_level >= 2
@@ -404,8 +410,9 @@ class VLLMRolloutEngine(RolloutEngine):
     @property
     def released_bytes(self) -> int:
         """Device memory the sleeping engine has given back (its sleep-mode pool still counts as allocated in torch's
-        counters): the device's free bytes after :meth:`sleep` minus before, less what each :meth:`wake_up` took
-        back; 0 while awake (and on CPU). ``verl/workers/memory_peaks.py`` subtracts it from a phase's peak."""
+        counters): the device's free bytes after :meth:`sleep` minus before (torch's cached blocks given back first),
+        less what each :meth:`wake_up` took back; 0 while awake, on CPU and with ``backend="async_llm"`` (its pool
+        lives in the engine-core process). ``verl/workers/memory_peaks.py`` subtracts it from a phase's peak."""
         return self._released_bytes
 
     def reset_prefix_cache(self) -> None:
@@ -427,6 +434,12 @@ class VLLMRolloutEngine(RolloutEngine):
 def _device_free_bytes() -> int:
     """Free bytes of the current CUDA device as the driver counts them (0 without CUDA)."""
     return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else 0
+
+
+def _empty_cache() -> None:
+    """Give torch's cached, unallocated blocks back to the device (nothing without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class _InprocDriver:
