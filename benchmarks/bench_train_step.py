@@ -85,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument(
+        "--peak-flops",
+        type=float,
+        default=790e12,
+        help="peak FLOP/s of one GPU (bf16 dense; 790e12 as measured on one H200, the other benchmarks' default) for "
+        "the MFU columns (CUDA only)",
+    )
+    p.add_argument(
         "--log-dir",
         help="per-step metrics of each run (<dir>/sync, <dir>/overlap: metrics.jsonl, written as each step ends) and "
         "the benchmark's arguments (<dir>/run.json); default: <out>.steps beside --out, else a temporary folder",
@@ -127,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(model),
         "device": bc.device_name(args.device),
         "overrides": overrides,
+        "num_params": model_parameters(model),
+        "peak_flops": args.peak_flops if args.device == "cuda" else None,
     }
     (log_dir / RUN_FILE).write_text(json.dumps(meta, indent=2))
     for name in RUN_NAMES.values():  # an earlier benchmark's steps there (same --out) are not this run's
@@ -252,11 +261,37 @@ def logged_histories(log_dir: Path) -> dict[str, list[dict]]:
     return histories
 
 
+def model_parameters(model_dir) -> int:
+    """Parameters of the model in ``model_dir`` (tied weights once), built on the meta device from its config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from verl.utils.model_loading import count_parameters
+
+    with torch.device("meta"):
+        return count_parameters(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)))
+
+
+def add_mfu(rows: list[dict], num_params: int | None, peak_flops: float | None) -> None:
+    """Per step: ``mfu``, the training passes' FLOPs over the whole step (6 x params x tokens for the update, 2 x for
+    the old log-probs, 2 x for the reference pass when it ran; generation not counted: the issue's "~21% of the
+    H200" of the 1.5B step) over ``peak_flops``; ``update_mfu``, the update's 6 x params x tokens over its own
+    seconds. Not added without a parameter count or a peak (CPU)."""
+    if not num_params or not peak_flops:
+        return
+    for r in rows:
+        passes = 6 + (2 if r["old_log_prob"] > 0 else 0) + (2 if r["ref"] > 0 else 0)
+        r["mfu"] = passes * num_params * r["tokens"] / max(r["total"], 1e-9) / peak_flops
+        r["update_mfu"] = 6 * num_params * r["tokens"] / r["update_actor"] / peak_flops if r["update_actor"] else None
+
+
 def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None = None) -> dict:
     """The JSON report of the runs in ``histories`` (``sync`` / ``overlap``, the trainer's per-step metrics);
     ``complete`` says whether every run of ``meta["overlap"]`` logged all ``meta["steps"]`` steps."""
     trajectories = meta["batch"] * meta["n"]
     rows = {name: step_rows(history, trajectories) for name, history in histories.items()}
+    for run_rows in rows.values():
+        add_mfu(run_rows, meta.get("num_params"), meta.get("peak_flops"))
     wanted = [RUN_NAMES[overlap] for overlap in MODES[meta["overlap"]]]
     report = {
         "benchmark": "train_step",
@@ -264,6 +299,8 @@ def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None
         "ranks": meta["gpus"],
         **{key: meta[key] for key in ("rollout", "batch", "n", "chunks", "chunk", "memory", "overrides")},
         "rollout_overlap": meta["overlap"],
+        "num_params": meta.get("num_params"),
+        "peak_flops": meta.get("peak_flops"),
         "steps": rows.get(wanted[0], []),
         "complete": all(len(rows.get(name, [])) >= meta["steps"] for name in wanted) and error is None,
         "env": bc.environment(),
@@ -428,12 +465,24 @@ def train_step_table(report: dict) -> str:
         f"rollout={report['rollout']}, {report['batch']} questions x {report['n']}, "
         f"{report['chunks']} chunks x {report['chunk']} tokens, memory {report['memory']}; seconds)"
     )
+    mfu = any("mfu" in r for r in report["steps"])
     rows = [
         [r["step"], *(r[key] for _, key, _ in PHASES), r["tokens"], r["tokens_per_s"], r["generated_tokens_per_s"]]
+        + ([_percent(r.get("mfu")), _percent(r.get("update_mfu"))] if mfu else [])
         for r in report["steps"]
     ]
     titles = [title for _, _, title in PHASES]
-    return head + "\n\n" + bc.markdown_table(["step", *titles, "tokens", "tokens/s", "generated tok/s"], rows)
+    headers = ["step", *titles, "tokens", "tokens/s", "generated tok/s"] + (["MFU", "update MFU"] if mfu else [])
+    if mfu:
+        head += (
+            f"; MFU: the training passes' 6/2/2 x {report['num_params'] / 1e6:,.0f}M params x tokens over the step "
+            f"(update MFU: over the update) at {report['peak_flops'] / 1e12:.0f} TFLOP/s"
+        )
+    return head + "\n\n" + bc.markdown_table(headers, rows)
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
 
 
 if __name__ == "__main__":

@@ -223,6 +223,10 @@ def step_summary(steps: list[dict], one_step_off: bool = False) -> dict:
         "left_out": left_out,
         "mean_total_s": seconds / len(later) if later else None,
         "tokens_per_s": sum(s["tokens"] for s in later) / seconds if later and seconds > 0 else None,
+        # the steps' training-pass MFU over their seconds (bench_train_step.add_mfu; None for reports without it)
+        "mfu": sum(s["mfu"] * s["total"] for s in later) / seconds
+        if later and seconds > 0 and all("mfu" in s for s in later)
+        else None,
         "update_peak_gib": largest("gpu_peak_by_phase_gib"),
         "update_growth_gib": largest("gpu_growth_by_phase_gib"),
         "update_in_use_gib": largest("gpu_in_use_by_phase_gib"),
@@ -259,6 +263,7 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
                         ", ".join(map(str, s["steps"])) or "none",
                         _num(s["mean_total_s"], ".1f"),
                         _num(s["tokens_per_s"], ",.0f"),
+                        "" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%",
                         _num(s["update_peak_gib"], ".1f", missing=""),
                         _num(s["update_growth_gib"], ".1f", missing=""),
                         _num(s["update_in_use_gib"], ".1f", missing=""),
@@ -270,9 +275,9 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
         except (KeyError, TypeError, ValueError) as exc:
             failed = _cannot_render(problems, name, exc)
             parts.append(f"**{name}**: {failed}")
-            summary.append([name, "", "", "", "", "", "", "", failed])
+            summary.append([name, "", "", "", "", "", "", "", "", failed])
     headers = [
-        *("file", "overlap", "steps", "mean total s", "tokens/s"),
+        *("file", "overlap", "steps", "mean total s", "tokens/s", "step MFU"),
         *("update peak GiB", "update growth GiB", "update in use GiB", "note"),
     ]
     parts.append(

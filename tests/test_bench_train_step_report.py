@@ -155,3 +155,26 @@ def test_a_run_stopped_early_starts_no_further_run(tiny_model_path, tmp_path, mo
     assert calls == [False]
     assert report["complete"] is False and "error" not in report
     assert [r["step"] for r in report["steps"]] == [1] and "overlap_steps" not in report
+
+
+def test_mfu_columns_from_the_parameter_count_and_peak(tmp_path, capsys):
+    """With a parameter count and a peak (a CUDA run): per step the training passes' FLOPs (6 x params x tokens for
+    the update, 2 x each for the old log-prob and reference passes that ran) over the step's seconds, and the
+    update's 6 x over its own; the table gets both columns."""
+    meta = {**META, "overlap": "off", "num_params": 2_000_000, "peak_flops": 1e12}
+    history = [_metrics(1, 8.0), {**_metrics(2, 4.0), "timing_s/old_log_prob": 0.5, "timing_s/ref": 0.5}]
+    report = bts.build_report(meta, {"sync": history})
+    first, second = report["steps"]
+    assert first["mfu"] == pytest.approx(6 * 2e6 * 400 / 8.0 / 1e12)  # no old/ref pass timed in step 1
+    assert second["mfu"] == pytest.approx(10 * 2e6 * 400 / 4.0 / 1e12)
+    assert second["update_mfu"] == pytest.approx(6 * 2e6 * 400 / 2.0 / 1e12)
+    table = bts.train_step_table(report)
+    assert "| MFU | update MFU |" in table and f"| {100 * second['mfu']:.1f}% |" in table
+    plain = bts.build_report({**META, "overlap": "off"}, {"sync": history})  # CPU, or a run logged before
+    assert "mfu" not in plain["steps"][0] and "MFU" not in bts.train_step_table(plain)
+
+
+def test_model_parameters_counts_the_folder_model_once(tiny_model_path):
+    from verl.utils.model_loading import count_parameters, load_causal_lm
+
+    assert bts.model_parameters(tiny_model_path) == count_parameters(load_causal_lm(tiny_model_path, dtype="float32"))

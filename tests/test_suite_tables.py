@@ -229,3 +229,8 @@ def test_overlap_both_report_has_a_row_per_run(tmp_path, capsys):
     assert [(row["overlap"], row["mean total s"]) for row in summary] == [("sync", "24.0"), ("one-step-off", "54.9")]
     # the synchronous run keeps its last step (it has no rollout ahead to miss)
     assert suite_tables.step_summary(sync)["steps"] == [s["step"] for s in sync[1:]]
+    assert [row["step MFU"] for row in summary] == ["", ""]  # reports written before bench_train_step's MFU
+    timed = [{**s, "mfu": m} for s, m in zip(sync, (0.5, 0.1, 0.3), strict=False)]
+    later = timed[1:]
+    expected = sum(s["mfu"] * s["total"] for s in later) / sum(s["total"] for s in later)
+    assert suite_tables.step_summary(timed)["mfu"] == pytest.approx(expected)  # weighted by each step's seconds
