@@ -92,6 +92,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 UPSTREAM_VERSION = "0.7.1"
 # Required by the wheel's metadata but not imported on the actor's path; the upstream JSON lists those absent.
+OURS_ONLY_ATTN = "torch_varlen"  # registered with transformers by this repository's loader only
 UPSTREAM_OPTIONAL = ("torchdata", "pylatexenc", "pybind11", "dill", "codetiming")
 
 
@@ -341,6 +342,12 @@ def main(argv=None) -> dict:
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if not sides or set(sides) - {"ours", "upstream"}:
         raise ValueError(f"--sides must name ours and/or upstream, got {args.sides!r}")
+    if "upstream" in sides and (args.upstream_attn or args.attn) == OURS_ONLY_ATTN:
+        raise SystemExit(
+            f"attention {OURS_ONLY_ATTN!r} is this repository's backend; upstream verl cannot load it: use it for "
+            f"our side only (--ours-attn {OURS_ONLY_ATTN}) and give upstream one of transformers' own (e.g. "
+            "--upstream-attn sdpa --upstream-no-remove-padding --upstream-fused-kernels)"
+        )
     upstream = resolve_upstream(args, workdir) if "upstream" in sides else None
     spec = write_inputs(args, workdir, device_type)
     results = {}

@@ -179,3 +179,14 @@ def test_a_side_killed_from_elsewhere_is_not_reported_as_the_timeout(tmp_path, m
     with pytest.raises(RuntimeError, match=r"ours side failed \(exit -9\)") as failed:
         bench_vs_verl.run_side("ours", tmp_path, None, timeout=120)
     assert "about to be killed" in str(failed.value)
+
+
+def test_ours_only_attention_for_upstream_is_refused_before_anything_runs(tmp_path):
+    """``torch_varlen`` is registered by this repository's loader only: naming it for upstream (through --attn or
+    --upstream-attn) stops at once with the flags to use instead, before the wheel is installed or weights written."""
+    for flags in (["--attn", "torch_varlen"], ["--upstream-attn", "torch_varlen"]):
+        with pytest.raises(SystemExit, match="--ours-attn torch_varlen"):
+            bench_vs_verl.main(
+                [*TINY, "--upstream-wheel", str(tmp_path / "none.whl"), "--workdir", str(tmp_path), *flags]
+            )
+        assert not (tmp_path / "model").exists() and not (tmp_path / "upstream").exists()
