@@ -22,6 +22,7 @@ sleep or wake-up while a generation is in flight. Without the overlap the worker
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
+from verl.utils.flops import peak_flops_per_gpu, update_mfu
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.settings import plain_values
 from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
@@ -125,6 +127,18 @@ class ActorRolloutRefWorker(TrainingWorker):
         # perf/{max_memory_allocated,phase_growth,max_memory_in_use}_gb/<phase>; in use: less what the rollout engine
         # released while asleep (vLLM's sleep-mode pool counts as allocated also then)
         self.phase_peaks = PhasePeaks(enabled=device == "cuda", released=self._rollout_released_bytes)
+
+    @functools.cached_property
+    def actor_parameters(self) -> int:
+        """The actor's parameters (all ranks' shards: FSDP2's DTensors count their global size)."""
+        from verl.utils.model_loading import count_parameters
+
+        return count_parameters(self.actor_module)
+
+    @functools.cached_property
+    def peak_flops(self) -> float | None:
+        """This GPU's dense bf16 peak for ``perf/mfu/actor`` (None on CPU or an unknown GPU)."""
+        return peak_flops_per_gpu(self.device_name)
 
     def _rollout_released_bytes(self) -> int:
         return int(getattr(self.rollout, "released_bytes", 0))
@@ -437,6 +451,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         with self._resident("actor"), self.phase_peaks.phase("update"):
             metrics = self.actor.update_policy(data)
         overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
+        mfu = update_mfu(self.actor_parameters, int(data.batch["attention_mask"].sum()), seconds, self.peak_flops)
+        if mfu is not None:  # this rank's tokens over its update's seconds (verl/utils/flops.py)
+            metrics["perf/mfu/actor"] = mfu
         metrics["perf/update_generation_overlap_s"] = overlap
         metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
