@@ -19,7 +19,7 @@ import torch
 from tests.test_config import compose_config, script_overrides
 from verl.trainer.config_schema import validate_config
 from verl.workers.rollout.engine_stream import ENGINE_STREAMS, EngineStream
-from verl.workers.rollout.vllm_engine import _InprocDriver
+from verl.workers.rollout.vllm_drivers import InprocDriver
 from verl.workers.rollout.weight_sync import BEGIN_UPDATE_RPC, FINISH_UPDATE_RPC, LOAD_WEIGHTS_RPC
 
 
@@ -99,8 +99,8 @@ class FakeEngine:
 
 
 def _driver_with_engine_thread():
-    """An _InprocDriver without vLLM: its command queue served by a thread that runs the calls as ``_loop`` does."""
-    driver = object.__new__(_InprocDriver)
+    """An InprocDriver without vLLM: its command queue served by a thread that runs the calls as ``_loop`` does."""
+    driver = object.__new__(InprocDriver)
     driver._stream = RecordingStream()
     driver._commands = queue.Queue()
     driver._closed = False
@@ -168,7 +168,7 @@ def test_each_weight_bucket_is_waited_for_and_held_before_it_is_loaded():
 def test_every_engine_step_first_checks_the_threads_stream():
     """``_step`` checks that the engine thread is on its stream before stepping the engine."""
     log: list = []
-    driver = object.__new__(_InprocDriver)
+    driver = object.__new__(InprocDriver)
     driver._stream = RecordingStream()
     driver._stream.log = log
     driver._inflight = {}
@@ -229,8 +229,8 @@ def test_the_engine_is_built_on_the_engine_stream(monkeypatch):
 
     monkeypatch.setattr(llm_engine, "LLMEngine", FakeEngine)
     monkeypatch.setattr(arg_utils, "EngineArgs", lambda **kwargs: kwargs)  # no model folder to resolve
-    monkeypatch.setattr("verl.workers.rollout.vllm_engine.EngineStream", make_stream)
-    driver = _InprocDriver({"model": "unused"}, "high_priority")
+    monkeypatch.setattr("verl.workers.rollout.vllm_drivers.EngineStream", make_stream)
+    driver = InprocDriver({"model": "unused"}, "high_priority")
     try:
         assert log == [("build", True)] and not driver_stream[0].inside
     finally:
