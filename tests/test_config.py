@@ -431,7 +431,7 @@ BAD_OVERRIDES = [
     (["actor_rollout_ref.rollout.mode=batch"], ["actor_rollout_ref.rollout.mode", "sync, async"]),
     (
         ["actor_rollout_ref.rollout.engine_stream=fast"],
-        ["actor_rollout_ref.rollout.engine_stream must be one of [shared, high_priority] (got 'fast')"],
+        ["actor_rollout_ref.rollout.engine_stream must be one of [shared, high_priority, null] (got 'fast')"],
     ),
     (
         ["actor_rollout_ref.rollout.gil_switch_interval_ms=0"],

@@ -161,6 +161,23 @@ def test_run_sizes_the_loaders_and_the_step_count(recorded_run):
     assert recorded_run("trainer.total_training_steps=5")["steps"] == 5
 
 
+def test_run_resolves_the_engine_stream_for_the_workers(recorded_run):
+    """``rollout.engine_stream: null`` reaches the workers resolved: shared here (CPU: nothing to overlap on a
+    stream); a value given stands. The rule itself: ``resolve_engine_stream`` below."""
+    assert recorded_run()["cfg"].actor_rollout_ref.rollout.engine_stream == "shared"
+    given = recorded_run("actor_rollout_ref.rollout.engine_stream=high_priority")
+    assert given["cfg"].actor_rollout_ref.rollout.engine_stream == "high_priority"
+
+
+def test_engine_stream_null_is_high_priority_only_beside_training_on_a_gpu():
+    from verl.workers.config.rollout import resolve_engine_stream
+
+    assert resolve_engine_stream(None, rollout_overlap=True, uses_vllm_on_gpu=True) == "high_priority"
+    assert resolve_engine_stream(None, rollout_overlap=False, uses_vllm_on_gpu=True) == "shared"
+    assert resolve_engine_stream(None, rollout_overlap=True, uses_vllm_on_gpu=False) == "shared"
+    assert resolve_engine_stream("shared", rollout_overlap=True, uses_vllm_on_gpu=True) == "shared"
+
+
 def test_run_picks_device_and_worker_group_from_the_cluster_keys(recorded_run):
     local = recorded_run("trainer.ray_address=auto")
     assert local["wg"] == ("local", "cpu")

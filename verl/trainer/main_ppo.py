@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import CustomRewardFunctionConfig, PPOConfig, TrainerConfig, from_config
+from verl.workers.config.rollout import resolve_engine_stream
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,11 @@ def run(cfg: DictConfig) -> list[dict]:
     total_steps = conf.trainer.total_training_steps or len(train_loader) * conf.trainer.total_epochs
     with open_dict(cfg):
         cfg.actor_rollout_ref.actor.optim.total_training_steps = int(total_steps)
+        cfg.actor_rollout_ref.rollout.engine_stream = resolve_engine_stream(
+            conf.actor_rollout_ref.rollout.engine_stream,
+            conf.trainer.rollout_overlap,
+            uses_vllm_on_gpu=conf.actor_rollout_ref.rollout.name == "vllm" and device == "cuda",
+        )
         if use_critic:
             cfg.critic.optim.total_training_steps = int(total_steps)
 

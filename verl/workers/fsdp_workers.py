@@ -81,7 +81,7 @@ def vllm_extra_options(rc: Any) -> dict[str, Any]:
         )
     options: dict[str, Any] = {"engine_kwargs": extra} if extra else {}
     options["sleep_level"] = rc.sleep_level
-    options["engine_stream"] = rc.engine_stream
+    options["engine_stream"] = rc.engine_stream or "shared"  # null is resolved at launch (main_ppo); else shared
     if rc.cudagraph_max_tokens:
         options["cudagraph_max_tokens"] = rc.cudagraph_max_tokens
     return options
@@ -250,7 +250,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 f"(got {rc.max_model_len}, {rc.prompt_length}, {rc.response_length})"
             )
         apply_gil_switch_interval(rc.gil_switch_interval_ms)
-        if rc.engine_stream != "shared" and (rc.name != "vllm" or self.device_name != "cuda"):
+        if rc.engine_stream not in (None, "shared") and (rc.name != "vllm" or self.device_name != "cuda"):
             logger.warning(
                 "actor_rollout_ref.rollout.engine_stream=%s has no effect here: it applies to vLLM on CUDA "
                 "(rollout.name=%s, device %s)",
