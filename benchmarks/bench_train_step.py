@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
 
+from verl.utils.flops import update_mfu  # noqa: E402
 from verl.utils.tracking import METRICS_FILE, drop_superseded_lines  # noqa: E402
 from verl.workers.memory_peaks import GROWTH_PREFIX as PHASE_GROWTH_PREFIX  # noqa: E402
 from verl.workers.memory_peaks import IN_USE_PREFIX as PHASE_IN_USE_PREFIX  # noqa: E402
@@ -282,7 +283,7 @@ def add_mfu(rows: list[dict], num_params: int | None, peak_flops: float | None) 
     for r in rows:
         passes = 6 + (2 if r["old_log_prob"] > 0 else 0) + (2 if r["ref"] > 0 else 0)
         r["mfu"] = passes * num_params * r["tokens"] / max(r["total"], 1e-9) / peak_flops
-        r["update_mfu"] = 6 * num_params * r["tokens"] / r["update_actor"] / peak_flops if r["update_actor"] else None
+        r["update_mfu"] = update_mfu(num_params, r["tokens"], r["update_actor"], peak_flops)
 
 
 def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None = None) -> dict:
@@ -468,7 +469,7 @@ def train_step_table(report: dict) -> str:
     mfu = any("mfu" in r for r in report["steps"])
     rows = [
         [r["step"], *(r[key] for _, key, _ in PHASES), r["tokens"], r["tokens_per_s"], r["generated_tokens_per_s"]]
-        + ([_percent(r.get("mfu")), _percent(r.get("update_mfu"))] if mfu else [])
+        + ([percent(r.get("mfu")), percent(r.get("update_mfu"))] if mfu else [])
         for r in report["steps"]
     ]
     titles = [title for _, _, title in PHASES]
@@ -481,7 +482,8 @@ def train_step_table(report: dict) -> str:
     return head + "\n\n" + bc.markdown_table(headers, rows)
 
 
-def _percent(value: float | None) -> str:
+def percent(value: float | None) -> str:
+    """``0.295`` -> ``29.5%`` (empty for None)."""
     return "" if value is None else f"{100 * value:.1f}%"
 
 

@@ -243,7 +243,7 @@ def train_step_header(name: str, report: dict) -> str:
 def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
     """Per report its steps by phase (``bench_train_step.train_step_table``; with ``--overlap both`` also the
     one-step-off run's and the side-by-side table), then one summary row per run of every report."""
-    from bench_train_step import overlap_table, train_step_table
+    from bench_train_step import overlap_table, percent, train_step_table
 
     parts, summary = [], []
     for name, report in reports:
@@ -263,7 +263,7 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
                         ", ".join(map(str, s["steps"])) or "none",
                         _num(s["mean_total_s"], ".1f"),
                         _num(s["tokens_per_s"], ",.0f"),
-                        "" if s["mfu"] is None else f"{100 * s['mfu']:.1f}%",
+                        percent(s["mfu"]),
                         _num(s["update_peak_gib"], ".1f", missing=""),
                         _num(s["update_growth_gib"], ".1f", missing=""),
                         _num(s["update_in_use_gib"], ".1f", missing=""),

@@ -20,9 +20,9 @@ the parameters brought back onto the GPU just before a log-prob or update phase)
 The engine can say how much of that pool it has released (``released``: bytes the sleeping engine gave back to the
 device, measured by the engine around its sleep and wake-up, ``VLLMRolloutEngine.released_bytes``). With such a
 source every phase also reports ``perf/max_memory_in_use_gb/<phase>``: its peak minus what was released at both its
-start and its end (the smaller of the two; the peak itself for a phase that started or ended awake), an estimate of the device memory its allocations
-really held (one H200, 7B shape: the update's peak read 167.6 GiB on a 140 GiB GPU, 69.4 GiB of it vLLM's released
-pool).
+start and its end (the smaller of the two; the peak itself for a phase that started or ended awake), an estimate of
+the device memory its allocations really held (one H200, 7B shape: the update's peak read 167.6 GiB on a 140 GiB GPU,
+69.4 GiB of it vLLM's released pool).
 
 With ``trainer.rollout_overlap`` the rollout thread's generation and the train thread's passes run at the same time;
 one device counter cannot tell them apart, so a report whose phases overlapped is empty. The process-wide peaks
@@ -53,7 +53,7 @@ class PhasePeaks:
         """``released``: bytes of the allocated count that the rollout engine has released while asleep (None: no
         such engine, no ``perf/max_memory_in_use_gb/<phase>``)."""
         self.enabled = enabled
-        self.released = released  # settable once the engine exists
+        self.released = released
         self._lock = threading.Lock()
         self._active = 0
         self._concurrent = False

@@ -363,15 +363,7 @@ class VLLMRolloutEngine(RolloutEngine):
             logger.debug("VLLMRolloutEngine.sleep: sleep mode unavailable (CPU or disabled); no-op")
             return
         if not self._asleep:
-            # only an engine in this process: AsyncLLM's pool lives in its engine-core process, which this process's
-            # torch counters never saw
-            measure = self.backend == "inproc"
-            if measure:  # vLLM's sleep ends with empty_cache: free torch's cached blocks (never counted as allocated)
-                _empty_cache()  # first, so that they are not taken for the engine's release
-            free = _device_free_bytes() if measure else 0
-            self._driver.call("sleep", level=self.sleep_level)
-            if measure:
-                self._released_bytes += max(_device_free_bytes() - free, 0)
+            self._released_bytes += max(self._device_freed_by("sleep", level=self.sleep_level), 0)
             self._asleep = True
             self._sleeping_tags = {"weights", "kv_cache"}
             self._weights_discarded = self.sleep_level >= 2
@@ -386,15 +378,27 @@ class VLLMRolloutEngine(RolloutEngine):
         wake = set(tags or ("weights", "kv_cache")) & self._sleeping_tags
         if not wake:
             return
-        free = _device_free_bytes()
-        self._driver.call("wake_up", tags=sorted(wake))
+        taken = -self._device_freed_by("wake_up", tags=sorted(wake))
         self._sleeping_tags -= wake
-        self._released_bytes = max(self._released_bytes - max(free - _device_free_bytes(), 0), 0)
+        self._released_bytes = max(self._released_bytes - max(taken, 0), 0)
         if not self._sleeping_tags:
             self._released_bytes = 0  # all woken: whatever the device counters drifted by, nothing is released
         if "kv_cache" in wake:
             self._driver.call("reset_prefix_cache")
         self._asleep = bool(self._sleeping_tags)
+
+    def _device_freed_by(self, name: str, **kwargs: Any) -> int:
+        """Run the driver call ``name``; return the device's free bytes after it minus before. 0 for an engine outside
+        this process (``backend="async_llm"``: its pool lives in the engine-core process, never in this process's
+        torch counters). torch's cached blocks are given back first (vLLM's sleep ends with ``empty_cache``): they
+        were never counted as allocated and must not be taken for the engine's."""
+        if self.backend != "inproc":
+            self._driver.call(name, **kwargs)
+            return 0
+        _empty_cache()
+        free = _device_free_bytes()
+        self._driver.call(name, **kwargs)
+        return _device_free_bytes() - free
 
     @property
     def weights_discarded(self) -> bool:
