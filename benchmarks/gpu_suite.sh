@@ -16,6 +16,8 @@
 #                 checkpointing on and off
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
 #                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
+#   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
+#                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
@@ -24,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-ONLY=${ONLY:-update_attn train_step small_step weight_sync vs_verl big_step gpu_tests}
+ONLY=${ONLY:-update_attn train_step small_step vllm_step weight_sync vs_verl big_step gpu_tests}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want() { [[ " $ONLY " == *" $1 "* ]]; }
@@ -112,6 +114,12 @@ if want small_step; then
     # (the last launches no rollout ahead): generation and the training passes each take ~9 s alone here
     run train_step_135m_fast_overlap_stream $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap on \
         --out "$OUT/train_step_135m_fast_overlap_stream.json" -- $FAST_135M actor_rollout_ref.rollout.engine_stream=high_priority
+fi
+if want vllm_step; then
+    run vllm_step_135m python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 64 256 \
+        --prompt-len 512 --new-tokens 128 --out "$OUT/vllm_step_135m.json"
+    run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
+        --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread --out "$OUT/vllm_step_1p5b.json"
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \

