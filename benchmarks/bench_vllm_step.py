@@ -75,10 +75,10 @@ def run_steps(engine: Any, prompts: list[list[int]], new_tokens: int) -> tuple[i
         detokenize=False,
         output_kind=RequestOutputKind.FINAL_ONLY,
     )
+    start = time.perf_counter()  # adding the requests counts, as in the engine thread's generate_batch
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
     steps = tokens = 0
-    start = time.perf_counter()
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:

@@ -292,6 +292,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "algorithm.overlong_buffer.penalty_factor": (DAPO,),
     "algorithm.rollout_is": (f"{OVERLAP}::test_rollout_is_defaults_to_the_overlap_key", OVERLAP_IS),
     "algorithm.rollout_is_threshold": (f"{OVERLAP}::test_rollout_is_defaults_to_the_overlap_key", OVERLAP_IS),
+    "algorithm.bypass_mode": (
+        "tests/test_trainer_e2e.py::test_bypass_mode_trains_like_the_recomputed_run_without_its_pass",
+        "tests/test_bypass_mode.py::test_bypass_takes_the_engine_log_probs_without_a_recompute_pass",
+    ),
     # trainer
     "trainer.total_epochs": (RUN_SIZES,),
     "trainer.total_training_steps": (RUN_SIZES,),

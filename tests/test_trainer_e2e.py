@@ -422,3 +422,19 @@ def test_lora_training_syncs_the_merged_weights_and_exports_them(runs, tiny_mode
     adapted = {f"model.layers.{i}.self_attn.{n}.weight" for i in range(2) for n in attn}
     adapted |= {f"model.layers.{i}.mlp.{n}.weight" for i in range(2) for n in mlp}
     assert changed == adapted  # biases, norms and the embedding are frozen
+
+
+def test_bypass_mode_trains_like_the_recomputed_run_without_its_pass(tiny_model_path, tmp_path, runs):
+    """The HF engine's log-probs equal the actor's (test above), so taking them as PPO's old log-probs
+    (``algorithm.bypass_mode``) gives the recomputed run's first step, without the old-log-prob pass."""
+    extra = ["algorithm.bypass_mode=True", "trainer.val_before_train=False", "trainer.save_freq=-1"]
+    hist = main_ppo.run(
+        _cfg(tmp_path, tiny_model_path, str(tmp_path / "bypass"), 1, extra=[*extra, "trainer.test_freq=-1"])
+    )
+    bypass, straight = {h["step"]: h for h in hist}[1], {h["step"]: h for h in runs["straight"]}[1]
+    assert "timing_s/old_log_prob" not in bypass and "timing_s/old_log_prob" in straight
+    assert "rollout/logprob_abs_diff_max" not in bypass
+    assert bypass["response_length/mean"] == pytest.approx(straight["response_length/mean"])
+    assert bypass["actor/pg_loss"] == pytest.approx(straight["actor/pg_loss"], rel=1e-3, abs=1e-5)
+    assert bypass["actor/grad_norm"] == pytest.approx(straight["actor/grad_norm"], rel=1e-3)
+    assert bypass["actor/ppo_kl"] == pytest.approx(straight["actor/ppo_kl"], abs=1e-4)  # the later mini-batches'

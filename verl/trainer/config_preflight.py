@@ -81,6 +81,7 @@ def check_config(cfg: Any) -> None:
     errors += algorithm_errors(cfg, recurrent)
     errors += parallelism_errors(cfg, recurrent)
     errors += rollout_log_prob_errors(cfg)
+    errors += bypass_mode_errors(cfg)
     errors += model_path_errors(cfg, recurrent)
     errors += folder_errors(cfg)
     errors += reward_function_errors(cfg)
@@ -225,7 +226,7 @@ def rollout_log_prob_errors(cfg: DictConfig) -> list[str]:
         )
         return []
     rollout_is = _get(cfg, "algorithm.rollout_is")
-    if not rollout_is_on(rollout_is, _get(cfg, "trainer.rollout_overlap")):
+    if not rollout_is_on(rollout_is, _get(cfg, "trainer.rollout_overlap"), _get(cfg, "algorithm.bypass_mode", False)):
         return []
     if rollout_is is None:
         why = "trainer.rollout_overlap=True (which turns algorithm.rollout_is on when it is null)"
@@ -235,6 +236,27 @@ def rollout_log_prob_errors(cfg: DictConfig) -> list[str]:
         f"{key}=False with {why}: truncated importance sampling weighs the policy loss by the rollout engine's "
         f"log-probs, which the rollout does not return without {key}; set {key}=True or algorithm.rollout_is=False"
     ]
+
+
+def bypass_mode_errors(cfg: DictConfig) -> list[str]:
+    """``algorithm.bypass_mode`` takes PPO's old log-probs from the rollout engine, so every response token needs the
+    engine's log-prob: refused without ``actor_rollout_ref.rollout.calculate_log_probs``, and in async mode, whose
+    turns re-tokenised from text carry tokens the engine gave no log-prob for."""
+    if not _get(cfg, "algorithm.bypass_mode", False):
+        return []
+    key = "actor_rollout_ref.rollout.calculate_log_probs"
+    if _get(cfg, "actor_rollout_ref.rollout.mode") == "async":
+        return [
+            "algorithm.bypass_mode=True with actor_rollout_ref.rollout.mode=async: bypass mode uses the engine's "
+            "log-prob of every response token as PPO's old log-prob, and async turns re-tokenised from text have "
+            "tokens without one; set algorithm.bypass_mode=False (the actor recomputes them)"
+        ]
+    if _get(cfg, key, True) is False:
+        return [
+            f"algorithm.bypass_mode=True with {key}=False: bypass mode uses the rollout engine's log-probs as PPO's "
+            f"old log-probs, which the rollout returns only with {key}=True; set it, or algorithm.bypass_mode=False"
+        ]
+    return []
 
 
 def rollout_tp_errors(cfg: DictConfig) -> list[str]:

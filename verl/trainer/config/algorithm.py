@@ -13,9 +13,12 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 FILTER_GROUP_METRICS = ("score", "reward")
 
 
-def rollout_is_on(rollout_is: Optional[bool], rollout_overlap: bool) -> bool:
-    """Whether TIS is on: ``algorithm.rollout_is``, or (null) exactly when ``trainer.rollout_overlap`` is."""
-    return bool(rollout_overlap) if rollout_is is None else bool(rollout_is)
+def rollout_is_on(rollout_is: Optional[bool], rollout_overlap: bool, bypass_mode: bool = False) -> bool:
+    """Whether TIS is on: ``algorithm.rollout_is``, or (null) exactly when ``trainer.rollout_overlap`` is and
+    ``algorithm.bypass_mode`` is not (PPO's ratio is then taken against the rollout policy itself: nothing to weigh)."""
+    if rollout_is is None:
+        return bool(rollout_overlap) and not bypass_mode
+    return bool(rollout_is)
 
 
 @dataclass
@@ -117,6 +120,9 @@ class AlgoConfig(BaseConfig):
     rollout_is: Optional[bool] = None
     # TIS cap C: per-token weight min(exp(old_log_prob - rollout_log_prob), C).
     rollout_is_threshold: float = 2.0
+    # PPO's old log-probs are the rollout engine's (no recompute pass by the actor); verl's
+    # algorithm.rollout_correction.bypass_mode with its ppo_clip loss.
+    bypass_mode: bool = False
 
     def check(self, c: Checks) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATORS, KL_PENALTY_TYPES
@@ -132,6 +138,13 @@ class AlgoConfig(BaseConfig):
         c.number("lam", lambda v: 0 <= v <= 1, "in [0, 1]")
         c.choice("kl_penalty", KL_PENALTY_TYPES)
         c.number("rollout_is_threshold", lambda v: 0 < v < float("inf"), "> 0 (the cap C of the TIS weight)")
+        if self.bypass_mode and self.rollout_is:
+            c.error(
+                f"{c.key('bypass_mode')}=True with {c.key('rollout_is')}=True: in bypass mode PPO's old log-probs "
+                "are the rollout engine's, so the TIS weight exp(old_log_prob - rollout_log_prob) is 1 everywhere; "
+                f"set {c.key('rollout_is')}=null (or False)",
+                "rollout_is",
+            )
 
     def _import_estimator_modules(self, c: Checks) -> None:
         """Import ``adv_estimator_module`` (a dotted name, a ``.py`` path or a list; each file runs once)."""

@@ -112,9 +112,9 @@ class MultiConvTrainer(TrainerCore):
                 weights = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
                 conv.batch["loss_weights"] = weights
             conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
-            # 5. old and reference log-probs, off-policy correction (TIS), actor update, weight sync
-            with timer("old_log_prob", timing):
-                conv = conv.union(self.wg.compute_log_prob(conv))
+            # 5. old (or, bypass mode, the engine's) and reference log-probs, off-policy correction (TIS), actor
+            #    update, weight sync
+            conv = self.old_log_probs(conv, timing)
             metrics.update(self.off_policy_correction(conv))
             if cfg.actor_rollout_ref.actor.use_kl_loss:
                 with timer("ref", timing):

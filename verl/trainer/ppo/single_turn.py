@@ -176,8 +176,7 @@ class SingleTurnPPOTrainer(TrainerCore):
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores_at_last_token(scores, batch.batch["response_mask"])
             # 3. old (and reference) log-probs, off-policy correction (TIS), values
-            with timer("old_log_prob", timing):
-                batch = batch.union(self.wg.compute_log_prob(batch))
+            batch = self.old_log_probs(batch, timing)  # bypass mode: the engine's
             metrics.update(self.off_policy_correction(batch))
             if self.use_kl_loss or self.use_kl_in_reward:
                 with timer("ref", timing):

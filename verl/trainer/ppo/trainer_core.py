@@ -200,7 +200,8 @@ class TrainerCore:
         self.norm_by_std = self.conf.algorithm.norm_adv_by_std
         # one-step-off training (verl/trainer/ppo/rollout_overlap.py) and its off-policy correction
         self.ahead = RolloutAhead(self.conf.trainer.rollout_overlap)
-        self.use_rollout_is = rollout_is_on(self.conf.algorithm.rollout_is, self.conf.trainer.rollout_overlap)
+        algo = self.conf.algorithm
+        self.use_rollout_is = rollout_is_on(algo.rollout_is, self.conf.trainer.rollout_overlap, algo.bypass_mode)
         self.policy_version: int | None = None  # the actor's weights: the step whose update made them
         self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
 
@@ -249,9 +250,26 @@ class TrainerCore:
             self.wg.sync_rollout_weights()
         self.rollout_version = self.policy_version
 
+    def old_log_probs(self, data: DataProto, timing: dict[str, float]) -> DataProto:
+        """``data`` with PPO's ``old_log_probs``: recomputed by the actor (``timing_s/old_log_prob``), or with
+        ``algorithm.bypass_mode`` the rollout engine's log-probs of the sampled tokens (no pass)."""
+        if not self.conf.algorithm.bypass_mode:
+            with timer("old_log_prob", timing):
+                return data.union(self.wg.compute_log_prob(data))
+        if "rollout_log_probs" not in data.batch.keys():  # launch refuses such configs (bypass_mode_errors)
+            raise RuntimeError(
+                "algorithm.bypass_mode is on but the rollout returned no engine log-probs to use as PPO's old "
+                "log-probs; set actor_rollout_ref.rollout.calculate_log_probs=True or algorithm.bypass_mode=False"
+            )
+        data.batch["old_log_probs"] = data.batch["rollout_log_probs"]
+        return data
+
     def off_policy_correction(self, data: DataProto) -> dict[str, float]:
         """Engine vs actor log-prob metrics and, with TIS on (``algorithm.rollout_is``), the per-token
-        ``rollout_is_weights`` the actor multiplies into the policy loss (``rollout_correction.py``)."""
+        ``rollout_is_weights`` the actor multiplies into the policy loss (``rollout_correction.py``). In bypass
+        mode the old log-probs are the engine's: no metrics (they would read 0), no weights."""
+        if self.conf.algorithm.bypass_mode:
+            return {}
         metrics = rollout_actor_mismatch(data)
         if not self.use_rollout_is:
             return metrics
