@@ -17,7 +17,9 @@ not account for: the per-step overhead a faster host path would remove.
 
 Settings (``--settings``): ``default`` (vLLM's defaults; async scheduling is on where the executor supports it),
 ``no_async_scheduling`` (``async_scheduling=False``), ``engine_thread`` (the project's ``VLLMRolloutEngine``: the
-same engine stepped by its own thread, requests through ``generate_batch``; wall time only).
+same engine stepped by its own thread, requests through ``generate_batch``, prefix caching on as in training; wall
+time only), ``engine_thread_no_prefix_cache`` (the same without prefix caching, as the bare loops run). The report
+records each setting's resolved async scheduling and prefix caching.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "default": {},
     "no_async_scheduling": {"async_scheduling": False},
     "engine_thread": {},
+    "engine_thread_no_prefix_cache": {"enable_prefix_caching": False},
 }
 
 
@@ -125,20 +128,23 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     prompts_all = bc.random_prompts(max(args.batch), args.prompt_len, vocab, bc.special_ids(model_path))
     rows: list[dict[str, Any]] = []
     base = Path(args.out) if args.out else None
-    if setting == "engine_thread":
-        from bench_rollout import build_vllm_engine
-
+    if setting.startswith("engine_thread"):
         from verl.workers.rollout import SamplingParams
+        from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
-        engine = build_vllm_engine(
+        max_len = args.prompt_len + args.new_tokens + 8
+        engine = VLLMRolloutEngine(  # as bench_rollout builds it; prefix caching on unless the setting says
             model_path,
-            args.device,
-            args.dtype,
-            args.prompt_len + args.new_tokens + 8,
-            max(args.batch),
-            args.device == "cpu",
-            args.gpu_memory_utilization,
+            dtype=args.dtype,
+            max_model_len=max_len,
+            max_num_seqs=max(args.batch),
+            enforce_eager=args.device == "cpu",
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_sleep_mode=False,
+            max_num_batched_tokens=max(8192, max_len),
+            **SETTINGS[setting],
         )
+        config = engine._driver.engine.vllm_config
         params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
         try:
             for batch in args.batch:
@@ -155,7 +161,12 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(dict(batch=batch, tokens=int(tokens), seconds=seconds, steps=None))
         finally:
             engine.shutdown()
-        return {"setting": setting, "rows": rows}
+        return {
+            "setting": setting,
+            "rows": rows,
+            "async_scheduling": bool(config.scheduler_config.async_scheduling),
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        }
 
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -189,7 +200,12 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         )
         print(f"{setting} batch {batch}: {steps} steps, {seconds:.3f} s", file=sys.stderr, flush=True)
-    return {"setting": setting, "rows": rows, "async_scheduling": bool(getattr(config, "async_scheduling", False))}
+    return {
+        "setting": setting,
+        "rows": rows,
+        "async_scheduling": bool(config.async_scheduling),
+        "prefix_caching": bool(engine.vllm_config.cache_config.enable_prefix_caching),
+    }
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -256,6 +272,16 @@ def step_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def report_table(report: dict[str, Any]) -> str:
+    """The title line and the table of a report (also used by ``suite_tables.py``)."""
+    head = (
+        f"vLLM engine step ({report['model']}, {report['device']}, prompt {report['prompt_len']}, "
+        f"{report['new_tokens']} new tokens, greedy, EOS ignored; async scheduling: {report['async_scheduling']})"
+    )
+    failed = "".join(f"\n\nsetting {name} failed" for name in report.get("failed") or {})
+    return head + "\n\n" + step_table(report["results"]) + failed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     bc.add_model_args(p)
@@ -303,14 +329,13 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "async_scheduling": {r["setting"]: r.get("async_scheduling") for r in results},
+        "prefix_caching": {r["setting"]: r.get("prefix_caching") for r in results},
         "results": rows,
         "failed": failed,
         "env": bc.environment(),
     }
     bc.write_json(args.out, report)
-    print(f"\nvLLM engine step ({report['model']}, {report['device']}, prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, greedy, EOS ignored)\n")  # fmt: skip
-    print(step_table(rows))
+    print("\n" + report_table(report))
     return 1 if failed else 0
 
 

@@ -3,7 +3,7 @@
     python benchmarks/suite_tables.py /tmp/gpu_out
 
 A ``benchmarks/gpu_suite.sh`` folder: every ``*.json`` report in the folder is recognised by its content
-(``"benchmark"``: ``update_policy``, ``train_step``, ``weight_sync``, ``vs_verl``; reports of
+(``"benchmark"``: ``update_policy``, ``train_step``, ``weight_sync``, ``vs_verl``, ``vllm_step``; reports of
 ``bench_update_policy.py`` written before it named itself by their ``log_prob`` and ``update_policy`` sections, of
 ``bench_vs_verl.py`` by ``spec`` and ``sides``) and tabulated side by side, one table per kind and one row per report
 (train_step: one table of steps per report, then a summary across reports). A file that cannot be read, a report of
@@ -30,6 +30,7 @@ KINDS = {  # kind -> section title, in print order
     "train_step": "Training step by phase",
     "weight_sync": "Weight sync",
     "vs_verl": "This actor vs upstream verl",
+    "vllm_step": "vLLM engine step: wall vs GPU kernel time",
 }
 LIGER_NOTE = (
     "\\* these reports have no `use_liger` (written before it was recorded): the requested `--liger` is shown as "
@@ -101,6 +102,8 @@ def load_reports(folder: Path) -> tuple[dict[str, list[tuple[str, dict]]], list[
             problems.append((path.name, f"not tabulated here: {what}"))
             continue
         by_kind[kind].append((path.name, report))
+        if report.get("failed"):  # bench_vllm_step: settings whose process failed
+            problems.append((path.name, f"incomplete: settings failed: {', '.join(report['failed'])}"))
         if report.get("complete") is False:
             problems.append((path.name, f"incomplete: {report.get('error') or 'a run stopped before its last step'}"))
     return by_kind, problems
@@ -315,6 +318,10 @@ def suite_main(folder: Path) -> int:
             from bench_weight_sync import weight_sync_table
 
             print(per_report_tables(reports, weight_sync_table, problems))
+        elif kind == "vllm_step":
+            from bench_vllm_step import report_table
+
+            print(per_report_tables(reports, report_table, problems))
         else:
             from bench_vs_verl import table as vs_verl_table
 

@@ -234,3 +234,21 @@ def test_overlap_both_report_has_a_row_per_run(tmp_path, capsys):
     later = timed[1:]
     expected = sum(s["mfu"] * s["total"] for s in later) / sum(s["total"] for s in later)
     assert suite_tables.step_summary(timed)["mfu"] == pytest.approx(expected)  # weighted by each step's seconds
+
+
+def test_vllm_step_reports_use_their_bench_table_and_failed_settings_are_listed(tmp_path, capsys):
+    """The committed H200 vllm_step report (2026-12-03, seventh run): its cells from the JSON; a copy with a failed
+    setting is tabulated and listed as incomplete."""
+    src = H200 / "seventh" / "vllm_step_1p5b.json"
+    report = _load(src)
+    shutil.copy(src, tmp_path / src.name)
+    (tmp_path / "vllm_step_failed.json").write_text(json.dumps({**report, "failed": {"engine_thread": "oom"}}))
+    assert suite_tables.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    printed = sections(out)
+    first, _ = tables(printed["vLLM engine step: wall vs GPU kernel time"])
+    default = report["results"][0]
+    assert first[0]["setting"] == "default" and first[0]["steps"] == f"{default['steps']:,}" == "1,048"
+    assert first[0]["kernel ms/step"] == f"{default['kernel_ms_per_step']:.2f}" == "4.29"
+    assert first[0]["host ms/step"] == f"{default['host_ms_per_step']:.2f}"
+    assert "| vllm_step_failed.json | incomplete: settings failed: engine_thread |" in out
