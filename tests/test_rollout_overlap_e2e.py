@@ -9,7 +9,8 @@ weights. Two independent records show it: the policy versions the trainer books 
 ``rollout/staleness``), and the numbers themselves: the engine's log-probs of its own samples equal the actor's
 (to float noise) when the engine holds the actor's weights, and differ after an update at lr 1e-2 (the rollout
 was sampled by the previous weights); the TIS weights that correct for it are capped at
-``algorithm.rollout_is_threshold``.
+``algorithm.rollout_is_threshold``. With ``algorithm.bypass_mode`` the same overlap takes PPO's ratio against the
+stale engine's log-probs instead (no recompute pass, no TIS).
 """
 
 from __future__ import annotations
@@ -41,7 +42,21 @@ def runs(tiny_model_path, tmp_path_factory):
         )
     )
     sync = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "off"), 3, extra=QUIET))
-    return {"on": {h["step"]: h for h in overlap}, "off": {h["step"]: h for h in sync}}
+    # bypass mode: PPO's old log-probs are the (stale) engine's; no recompute pass, no TIS
+    bypass = main_ppo.run(
+        _cfg(
+            tmp,
+            tiny_model_path,
+            str(tmp / "bypass"),
+            3,
+            extra=[*QUIET, "trainer.rollout_overlap=True", "algorithm.bypass_mode=True"],
+        )
+    )
+    return {
+        "on": {h["step"]: h for h in overlap},
+        "off": {h["step"]: h for h in sync},
+        "bypass": {h["step"]: h for h in bypass},
+    }
 
 
 def test_overlap_trains_on_rollouts_one_step_stale(runs):
@@ -196,3 +211,21 @@ def test_overlap_with_the_vllm_engine(tiny_model_path, tmp_path):
     staleness, drift = _staleness_and_drift(hist)
     assert staleness == [0.0, 1.0, 1.0]
     assert drift[0] < 1e-3 and min(drift[1:]) > 1e-2
+
+
+def test_bypass_mode_takes_the_ratio_against_the_stale_engine(runs):
+    """One-step-off with ``algorithm.bypass_mode``: the same staleness, no old-log-prob pass and no TIS; PPO's ratio
+    starts from the engine's (previous) weights, so the update sees the one-step gap the recomputing run's TIS
+    weights corrected for."""
+    bypass, on = runs["bypass"], runs["on"]
+    assert [bypass[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    for s in (1, 2, 3):
+        assert "timing_s/old_log_prob" not in bypass[s] and "timing_s/old_log_prob" in on[s]
+        assert not any(k.startswith("rollout/is_") or k.startswith("rollout/logprob_abs_diff") for k in bypass[s])
+    # step 1 is on-policy in both: the same rollout and loss (engine log-probs = actor's here)
+    assert bypass[1]["actor/pg_loss"] == pytest.approx(on[1]["actor/pg_loss"], rel=1e-3, abs=1e-5)
+    # steps 2-3: the ratio is against the previous weights from the first mini-batch on (measured 0.027/0.034 vs
+    # -0.027/-0.004 recomputed; clipped fraction 0.22/0.21 vs 0.12/0.03)
+    for s in (2, 3):
+        assert bypass[s]["actor/ppo_kl"] > 1e-2 > on[s]["actor/ppo_kl"], s
+        assert bypass[s]["actor/pg_clipfrac"] > on[s]["actor/pg_clipfrac"], s
