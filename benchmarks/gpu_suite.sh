@@ -120,6 +120,9 @@ if want small_step; then
     # (the last launches no rollout ahead): generation and the training passes each take ~9 s alone here
     run train_step_135m_fast_overlap_stream $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap on \
         --out "$OUT/train_step_135m_fast_overlap_stream.json" -- $FAST_135M actor_rollout_ref.rollout.engine_stream=high_priority
+    # bypass mode (algorithm.bypass_mode: no old-log-prob pass), synchronous and one-step-off side by side
+    run train_step_135m_fast_bypass $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
+        --out "$OUT/train_step_135m_fast_bypass.json" -- $FAST_135M algorithm.bypass_mode=True
 fi
 if want vllm_step; then
     run vllm_step_135m python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 64 256 \

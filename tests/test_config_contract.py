@@ -27,12 +27,14 @@ from verl.trainer.config_keys import (
     EXTRA_KEYS,
     FREE_FORM,
     INERT,
+    UPSTREAM_NAMES,
     UnknownConfigKeyError,
     check_config_keys,
     find_inert_keys,
     find_unknown_keys,
     is_free_form,
     leaf_keys,
+    valid_keys,
 )
 
 W = "tests/test_config_consumed_workers.py"
@@ -465,6 +467,15 @@ def test_a_typo_added_with_plus_is_an_error_naming_the_closest_key():
     assert find_unknown_keys(compose_config(["+actor_rollout_ref.ppo_mini_batch_size=2"])) == [
         "unknown key actor_rollout_ref.ppo_mini_batch_size; did you mean actor_rollout_ref.actor.ppo_mini_batch_size?"
     ]
+
+
+def test_upstream_verl_names_of_keys_name_ours():
+    """Current verl nests the rollout-correction keys under algorithm.rollout_correction; here they are flat."""
+    cfg = compose_config([f"+{key}=True" for key in UPSTREAM_NAMES])
+    assert find_unknown_keys(cfg) == [
+        f"unknown key {key} (upstream verl's name); here it is {ours}" for key, ours in UPSTREAM_NAMES.items()
+    ]
+    assert all(ours in valid_keys() for ours in UPSTREAM_NAMES.values())
 
 
 def test_main_ppo_rejects_an_unknown_key_before_anything_loads(monkeypatch):

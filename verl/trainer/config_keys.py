@@ -38,6 +38,7 @@ __all__ = [
     "EXTRA_KEYS",
     "FREE_FORM",
     "INERT",
+    "UPSTREAM_NAMES",
     "InertKey",
     "UnknownConfigKeyError",
     "check_config_keys",
@@ -68,6 +69,13 @@ FREE_FORM: dict[str, str] = {
 EXTRA_KEYS: dict[str, str] = {
     "data.context_key": "the original scripts pass +data.context_key='context' and '+' fails on a key that exists",
     "recurrent.memory.config.style": "field of the original MemoryConfig (declared without a default)",
+}
+
+# Current upstream verl's names of keys this config has under another name: an unknown-key error names ours.
+UPSTREAM_NAMES: dict[str, str] = {
+    "algorithm.rollout_correction.bypass_mode": "algorithm.bypass_mode",
+    "algorithm.rollout_correction.rollout_is": "algorithm.rollout_is",
+    "algorithm.rollout_correction.rollout_is_threshold": "algorithm.rollout_is_threshold",
 }
 
 _SP_REASON = "sequence parallelism is not implemented: 1 is the only supported value (others are rejected)"
@@ -267,6 +275,9 @@ def find_unknown_keys(cfg: Any) -> list[str]:
         if _has_node(key) or key in EXTRA_KEYS or is_free_form(key):
             continue
         if any(extra.startswith(key + ".") for extra in EXTRA_KEYS):  # e.g. an empty section holding extras
+            continue
+        if key in UPSTREAM_NAMES:
+            messages.append(f"unknown key {key} (upstream verl's name); here it is {UPSTREAM_NAMES[key]}")
             continue
         closest = _closest(key)
         hint = f"; did you mean {closest}?" if closest else ""
