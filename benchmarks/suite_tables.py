@@ -256,6 +256,8 @@ def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:
                 parts.append(f"{label}:\n\n" + train_step_table({**report, "steps": steps}))
                 s = step_summary(steps, one_step_off=label == "one-step-off")
                 notes = [] if report.get("complete", True) else ["incomplete"]
+                if "algorithm.bypass_mode=True" in report.get("overrides", []):
+                    notes.append("bypass mode (no old-log-prob pass)")
                 if s["left_out"]:
                     notes.append(f"left out: step {', '.join(map(str, s['left_out']))} (no rollout ahead)")
                 note = "; ".join(notes)

@@ -252,3 +252,13 @@ def test_vllm_step_reports_use_their_bench_table_and_failed_settings_are_listed(
     assert first[0]["kernel ms/step"] == f"{default['kernel_ms_per_step']:.2f}" == "4.29"
     assert first[0]["host ms/step"] == f"{default['host_ms_per_step']:.2f}"
     assert "| vllm_step_failed.json | incomplete: settings failed: engine_thread |" in out
+
+
+def test_bypass_mode_runs_are_marked_in_the_summary(tmp_path, capsys):
+    src = H200 / "seventh" / "train_step_qwen2.5-1.5b_nockpt_bypass_sync.json"
+    shutil.copy(src, tmp_path / src.name)
+    assert suite_tables.main([str(tmp_path)]) == 0
+    *_, summary = tables(sections(capsys.readouterr().out)["Training step by phase"])
+    assert [(row["steps"], row["mean total s"], row["note"]) for row in summary] == [
+        ("2, 3", "46.2", "bypass mode (no old-log-prob pass)")
+    ]
