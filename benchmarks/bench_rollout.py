@@ -224,8 +224,9 @@ def build_vllm_engine(
     max_num_seqs: int,
     enforce_eager: bool,
     gpu_memory_utilization: float,
+    **options: Any,
 ) -> Any:
-    """A :class:`VLLMRolloutEngine` (in-process backend) for the benchmarks."""
+    """A :class:`VLLMRolloutEngine` (in-process backend) for the benchmarks (``options``: more of its arguments)."""
     from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
     return VLLMRolloutEngine(
@@ -237,6 +238,7 @@ def build_vllm_engine(
         gpu_memory_utilization=gpu_memory_utilization,
         enable_sleep_mode=False,
         max_num_batched_tokens=max(8192, max_model_len),
+        **options,
     )
 
 

@@ -140,82 +140,94 @@ def cprofile_text(fn: Any, limit: int = 40) -> tuple[Any, str]:
     return result, text.getvalue()
 
 
+def resolved(vllm_config: Any) -> dict[str, bool]:
+    """What vLLM resolved for the settings compared here."""
+    return {
+        "async_scheduling": bool(vllm_config.scheduler_config.async_scheduling),
+        "prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
+    }
+
+
 def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     """One setting's rows (runs in a child process)."""
     model_path = bc.model_folder(args.model, args.shape, dtype=args.dtype)
     vocab = bc.prompt_vocab_limit(model_path)
     prompts_all = bc.random_prompts(max(args.batch), args.prompt_len, vocab, bc.special_ids(model_path))
-    rows: list[dict[str, Any]] = []
-    base = Path(args.out) if args.out else None
-    if setting.startswith("engine_thread"):
-        from verl.workers.rollout import SamplingParams
-        from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
+    measure = engine_thread_rows if setting.startswith("engine_thread") else bare_loop_rows
+    return {"setting": setting, **measure(setting, args, model_path, prompts_all)}
 
-        max_len = args.prompt_len + args.new_tokens + 8
-        engine = VLLMRolloutEngine(  # as bench_rollout builds it; prefix caching on unless the setting says
-            model_path,
-            dtype=args.dtype,
-            max_model_len=max_len,
-            max_num_seqs=max(args.batch),
-            enforce_eager=args.device == "cpu",
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enable_sleep_mode=False,
-            max_num_batched_tokens=max(8192, max_len),
-            **SETTINGS[setting],
-        )
-        config = engine._driver.engine.vllm_config
-        counter = count_steps(engine._driver.engine)
-        params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
 
-        def reset() -> None:
-            engine.reset_prefix_cache()
-            counter.update(steps=0, seconds=0.0)
+def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
+    """The trainer's engine (:class:`VLLMRolloutEngine`) through ``generate_batch``: wall time, steps counted."""
+    from bench_rollout import build_vllm_engine
 
-        try:
-            for batch in args.batch:
-                prompts = prompts_all[:batch]
+    from verl.workers.rollout import SamplingParams
 
-                def call(prompts: list[list[int]] = prompts) -> int:
-                    with bc.fixed_length(engine):
-                        return sum(len(o[0].token_ids) for o in engine.generate_batch(prompts, params))
+    engine = build_vllm_engine(
+        model_path,
+        args.device,
+        args.dtype,
+        args.prompt_len + args.new_tokens + 8,
+        max(args.batch),
+        args.device == "cpu",
+        args.gpu_memory_utilization,
+        **SETTINGS[setting],
+    )
+    flags = resolved(engine._driver.engine.vllm_config)
+    counter = count_steps(engine._driver.engine)
+    params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
 
-                times, tokens = bc.time_calls(call, args.repeats, args.device, warmup=1, before=reset)
-                seconds = bc.median(times)
-                # the last timed call's steps, and the share of its wall time spent inside LLMEngine.step
-                rows.append(
-                    dict(
-                        batch=batch,
-                        tokens=int(tokens),
-                        seconds=seconds,
-                        steps=counter["steps"],
-                        in_step_frac=counter["seconds"] / times[-1] if times[-1] > 0 else None,
-                    )
+    def reset() -> None:
+        engine.reset_prefix_cache()
+        counter.update(steps=0, seconds=0.0)
+
+    rows = []
+    try:
+        for batch in args.batch:
+
+            def call(prompts: list[list[int]] = prompts_all[:batch]) -> int:
+                with bc.fixed_length(engine):
+                    return sum(len(o[0].token_ids) for o in engine.generate_batch(prompts, params))
+
+            times, tokens = bc.time_calls(call, args.repeats, args.device, warmup=1, before=reset)
+            # the last timed call's steps, and the share of its wall time spent inside LLMEngine.step
+            rows.append(
+                dict(
+                    batch=batch,
+                    tokens=int(tokens),
+                    seconds=bc.median(times),
+                    steps=counter["steps"],
+                    in_step_frac=counter["seconds"] / times[-1] if times[-1] > 0 else None,
                 )
-        finally:
-            engine.shutdown()
-        return {
-            "setting": setting,
-            "rows": rows,
-            "async_scheduling": bool(config.scheduler_config.async_scheduling),
-            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
-        }
+            )
+    finally:
+        engine.shutdown()
+    return {"rows": rows, **flags}
 
+
+def bare_loop_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
+    """A bare ``LLMEngine.step()`` loop: timed, then under torch.profiler (kernel time) and cProfile (written beside
+    ``--out``)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_path, args, SETTINGS[setting])))
-    config = engine.vllm_config.scheduler_config
+    rows = []
     for batch in args.batch:
         prompts = prompts_all[:batch]
-        run_steps(engine, prompts, args.new_tokens)  # warm-up
-        timed = [run_steps(engine, prompts, args.new_tokens) for _ in range(args.repeats)]
+
+        def run(prompts: list[list[int]] = prompts) -> tuple[int, int, float]:
+            return run_steps(engine, prompts, args.new_tokens)
+
+        run()  # warm-up
+        timed = [run() for _ in range(args.repeats)]
         steps, tokens, _ = timed[0]
         seconds = bc.median([t[2] for t in timed])
-        (_, _, prof_wall), prof = profiled(lambda p=prompts: run_steps(engine, p, args.new_tokens), args.device)
+        (_, _, prof_wall), prof = profiled(run, args.device)
         kernels = kernel_seconds(prof) if args.device == "cuda" else None
-        _, ctext = cprofile_text(lambda p=prompts: run_steps(engine, p, args.new_tokens))
-        if base is not None:
-            stem = f"{base.with_suffix('')}.{setting}.b{batch}"
+        _, ctext = cprofile_text(run)
+        if args.out:
+            stem = f"{Path(args.out).with_suffix('')}.{setting}.b{batch}"
             Path(f"{stem}.cprofile.txt").write_text(ctext)
             Path(f"{stem}.torch_profile.txt").write_text(
                 prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
@@ -232,12 +244,7 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         )
         print(f"{setting} batch {batch}: {steps} steps, {seconds:.3f} s", file=sys.stderr, flush=True)
-    return {
-        "setting": setting,
-        "rows": rows,
-        "async_scheduling": bool(config.async_scheduling),
-        "prefix_caching": bool(engine.vllm_config.cache_config.enable_prefix_caching),
-    }
+    return {"rows": rows, **resolved(engine.vllm_config)}
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
-    child_argv = [a for a in (argv if argv is not None else sys.argv[1:])]
+    child_argv = list(argv if argv is not None else sys.argv[1:])
     results, failed = [], {}
     for setting in args.settings:
         proc = subprocess.run(

@@ -78,5 +78,7 @@ def test_two_settings_side_by_side_on_vllm_cpu(tmp_path):
     assert bare["steps"] == thread["steps"] == 8 and bare["tokens"] == thread["tokens"] == 2 * 8
     assert 0.0 < thread["in_step_frac"] <= 1.0  # the engine thread's share of the wall time inside LLMEngine.step
     assert bare["kernel_ms_per_step"] is None  # no GPU
+    # what vLLM resolved: the bare loop runs without prefix caching, the trainer's engine with it
+    assert report["prefix_caching"] == {"default": False, "engine_thread": True}
     assert "execute_model" in (tmp_path / "step.default.b2.cprofile.txt").read_text()
     assert "| engine_thread | 2 |" in proc.stdout

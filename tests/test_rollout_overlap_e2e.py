@@ -32,30 +32,16 @@ QUIET = ["trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save
 def runs(tiny_model_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("overlap")
     torch.manual_seed(0)
-    overlap = main_ppo.run(
-        _cfg(
-            tmp,
-            tiny_model_path,
-            str(tmp / "on"),
-            3,
-            extra=[*QUIET, "trainer.rollout_overlap=True", f"algorithm.rollout_is_threshold={CAP}"],
-        )
-    )
-    sync = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "off"), 3, extra=QUIET))
-    # bypass mode: PPO's old log-probs are the (stale) engine's; no recompute pass, no TIS
-    bypass = main_ppo.run(
-        _cfg(
-            tmp,
-            tiny_model_path,
-            str(tmp / "bypass"),
-            3,
-            extra=[*QUIET, "trainer.rollout_overlap=True", "algorithm.bypass_mode=True"],
-        )
-    )
+
+    def run(name: str, *extra: str) -> dict[int, dict]:
+        history = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / name), 3, extra=[*QUIET, *extra]))
+        return {h["step"]: h for h in history}
+
     return {
-        "on": {h["step"]: h for h in overlap},
-        "off": {h["step"]: h for h in sync},
-        "bypass": {h["step"]: h for h in bypass},
+        "on": run("on", "trainer.rollout_overlap=True", f"algorithm.rollout_is_threshold={CAP}"),
+        "off": run("off"),
+        # bypass mode: PPO's old log-probs are the (stale) engine's; no recompute pass, no TIS
+        "bypass": run("bypass", "trainer.rollout_overlap=True", "algorithm.bypass_mode=True"),
     }
 
 
