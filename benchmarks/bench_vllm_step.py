@@ -19,8 +19,13 @@ Settings (``--settings``): ``default`` (vLLM's defaults; async scheduling is on 
 ``no_async_scheduling`` (``async_scheduling=False``), ``engine_thread`` (the project's ``VLLMRolloutEngine``: the
 same engine stepped by its own thread, requests through ``generate_batch``, prefix caching on as in training; its
 steps counted and ``in_step_frac``, the share of the wall time spent inside ``LLMEngine.step``: the rest is the
-thread's loop, adding requests and collecting results), ``engine_thread_no_prefix_cache`` (the same without prefix caching, as the bare loops run). The report
-records each setting's resolved async scheduling and prefix caching.
+thread's loop, adding requests and collecting results), ``engine_thread_no_prefix_cache`` (the same without prefix
+caching, as the bare loops run), ``trainer_engine_bare_loop`` (the engine ``VLLMRolloutEngine`` builds, stepped by
+the bare loop from the main thread while its own thread waits idle: tells the engine's construction from the thread
+that steps it; prefix caching off, as in the bare loops), ``engine_thread_built_there`` (``engine_thread_no_prefix_cache``
+with the engine built in its own thread instead of the caller's), ``engine_thread_per_request`` (``engine_thread_no_prefix_cache``
+with each request handed to the engine thread on its own, as ``generate_batch`` did before it added a batch in one
+command: the engine may start stepping before the batch is complete). The report records each setting's resolved async scheduling and prefix caching.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "no_async_scheduling": {"async_scheduling": False},
     "engine_thread": {},
     "engine_thread_no_prefix_cache": {"enable_prefix_caching": False},
+    "trainer_engine_bare_loop": {"enable_prefix_caching": False},
+    "engine_thread_built_there": {"enable_prefix_caching": False},
+    "engine_thread_per_request": {"enable_prefix_caching": False},
 }
 
 
@@ -157,13 +165,11 @@ def measure_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"setting": setting, **measure(setting, args, model_path, prompts_all)}
 
 
-def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
-    """The trainer's engine (:class:`VLLMRolloutEngine`) through ``generate_batch``: wall time, steps counted."""
+def build_trainer_engine(setting: str, args: argparse.Namespace, model_path: Path) -> Any:
+    """The trainer's :class:`VLLMRolloutEngine` for ``setting`` (prefix caching on unless the setting turns it off)."""
     from bench_rollout import build_vllm_engine
 
-    from verl.workers.rollout import SamplingParams
-
-    engine = build_vllm_engine(
+    return build_vllm_engine(
         model_path,
         args.device,
         args.dtype,
@@ -173,6 +179,15 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
         args.gpu_memory_utilization,
         **SETTINGS[setting],
     )
+
+
+def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
+    """The trainer's engine (:class:`VLLMRolloutEngine`) through ``generate_batch``: wall time, steps counted."""
+    from verl.workers.rollout import SamplingParams
+    from verl.workers.rollout.vllm_drivers import InprocDriver
+
+    InprocDriver.build_in_engine_thread = setting == "engine_thread_built_there"
+    engine = build_trainer_engine(setting, args, model_path)
     flags = resolved(engine._driver.engine.vllm_config)
     counter = count_steps(engine._driver.engine)
     params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
@@ -187,7 +202,11 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
 
             def call(prompts: list[list[int]] = prompts_all[:batch]) -> int:
                 with bc.fixed_length(engine):
-                    return sum(len(o[0].token_ids) for o in engine.generate_batch(prompts, params))
+                    if setting == "engine_thread_per_request":  # one engine-thread command per request
+                        outputs = [f.result() for f in [engine._submit(p, params, None) for p in prompts]]
+                    else:
+                        outputs = engine.generate_batch(prompts, params)
+                    return sum(len(o[0].token_ids) for o in outputs)
 
             times, tokens = bc.time_calls(call, args.repeats, args.device, warmup=1, before=reset)
             # the last timed call's steps, and the share of its wall time spent inside LLMEngine.step
@@ -207,11 +226,23 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
 
 def bare_loop_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
     """A bare ``LLMEngine.step()`` loop: timed, then under torch.profiler (kernel time) and cProfile (written beside
-    ``--out``)."""
+    ``--out``). ``trainer_engine_bare_loop`` steps the engine the trainer's ``VLLMRolloutEngine`` builds (its own
+    thread stays blocked on its empty command queue meanwhile)."""
+    if setting == "trainer_engine_bare_loop":
+        trainer_engine = build_trainer_engine(setting, args, model_path)
+        try:
+            return bare_loop_on(trainer_engine._driver.engine, setting, args, prompts_all)
+        finally:
+            trainer_engine.shutdown()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs(**engine_args(model_path, args, SETTINGS[setting])))
+    return bare_loop_on(engine, setting, args, prompts_all)
+
+
+def bare_loop_on(engine: Any, setting: str, args: argparse.Namespace, prompts_all: list) -> dict:
+    """:func:`bare_loop_rows` on a built ``LLMEngine``."""
     rows = []
     for batch in args.batch:
         prompts = prompts_all[:batch]
@@ -229,9 +260,11 @@ def bare_loop_rows(setting: str, args: argparse.Namespace, model_path: Path, pro
         if args.out:
             stem = f"{Path(args.out).with_suffix('')}.{setting}.b{batch}"
             Path(f"{stem}.cprofile.txt").write_text(ctext)
-            Path(f"{stem}.torch_profile.txt").write_text(
-                prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-            )
+            averages = prof.key_averages()
+            tables = [averages.table(sort_by="self_cpu_time_total", row_limit=30)]
+            if args.device == "cuda":  # the kernels, CUDA graphs' included, by their GPU time
+                tables.append(averages.table(sort_by="self_cuda_time_total", row_limit=40))
+            Path(f"{stem}.torch_profile.txt").write_text("\n\n".join(tables))
         rows.append(
             dict(
                 batch=batch,

@@ -243,7 +243,7 @@ class _StubEngine:
     def __init__(self, counter: FakeDeviceCounter):
         self.counter = counter
 
-    def generate_batch(self, prompts, sampling_params):
+    def generate_requests(self, prompts, sampling_params):
         self.counter.alloc(7)
         self.counter.free(7)
         return [[1] for _ in prompts]

@@ -147,14 +147,14 @@ def test_worker_refuses_a_weight_sync_while_it_generates(tiny_model_path):
     worker.init_model()
     try:
         engine, started, release = worker.rollout, threading.Event(), threading.Event()
-        real = engine.generate_batch
+        real = engine.generate_requests
 
         def held(prompts, params):  # the real engine, held until the test has tried the sync
             started.set()
             assert release.wait(30)
             return real(prompts, params)
 
-        engine.generate_batch = held
+        engine.generate_requests = held
         out: list = []
         gen = threading.Thread(target=lambda: out.append(worker.generate([[1, 2, 3]], {"max_tokens": 4})))
         gen.start()

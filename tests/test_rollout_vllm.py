@@ -97,6 +97,35 @@ def test_sampled_logprobs_are_from_the_processed_distribution(engine, hf_model):
         torch.testing.assert_close(torch.tensor(out[0].log_probs), expected, atol=LP_ATOL, rtol=0)
 
 
+def test_a_batch_reaches_the_engine_whole(engine):
+    """generate_batch and generate_requests hand their requests to the engine thread in one command, so the
+    engine's first step sees the whole batch (added one at a time, the engine could start on part of it, and
+    those requests would finish steps before the rest: more steps, the last ones at a small batch)."""
+    llm, commands = engine._driver.engine, engine._driver._commands
+    kinds, first_step_sees = [], []
+    step, put = llm.step, commands.put
+
+    def counted_step():
+        if len(first_step_sees) < len(kinds):
+            first_step_sees.append(llm.get_num_unfinished_requests())
+        return step()
+
+    def recorded_put(cmd, *args, **kwargs):
+        kinds.append(cmd[0])
+        return put(cmd, *args, **kwargs)
+
+    llm.step, commands.put = counted_step, recorded_put
+    try:
+        engine.generate_batch(PROMPTS, SamplingParams(greedy=True, max_tokens=4))
+        seeded = [SamplingParams(max_tokens=4, seed=s) for s in range(3)]
+        outs = engine.generate_requests(PROMPTS[:3], seeded)
+    finally:
+        del llm.step, commands.put
+    assert kinds == ["add_many", "add_many"]
+    assert first_step_sees == [len(PROMPTS), 3]
+    assert [len(o[0].token_ids) for o in outs] == [4, 4, 4]
+
+
 def test_concurrent_requests_from_a_user_event_loop(engine, hf_model):
     lengths = [1, 3, 6, 9, 12]
     seeded = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_tokens=6, seed=42)

@@ -357,24 +357,13 @@ class ActorRolloutRefWorker(TrainingWorker):
         from verl.workers.rollout.base import SamplingParams
 
         sp = SamplingParams.from_dict(params)
+        per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
+        # the whole batch in one go: the engine's first step sees every request
+        outputs = self.rollout.generate_requests(prompts, per_request) if prompts else []
         layout = getattr(self, "rollout_layout", None)
-        if layout is not None and layout.tp_size > 1:
-            per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
-            outputs = self.rollout.generate_requests(prompts, per_request) if prompts else []
-            return outputs if layout.is_collect(self.rank) else outputs_digest(outputs)
-        if not prompts:
-            return []
-        if seeds is None:
-            return self.rollout.generate_batch(prompts, sp)
-
-        async def _all():
-            import asyncio
-
-            return await asyncio.gather(
-                *[self.rollout.generate(p, replace(sp, seed=s)) for p, s in zip(prompts, seeds)]
-            )
-
-        return self.rollout.run_on_loop(_all())
+        if layout is not None and layout.tp_size > 1 and not layout.is_collect(self.rank):
+            return outputs_digest(outputs)
+        return outputs
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=TRAIN_GROUP)
     def sync_rollout_weights(self) -> float:

@@ -163,11 +163,20 @@ class RolloutEngine(ABC):
 
     def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
         """Generate for every prompt (all submitted at once); result ``i`` belongs to ``prompts[i]``."""
+        return self.generate_requests(prompts, [params] * len(prompts))
+
+    def generate_requests(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        """Generate for prompt ``i`` with ``params[i]``, all submitted at once; result ``i`` belongs to
+        ``prompts[i]``. Engines that queue requests themselves override it to add the whole batch in one go."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if not prompts:
             return []
 
         async def _all() -> list[list[GenerationOutput]]:
-            return list(await asyncio.gather(*(self.generate(list(p), params) for p in prompts)))
+            return list(await asyncio.gather(*(self.generate(list(p), sp) for p, sp in zip(prompts, params))))
 
         return self.run_on_loop(_all())
 

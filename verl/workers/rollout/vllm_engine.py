@@ -317,19 +317,14 @@ class VLLMRolloutEngine(RolloutEngine):
         """Generate ``params.n`` continuations of ``prompt_ids`` (callable from any event loop)."""
         return await asyncio.wrap_future(self._submit(prompt_ids, params, request_id))
 
-    def generate_batch(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[list[GenerationOutput]]:
-        """Submit every prompt at once and wait for all (results in prompt order)."""
-        if self.lockstep:
-            return self.generate_requests(prompts, [params] * len(prompts))
-        futures = [self._submit(p, params, None) for p in prompts]
-        return [f.result() for f in futures]
-
     def generate_requests(
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
     ) -> list[list[GenerationOutput]]:
-        """Add all requests (prompt ``i`` with ``params[i]``) to the engine in one step, in order, with request ids
-        that depend only on the call count, and wait for all: what a tensor-parallel engine needs on every rank
-        of its group. Sampling must be reproducible across the ranks: greedy, or a seed per request."""
+        """Add all requests (prompt ``i`` with ``params[i]``) to the engine in one command, in order, with request
+        ids that depend only on the call count, and wait for all. One command: the engine's first step sees the
+        whole batch (requests added one at a time let the engine start with part of it, which then finishes
+        steps apart). A tensor-parallel engine needs the same on every rank of its group, and sampling that is
+        reproducible across the ranks: greedy, or a seed per request."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if self.lockstep:
