@@ -251,6 +251,9 @@ def bare_loop_on(engine: Any, setting: str, args: argparse.Namespace, prompts_al
         timed = [run() for _ in range(args.repeats)]
         steps, tokens, _ = timed[0]
         seconds = bc.median([t[2] for t in timed])
+        if args.skip_profile:  # a later round (--rounds): the first round's profiles stand
+            rows.append(dict(batch=batch, tokens=int(tokens), seconds=seconds, steps=int(steps)))
+            continue
         (_, _, prof_wall), prof = profiled(run, args.device)
         kernels = kernel_seconds(prof) if args.device == "cuda" else None
         _, ctext = cprofile_text(run)
@@ -277,6 +280,25 @@ def bare_loop_on(engine: Any, setting: str, args: argparse.Namespace, prompts_al
     return {"rows": rows, **resolved(engine.vllm_config)}
 
 
+def merge_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One result per setting from ``rounds`` (each a list of setting results, as the children return them): the
+    first round's result (its profile figures) with each row's ``seconds`` the median over the rounds that measured
+    that setting and batch, and ``round_seconds`` the per-round values in order."""
+    merged: dict[str, dict[str, Any]] = {}
+    for results in rounds:
+        for res in results:
+            if res["setting"] not in merged:
+                merged[res["setting"]] = {**res, "rows": [{**row, "round_seconds": []} for row in res["rows"]]}
+            by_batch = {row["batch"]: row for row in merged[res["setting"]]["rows"]}
+            for row in res["rows"]:
+                if row["batch"] in by_batch:
+                    by_batch[row["batch"]]["round_seconds"].append(row["seconds"])
+    for res in merged.values():
+        for row in res["rows"]:
+            row["seconds"] = bc.median(row["round_seconds"])
+    return list(merged.values())
+
+
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Flat rows with ms per step, host ms per step (wall less kernels) and tokens/s vs the first setting."""
     out = []
@@ -297,6 +319,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     host_ms_per_step=(ms - kernel_ms) if ms is not None and kernel_ms is not None else None,
                     gpu_busy_frac=row.get("gpu_busy_frac"),
                     in_step_frac=row.get("in_step_frac"),
+                    round_seconds=row.get("round_seconds"),
                     tokens_per_s=row["tokens"] / row["seconds"],
                 )
             )
@@ -349,7 +372,13 @@ def report_table(report: dict[str, Any]) -> str:
         f"{report['new_tokens']} new tokens, greedy, EOS ignored; async scheduling: {report['async_scheduling']})"
     )
     failed = "".join(f"\n\nsetting {name} failed" for name in report.get("failed") or {})
-    return head + "\n\n" + step_table(report["results"]) + failed
+    per_round = [
+        f"{r['setting']} b{r['batch']}: " + " / ".join(f"{t:.3f}" for t in r["round_seconds"])
+        for r in report["results"]
+        if len(r.get("round_seconds") or []) > 1
+    ]
+    rounds = "\n\nseconds per round (the table: their median): " + "; ".join(per_round) if per_round else ""
+    return head + "\n\n" + step_table(report["results"]) + rounds + failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,9 +390,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="timed runs per setting and batch (after a warm-up)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the settings this many times in turn (A B C A B C ...), each setting's seconds the median over its "
+        "rounds, profiled in the first only: separate processes of a host-bound shape differ by up to ~20%%",
+    )
     p.add_argument("--timeout", type=int, default=1200, help="seconds per setting's process")
     p.add_argument("--out", help="write the JSON report here (profiles beside it)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one setting, JSON to stdout's last line
+    p.add_argument("--skip-profile", action="store_true", help=argparse.SUPPRESS)  # internal: a later round
     args = p.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     if args.child:
@@ -375,21 +412,28 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
     child_argv = list(argv if argv is not None else sys.argv[1:])
-    results, failed = [], {}
-    for setting in args.settings:
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=args.timeout,
-        )
-        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            failed[setting] = (proc.stderr or proc.stdout)[-3000:]
-            print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
-            continue
-        results.append(json.loads(line[len("RESULT ") :]))
+    rounds, failed = [], {}
+    for round_index in range(args.rounds):
+        results = []
+        for setting in args.settings:
+            if setting in failed:
+                continue
+            later = ["--skip-profile"] if round_index else []
+            proc = subprocess.run(
+                [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=args.timeout,
+            )
+            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                failed[setting] = (proc.stderr or proc.stdout)[-3000:]
+                print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
+                continue
+            results.append(json.loads(line[len("RESULT ") :]))
+        rounds.append(results)
+    results = [res for res in merge_rounds(rounds) if res["setting"] not in failed]
     rows = summarize(results)
     report = {
         "benchmark": "vllm_step",
@@ -398,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
         "async_scheduling": {r["setting"]: r.get("async_scheduling") for r in results},
         "prefix_caching": {r["setting"]: r.get("prefix_caching") for r in results},
         "results": rows,

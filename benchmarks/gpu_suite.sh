@@ -125,10 +125,12 @@ if want small_step; then
         --out "$OUT/train_step_135m_fast_bypass.json" -- $FAST_135M algorithm.bypass_mode=True
 fi
 if want vllm_step; then
-    # host-bound at 135M: one call is 0.6-0.9 s and separate processes differ by up to ~20%, so 5 repeats; the
-    # engine-thread settings tell the thread, the batch hand-off and the engine's construction apart
+    # host-bound at 135M: one call is 0.6-0.9 s and separate processes differ by up to ~20%, so the settings run in
+    # turn, twice (--rounds 2, each its median); the engine-thread settings tell the thread, prefix caching and the
+    # engine's construction apart
     run vllm_step_135m python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 128 256 \
-        --prompt-len 512 --new-tokens 128 --repeats 5 --out "$OUT/vllm_step_135m.json"
+        --prompt-len 512 --new-tokens 128 --repeats 3 --rounds 2 --settings default no_async_scheduling engine_thread \
+        engine_thread_no_prefix_cache trainer_engine_bare_loop --out "$OUT/vllm_step_135m.json"
     run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
         --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread --out "$OUT/vllm_step_1p5b.json"
 fi

@@ -49,6 +49,27 @@ def test_step_counter_counts_calls_and_their_time():
     assert counter["steps"] == 3 and 0.03 <= counter["seconds"] < 1.0
 
 
+def test_rounds_merge_to_the_median_with_the_first_rounds_profile():
+    def row(batch, seconds, **more):
+        return {"batch": batch, "tokens": 64, "steps": 8, "seconds": seconds, **more}
+
+    first = [
+        {"setting": "default", "prefix_caching": False, "rows": [row(8, 1.0, kernel_seconds=0.4)]},
+        {"setting": "engine_thread", "rows": [row(8, 2.0)]},
+    ]
+    later = [[{"setting": "default", "rows": [row(8, s)]}] for s in (3.0, 1.5)]
+    later[0].append({"setting": "engine_thread", "rows": [row(8, 1.0), row(16, 9.0)]})
+    default, thread = bvs.merge_rounds([first, *later])
+    assert default["rows"] == [row(8, 1.5, kernel_seconds=0.4, round_seconds=[1.0, 3.0, 1.5])]
+    assert default["prefix_caching"] is False  # the first round's result, its seconds replaced
+    # a batch the first round did not measure is not added; a setting missing from a round has fewer values
+    assert thread["rows"] == [row(8, 1.5, round_seconds=[2.0, 1.0])]
+    report = {"model": "m", "device": "d", "prompt_len": 1, "new_tokens": 1, "async_scheduling": {}}
+    report["results"] = bvs.summarize([default, thread])
+    assert [r["tokens_per_s"] for r in report["results"]] == [64 / 1.5, 64 / 1.5]
+    assert "default b8: 1.000 / 3.000 / 1.500; engine_thread b8: 2.000 / 1.000" in bvs.report_table(report)
+
+
 def test_kernel_seconds_sums_only_device_events():
     from torch.autograd import DeviceType
 
@@ -66,7 +87,7 @@ def test_kernel_seconds_sums_only_device_events():
 def test_three_settings_side_by_side_on_vllm_cpu(tmp_path):
     out = tmp_path / "step.json"
     cmd = [sys.executable, str(BENCH / "bench_vllm_step.py"), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
-           "--new-tokens", "8", "--repeats", "1", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "--out", str(out)]  # fmt: skip
+           "--new-tokens", "8", "--repeats", "1", "--rounds", "2", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -76,6 +97,7 @@ def test_three_settings_side_by_side_on_vllm_cpu(tmp_path):
     assert [r["setting"] for r in report["results"]] == settings
     # one prefill step that samples the first token, then one decode step per further token
     assert all(r["steps"] == 8 and r["tokens"] == 2 * 8 for r in report["results"])
+    assert report["rounds"] == 2 and all(len(r["round_seconds"]) == 2 for r in report["results"])
     bare, thread, _ = report["results"]
     assert 0.0 < thread["in_step_frac"] <= 1.0  # the engine thread's share of the wall time inside LLMEngine.step
     assert bare["kernel_ms_per_step"] is None  # no GPU

