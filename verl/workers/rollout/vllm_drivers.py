@@ -295,6 +295,10 @@ class AsyncLLMDriver:
 
         return asyncio.run_coroutine_threadsafe(_run(), self._loop.loop)
 
+    def submit_many(self, requests: list[tuple[str, list[int], Any]]) -> list[concurrent.futures.Future]:
+        """Submit ``(request_id, prompt, vllm_params)`` requests (the engine core in its own process batches them)."""
+        return [self.submit(*request) for request in requests]
+
     def call(self, method: str, **kwargs: Any) -> Any:
         return self._loop.run(getattr(self.llm, method)(**kwargs))
 
