@@ -124,6 +124,19 @@ def test_concurrent_requests_are_batched_and_rows_finish_at_different_steps(vari
         eng.shutdown()
 
 
+def test_requests_with_their_own_params_in_one_batch(engine):
+    """generate_requests: request i runs with params[i] (here its own seed and length) in one queued batch, and gives
+    what that request gives alone."""
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=m) for s, m in ((1, 4), (2, 9), (3, 6))]
+    together = engine.generate_requests(PROMPTS[:3], params)
+    alone = [engine.generate_batch([p], sp)[0] for p, sp in zip(PROMPTS[:3], params)]
+    assert [o[0].token_ids for o in together] == [o[0].token_ids for o in alone]
+    assert [len(o[0].token_ids) <= sp.max_tokens for o, sp in zip(together, params)] == [True] * 3
+    assert engine.generate_requests([], []) == []
+    with pytest.raises(ValueError, match="3 prompts but 2 SamplingParams"):
+        engine.generate_requests(PROMPTS[:3], params[:2])
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent(engine):
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=50, seed=123, max_tokens=10)
     alone = engine.generate_batch([PROMPTS[0]], params)[0]

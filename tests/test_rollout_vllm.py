@@ -119,6 +119,9 @@ def test_a_batch_reaches_the_engine_whole(engine):
         engine.generate_batch(PROMPTS, SamplingParams(greedy=True, max_tokens=4))
         seeded = [SamplingParams(max_tokens=4, seed=s) for s in range(3)]
         outs = engine.generate_requests(PROMPTS[:3], seeded)
+        assert engine.generate_requests([], []) == []  # nothing to submit: no command
+        with pytest.raises(ValueError, match="2 prompts but 1 SamplingParams"):
+            engine.generate_requests(PROMPTS[:2], seeded[:1])
     finally:
         del llm.step, commands.put
     assert kinds == ["add_many", "add_many"]

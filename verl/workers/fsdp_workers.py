@@ -359,7 +359,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         sp = SamplingParams.from_dict(params)
         per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
         # the whole batch in one go: the engine's first step sees every request
-        outputs = self.rollout.generate_requests(prompts, per_request) if prompts else []
+        outputs = self.rollout.generate_requests(prompts, per_request)
         layout = getattr(self, "rollout_layout", None)
         if layout is not None and layout.tp_size > 1 and not layout.is_collect(self.rank):
             return outputs_digest(outputs)

@@ -169,11 +169,16 @@ class RolloutEngine(ABC):
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
     ) -> list[list[GenerationOutput]]:
         """Generate for prompt ``i`` with ``params[i]``, all submitted at once; result ``i`` belongs to
-        ``prompts[i]``. Engines that queue requests themselves override it to add the whole batch in one go."""
+        ``prompts[i]`` (no prompts: no results, nothing submitted)."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        if not prompts:
-            return []
+        return self._generate_requests(prompts, params) if prompts else []
+
+    def _generate_requests(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        """:meth:`generate_requests` for a non-empty batch of matching lengths: one :meth:`generate` per prompt on
+        the engine's loop. Engines that queue requests themselves override it to add the whole batch in one go."""
 
         async def _all() -> list[list[GenerationOutput]]:
             return list(await asyncio.gather(*(self.generate(list(p), sp) for p, sp in zip(prompts, params))))

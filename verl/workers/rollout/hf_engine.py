@@ -191,13 +191,11 @@ class HFRolloutEngine(RolloutEngine):
         self._enqueue([request])
         return await asyncio.wrap_future(request.future)
 
-    def generate_requests(
+    def _generate_requests(
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
     ) -> list[list[GenerationOutput]]:
         """Queue every prompt at once (so they share batches), prompt ``i`` with ``params[i]``, and wait for all,
         in order."""
-        if len(prompts) != len(params):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         requests = [self._make_request(list(p), sp, None) for p, sp in zip(prompts, params)]
         self._enqueue(requests)
         return [r.future.result() for r in requests]

@@ -332,7 +332,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Generate ``params.n`` continuations of ``prompt_ids`` (callable from any event loop)."""
         return await asyncio.wrap_future(self._submit(prompt_ids, params, request_id))
 
-    def generate_requests(
+    def _generate_requests(
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
     ) -> list[list[GenerationOutput]]:
         """Add all requests (prompt ``i`` with ``params[i]``) to the engine in one command, in order, with request
@@ -340,8 +340,6 @@ class VLLMRolloutEngine(RolloutEngine):
         whole batch (requests added one at a time let the engine start with part of it, which then finishes
         steps apart). A tensor-parallel engine needs the same on every rank of its group, and sampling that is
         reproducible across the ranks: greedy, or a seed per request."""
-        if len(prompts) != len(params):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if self.lockstep:
             unseeded = [i for i, p in enumerate(params) if p.seed is None and not p.is_greedy]
             if unseeded:
