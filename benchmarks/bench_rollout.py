@@ -229,6 +229,7 @@ def build_vllm_engine(
     """A :class:`VLLMRolloutEngine` (in-process backend) for the benchmarks (``options``: more of its arguments)."""
     from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
+    defaults = {"enable_sleep_mode": False, "max_num_batched_tokens": max(8192, max_model_len)}
     return VLLMRolloutEngine(
         model_path,
         dtype=dtype,
@@ -236,9 +237,7 @@ def build_vllm_engine(
         max_num_seqs=max_num_seqs,
         enforce_eager=enforce_eager,
         gpu_memory_utilization=gpu_memory_utilization,
-        enable_sleep_mode=False,
-        max_num_batched_tokens=max(8192, max_model_len),
-        **options,
+        **{**defaults, **options},
     )
 
 

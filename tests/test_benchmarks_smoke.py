@@ -156,6 +156,9 @@ def test_weight_sync_counts_every_actor_tensor_once(tiny_model_path, tmp_path):
     assert "sync (engine awake)" in weight_sync_table(json.loads((tmp_path / "weight_sync.json").read_text()))
 
 
+ENGINE_COUNTS = {"gen_in_worker": 0.9, "gen_engine_steps": 200.0, "gen_engine_step_s": 0.5}
+
+
 def test_suite_tables_reports_missing_files(tmp_path):
     from bench_train_step import train_step_table
 
@@ -187,6 +190,9 @@ def test_suite_tables_reports_missing_files(tmp_path):
         ],
     }
     assert "| 1 | 1 | 0 | 0.5 | 0.5 | 2 | 0.1 | 4 | 400 | 100.0 | 10 |" in train_step_table(report)
+    assert "Generation (" not in train_step_table(report)  # no engine counters (the hf engine): no such table
+    with_engine = {**report, "steps": [{**report["steps"][0], **ENGINE_COUNTS}]}
+    assert "| 1 | 1 | 0.9 | 200 | 0.5 | 2.50 |" in train_step_table(with_engine)
     bc.write_json(tmp_path / "train_step.json", report)
     out = subprocess.run(
         [sys.executable, str(BENCH / "suite_tables.py"), str(tmp_path)], capture_output=True, text=True, timeout=120

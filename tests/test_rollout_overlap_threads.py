@@ -247,6 +247,12 @@ def test_next_rollout_generates_while_the_update_runs_on_the_same_ray_worker(
         assert seconds == pytest.approx(overlap(u), abs=0.05), step
         assert frac == pytest.approx(seconds / (u[1] - u[0]), rel=0.2, abs=0.05), step
     assert steps[1]["perf/update_generation_overlap_frac"] > 0 and steps[3]["perf/update_generation_overlap_s"] == 0
+    # perf/rollout/generate_s: the seconds with a generation in flight since the previous update; every rollout ran
+    # before the last update ended (the last step launches none ahead), so the steps' sum is all of them
+    gen_union = sum(t1 - t0 for t0, t1 in gens)  # generations never overlap each other here (one rollout thread)
+    assert sum(steps[s]["perf/rollout/generate_s"] for s in (1, 2, 3)) == pytest.approx(gen_union, abs=0.1)
+    assert all(steps[s]["perf/rollout/generate_s"] > 0 for s in (1, 2, 3))
+    assert "perf/rollout/engine_steps" not in steps[1]  # the hf engine does not count steps of its own
 
 
 def test_bench_train_step_reports_the_update_time_overlapped_by_generation():

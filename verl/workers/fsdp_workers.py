@@ -124,6 +124,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.rollout = None
         self.ref = None
         self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
+        self._rollout_time_seen = (0.0, 0, 0.0)  # generate seconds, engine steps, engine step seconds (last report)
         # perf/{max_memory_allocated,phase_growth,max_memory_in_use}_gb/<phase>; in use: less what the rollout engine
         # released while asleep (vLLM's sleep-mode pool counts as allocated also then)
         self.phase_peaks = PhasePeaks(enabled=device == "cuda", released=self._rollout_released_bytes)
@@ -445,11 +446,30 @@ class ActorRolloutRefWorker(TrainingWorker):
             metrics["perf/mfu/actor"] = mfu
         metrics["perf/update_generation_overlap_s"] = overlap
         metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
+        metrics.update(self._rollout_time_metrics())
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name, self.phase_peaks))
         if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
             torch.cuda.empty_cache()
         self.lr_scheduler.step()
+        return metrics
+
+    def _rollout_time_metrics(self) -> dict[str, float]:
+        """Where this worker's generation time went since the previous update: ``perf/rollout/generate_s`` (wall
+        seconds with a ``generate`` call in flight here), ``perf/rollout/engine_steps`` and
+        ``perf/rollout/engine_step_s`` (the engine's own steps and the seconds inside them, where the engine counts
+        them: vLLM in-process). The driver's ``timing_s/gen`` less ``generate_s`` is the driver's side (prompts,
+        Ray); ``generate_s`` less ``engine_step_s`` is the engine thread's loop (adding requests, collecting
+        outputs, waiting for commands)."""
+        busy = self.rollout_guard.busy_seconds()
+        counters = self.rollout.step_counters() if self.rollout is not None else None
+        steps, step_s = counters if counters is not None else (0, 0.0)
+        seen_busy, seen_steps, seen_step_s = self._rollout_time_seen
+        self._rollout_time_seen = (busy, steps, step_s)
+        metrics = {"perf/rollout/generate_s": busy - seen_busy}
+        if counters is not None:
+            metrics["perf/rollout/engine_steps"] = float(steps - seen_steps)
+            metrics["perf/rollout/engine_step_s"] = step_s - seen_step_s
         return metrics
 
     # ------------------------------------------------------------------ checkpoints

@@ -214,6 +214,12 @@ class RolloutEngine(ABC):
         """Undo :meth:`sleep`; ``tags`` (``["weights"]``, ``["kv_cache"]``) wakes one part only (engines that
         cannot split their memory wake everything on the first call)."""
 
+    def step_counters(self) -> tuple[int, float] | None:
+        """``(steps, seconds)``: the engine steps run so far and the wall seconds spent inside them (running
+        totals), for telling the engine's own time from the rest of a generation; None where the engine has no
+        step loop of its own to count."""
+        return None
+
     @property
     def weights_discarded(self) -> bool:
         """True when :meth:`sleep` dropped the weights (vLLM sleep level 2) and no :meth:`update_weights` has

@@ -16,6 +16,7 @@ import gc
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,6 +55,8 @@ class InprocDriver:
         # engine thread to this thread's count. torch._C.set_num_threads bypasses vLLM-CPU's monkeypatch
         # of torch.set_num_threads.
         self._torch_threads = torch.get_num_threads()
+        self.steps = 0  # LLMEngine.step calls made by the engine thread, and the wall seconds inside them
+        self.step_seconds = 0.0
         self._commands: queue.Queue = queue.Queue()
         self._inflight: dict[str, concurrent.futures.Future] = {}
         self._closed = False
@@ -219,6 +222,7 @@ class InprocDriver:
         self._inflight[request_id] = future
 
     def _step(self) -> None:
+        start = time.perf_counter()
         try:
             self._stream.check()
             outputs = self.engine.step()
@@ -226,6 +230,9 @@ class InprocDriver:
             logger.exception("vLLM engine step failed")
             self._fail_all(exc)
             return
+        finally:
+            self.steps += 1
+            self.step_seconds += time.perf_counter() - start
         for out in outputs:
             if out.finished:
                 future = self._inflight.pop(out.request_id, None)

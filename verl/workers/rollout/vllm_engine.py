@@ -355,6 +355,12 @@ class VLLMRolloutEngine(RolloutEngine):
         futures = self._driver.submit_many(requests)
         return [self._converted(f, sp).result() for f, sp in zip(futures, params)]
 
+    def step_counters(self) -> tuple[int, float] | None:
+        """``(steps, seconds)`` of the in-process engine thread's ``LLMEngine.step`` calls (running totals); None
+        for ``backend="async_llm"`` (its engine core steps in a child process)."""
+        driver = self._driver
+        return (driver.steps, driver.step_seconds) if isinstance(driver, _InprocDriver) else None
+
     # ------------------------------------------------------------------ weights / memory
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors into vLLM in buckets of ``weight_bucket_bytes``, then reset the prefix
