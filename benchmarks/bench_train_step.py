@@ -507,7 +507,10 @@ def generation_table(steps: list[dict]) -> str:
             for r in rows
         ],
     )
-    return "\n\nGeneration (rank 0's worker, since its previous update; one-step-off: the rollout running ahead)\n\n" + table
+    return (
+        "\n\nGeneration (rank 0's worker, since its previous update; one-step-off: the rollout running ahead)\n\n"
+        + table
+    )
 
 
 def percent(value: float | None) -> str:
