@@ -27,8 +27,10 @@ that steps it; prefix caching off, as in the bare loops), ``engine_thread_per_re
 did before it added a batch in one command: the engine may start stepping before the batch is complete),
 ``engine_thread_training_sampling`` (``engine_thread`` with the training rollout's requests: temperature 1, a seed
 per request, the sampled tokens' log-probs), ``engine_thread_training`` (the same with vLLM's sleep mode on, the
-engine put to sleep at level 1 and woken before every timed call, as the trainer's is between rollouts). The
-report records each setting's resolved async scheduling and prefix caching.
+engine put to sleep at level 1 and woken before every timed call, as the trainer's is between rollouts),
+``engine_thread_training_graphs`` (the same with CUDA graphs for steps of up to 8,192 tokens, the step budget:
+``rollout.cudagraph_max_tokens``; vLLM's default captures up to 512, and a prefill step larger than that runs
+eagerly). The report records each setting's resolved async scheduling and prefix caching.
 """
 
 from __future__ import annotations
@@ -58,12 +60,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "engine_thread_per_request": {"enable_prefix_caching": False},
     "engine_thread_training_sampling": {},
     "engine_thread_training": {"enable_sleep_mode": True, "sleep_level": 1},
+    "engine_thread_training_graphs": {"enable_sleep_mode": True, "sleep_level": 1, "cudagraph_max_tokens": 8192},
 }
 # settings whose requests are the training rollout's (temperature 1, a seed per request, the sampled tokens'
 # log-probs) instead of greedy ones
-TRAINING_REQUESTS = ("engine_thread_training_sampling", "engine_thread_training")
+TRAINING_REQUESTS = ("engine_thread_training_sampling", "engine_thread_training", "engine_thread_training_graphs")
 # settings whose engine sleeps and wakes before every timed call, as the trainer's does between rollouts
-SLEEPS_BETWEEN_CALLS = ("engine_thread_training",)
+SLEEPS_BETWEEN_CALLS = ("engine_thread_training", "engine_thread_training_graphs")
 
 
 def engine_args(model_path: Path, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
