@@ -239,6 +239,7 @@ def engine_thread_rows(setting: str, args: argparse.Namespace, model_path: Path,
                     in_step_frac=counter["seconds"] / times[-1] if times[-1] > 0 else None,
                 )
             )
+            print(f"{setting} batch {batch}: {counter['steps']} steps, {rows[-1]['seconds']:.3f} s", file=sys.stderr)
     finally:
         engine.shutdown()
     return {"rows": rows, **flags}
@@ -442,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             if setting in failed:
                 continue
             later = ["--skip-profile"] if round_index else []
+            started = time.perf_counter()
             proc = subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later],
                 capture_output=True,
@@ -454,6 +456,13 @@ def main(argv: list[str] | None = None) -> int:
                 failed[setting] = (proc.stderr or proc.stdout)[-3000:]
                 print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
                 continue
+            progress = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{setting} batch ")]
+            print(
+                f"round {round_index + 1}/{args.rounds}, {setting}: {time.perf_counter() - started:.0f} s with start-up"
+                + "".join(f"; {ln}" for ln in progress),
+                file=sys.stderr,
+                flush=True,
+            )
             results.append(json.loads(line[len("RESULT ") :]))
         rounds.append(results)
     results = [res for res in merge_rounds(rounds) if res["setting"] not in failed]
