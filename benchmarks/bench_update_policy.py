@@ -76,7 +76,7 @@ from bench_common import SHAPES, shape_config, write_json  # noqa: E402  (also p
 from device_timing import timed  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
-from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh  # noqa: E402
+from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh, reshard_fsdp  # noqa: E402
 from verl.utils.liger import liger_applied, resolve_use_liger  # noqa: E402
 from verl.utils.model_loading import (  # noqa: E402
     build_causal_lm_from_config,
@@ -161,6 +161,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
     p.add_argument("--check", action="store_true", help="also compare packed vs padded log-probs (max abs diff)")
     p.add_argument("--param-dtype", default="auto", help="FSDP compute dtype: auto (bf16 on CUDA) or float32")
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="fsdp_config.reshard_after_forward=False: layers stay gathered from forward to backward and through a "
+        "log-prob pass (freed after each call, as the worker does)",
+    )
     p.add_argument("--out", default=None, help="write the results as JSON here (rank 0)")
     p.add_argument(
         "--count-only",
@@ -438,6 +444,7 @@ def main(argv=None) -> dict:
         model,
         mesh=init_dp_mesh(device_type),
         param_dtype=None if args.param_dtype in ("float32", "fp32") else args.param_dtype,
+        reshard_after_forward=not args.no_reshard_after_forward,
     )
     optimizer = build_optimizer(model, lr=1e-6)
     config = dict(
@@ -466,6 +473,7 @@ def main(argv=None) -> dict:
 
     def log_prob_call(i: int):
         log_probs, _ = actor.compute_log_prob(batches[i])
+        reshard_fsdp(model)  # as the worker after each call (a no-op with reshard_after_forward)
         batches[i].batch["old_log_probs"] = log_probs
         batches[i].batch["ref_log_prob"] = log_probs.clone()
 
@@ -510,6 +518,7 @@ def main(argv=None) -> dict:
         "fused_kernels": actor.use_fused_kernels,
         "calculate_entropy": args.calculate_entropy,
         "param_dtype": args.param_dtype,
+        "reshard_after_forward": not args.no_reshard_after_forward,
         "rows_per_gpu": int(batches[0].batch["input_ids"].shape[0]),
         "layout": args.layout,
         "tokens_global_per_call": tokens,

@@ -45,6 +45,7 @@ LR = "tests/test_lr_schedule.py::test_workers_build_the_configured_schedule"
 OVERRIDES = "tests/test_model_overrides.py::test_override_and_trust_remote_code_reach_actor_ref_hf_engine_and_tokenizer"
 CRITIC_OVERRIDES = "tests/test_model_overrides.py::test_critic_gets_its_override_and_the_policys_trust_remote_code"
 HSDP = "tests/test_hsdp.py::test_hsdp_2x2_matches_plain_fsdp_and_one_process"
+RESHARD = "tests/test_reshard_after_forward.py::test_keeping_layers_gathered_changes_no_number_and_halves_the_gathers"
 DAPO = "tests/test_trainer_e2e.py::test_dapo_dynamic_sampling_and_overlong_shaping"
 KEYS3 = "tests/test_reward_and_dapo_keys.py"
 KL_REWARD = "tests/test_critic.py::test_rloo_with_kl_in_reward"
@@ -174,6 +175,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{A}.fsdp_config.param_offload": (OFFLOAD,),
     f"{A}.fsdp_config.optimizer_offload": (OFFLOAD,),
     f"{A}.fsdp_config.fsdp_size": (HSDP,),
+    f"{A}.fsdp_config.reshard_after_forward": (RESHARD,),
     # reference model
     "actor_rollout_ref.ref.fsdp_config.param_offload": (OFFLOAD,),
     "actor_rollout_ref.ref.log_prob_micro_batch_size": (DEPRECATED,),
@@ -240,6 +242,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{C}.model.enable_gradient_checkpointing": (f"{W}::test_critic_model_keys_reach_the_loader",),
     f"{C}.model.use_remove_padding": (_critic(f"{C}.model.use_remove_padding"),),
     f"{C}.model.fsdp_config.fsdp_size": (HSDP,),
+    f"{C}.model.fsdp_config.reshard_after_forward": (RESHARD,),
     **{
         f"{C}.{k}": (_critic(f"{C}.{k}"),)
         for k in (

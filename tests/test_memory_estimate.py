@@ -194,6 +194,23 @@ def test_byte_totals_of_a_small_config_match_hand_computed_values() -> None:
     assert whole.gpu["update"]["logits"] == 40 * 1000 * 8 and whole.gpu["log-prob"]["logits"] == 80 * 1000 * 8
 
 
+def test_layers_kept_gathered_after_forward_count_every_layer() -> None:
+    """``actor.fsdp_config.reshard_after_forward=False`` keeps every decoder layer gathered (bf16) through a pass,
+    not two at a time: 2 bytes x (root + L x layer) in each training phase."""
+    from tests.test_config import compose_config
+
+    deep = dataclasses.replace(SMALL, num_layers=6)
+    plan = MemoryPlan(update_tokens=100, update_logit_tokens=40, log_prob_tokens=200, log_prob_logit_tokens=80)
+    resharding = estimate_memory(deep, plan, gpu_capacity=10**7)
+    keeping = estimate_memory(deep, dataclasses.replace(plan, reshard_after_forward=False), gpu_capacity=10**7)
+    for phase in ("update", "log-prob"):
+        assert resharding.gpu[phase]["fsdp buffers"] == 2 * (128_064 + 2 * 37_120)
+        assert keeping.gpu[phase]["fsdp buffers"] == 2 * (128_064 + 6 * 37_120)
+    key = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
+    assert plan_from_config(compose_config([])).reshard_after_forward is True
+    assert plan_from_config(compose_config([f"{key}=False"])).reshard_after_forward is False
+
+
 def test_sleep_level_1_backs_rollout_weights_up_to_host_and_awake_engine_counts_while_training() -> None:
     plan = MemoryPlan(sleep_level=1, max_model_len=64)
     est = estimate_memory(SMALL, plan, gpu_capacity=10**7, host_capacity=10**9)

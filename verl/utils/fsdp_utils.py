@@ -163,6 +163,17 @@ def apply_fsdp2(
     return model
 
 
+def reshard_fsdp(module: nn.Module) -> None:
+    """Free the gathered (unsharded) parameters every FSDP2 unit of ``module`` still holds: with
+    ``reshard_after_forward=False`` a forward-only pass leaves them allocated (a backward reshards them); a no-op for
+    units already resharded and for modules without FSDP."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()
+
+
 def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 

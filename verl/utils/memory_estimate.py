@@ -25,7 +25,8 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   CUDA run, ``actor_rollout_ref.actor.optim.fused``); streamed (``OffloadedAdamW``, foreach), one bucket's worth
   (half a bucket: the ``exp_avg_sq`` half).
 * **FSDP2 working set**: the bf16 all-gathered parameters of the root unit (embeddings, final norm, lm_head; kept
-  for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one), plus one
+  for the whole forward/backward) and of two decoder layers (the one computing and the prefetched one; of every
+  layer with ``fsdp_config.reshard_after_forward=False``, which keeps them gathered through the pass), plus one
   unit's unsharded gradient in bf16 and its fp32 copy for the reduce-scatter (2 + 4 bytes per parameter; for the
   root unit at the end of backward, when activations and logits are already freed, so only the excess counts).
 * **activations** (bf16): following Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
@@ -263,6 +264,8 @@ class MemoryPlan:
     ranks_per_node: int = 1
     param_offload: bool = False
     optimizer_offload: bool = False
+    # actor.fsdp_config.reshard_after_forward (the ref's too): False keeps every layer gathered within a pass
+    reshard_after_forward: bool = True
     use_ref: bool = False
     ref_param_offload: bool = False
     lora_rank: int = 0
@@ -357,6 +360,7 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
         ranks_per_node=int(trainer.n_gpus_per_node),
         param_offload=bool(afc.get("param_offload", False)),
         optimizer_offload=bool(afc.get("optimizer_offload", False)),
+        reshard_after_forward=bool(afc.get("reshard_after_forward", True)),
         use_ref=bool(actor.get("use_kl_loss", False)),
         ref_param_offload=bool(rfc.get("param_offload", False)),
         lora_rank=int(model.get("lora_rank", 0) or 0),
@@ -582,7 +586,9 @@ def estimate_memory(
     adam = 8.0 * nt / S
     ref = params if p.use_ref else 0.0
     layer, root = shape.layer_params, shape.root_params
-    gathered = 2.0 * (root + 2 * layer)  # bf16 all-gathered root unit + two decoder layers
+    # bf16 all-gathered root unit + two decoder layers (the one computing, the prefetched one); without
+    # reshard_after_forward every layer stays gathered from its forward to its backward (or to the pass's end)
+    gathered = 2.0 * (root + (2 if p.reshard_after_forward else shape.num_layers) * layer)
     grad_buffers = 6.0 * max(root, layer) * (nt / n)  # one unit's unsharded bf16 gradient + fp32 reduce-scatter copy
 
     def logits(tokens: int, bytes_per_element: float) -> float:

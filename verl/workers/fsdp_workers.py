@@ -194,7 +194,12 @@ class ActorRolloutRefWorker(TrainingWorker):
                 key="actor_rollout_ref.actor.fsdp_config.fsdp_size",
             )
             param_dtype = "bfloat16" if self.device_name == "cuda" else None
-            actor_module = apply_fsdp2(actor_module, mesh=self.fsdp_mesh, param_dtype=param_dtype)
+            actor_module = apply_fsdp2(
+                actor_module,
+                mesh=self.fsdp_mesh,
+                param_dtype=param_dtype,
+                reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
+            )
         optimizer, self.lr_scheduler = self._build_optimizer(actor_module)
         actor_settings = {
             **plain_values(actor_cfg),
@@ -221,7 +226,10 @@ class ActorRolloutRefWorker(TrainingWorker):
             ref_module.requires_grad_(False)
             if self.sharded:
                 ref_module = apply_fsdp2(
-                    ref_module, mesh=self.fsdp_mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None
+                    ref_module,
+                    mesh=self.fsdp_mesh,
+                    param_dtype="bfloat16" if self.device_name == "cuda" else None,
+                    reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
                 )
             # the ref's own log_prob_* budgets over the actor's
             self.ref = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.ref), ref_module, None)
@@ -320,7 +328,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         moves are CPU to CPU (nothing moves; the code path is the one GPU runs take). The optimizer state of
         ``optimizer_offload`` is not moved here: it stays on the host (``_build_optimizer``).
         """
-        from verl.utils.fsdp_utils import load_fsdp_model_to_gpu, offload_fsdp_model_to_cpu
+        from verl.utils.fsdp_utils import load_fsdp_model_to_gpu, offload_fsdp_model_to_cpu, reshard_fsdp
 
         fsdp = self.conf.actor.fsdp_config if role == "actor" else self.conf.ref.fsdp_config
         module = self.actor_module if role == "actor" else self.ref.actor_module
@@ -333,6 +341,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         try:
             yield
         finally:
+            if not self.conf.actor.fsdp_config.reshard_after_forward:  # a forward-only pass leaves them gathered
+                reshard_fsdp(module)
             if params:
                 offload_fsdp_model_to_cpu(module)
 

@@ -50,6 +50,9 @@ class FSDPConfig(RewardFSDPConfig):
 
     # Keep the AdamW states in host memory, streamed through the GPU per bucket in each step (OffloadedAdamW).
     optimizer_offload: bool = False
+    # Free each layer's gathered parameters after its forward (ZeRO-3); False keeps them until the backward (and
+    # across the micro-batches of a log-prob pass): no second gather in the backward, one gathered copy more.
+    reshard_after_forward: bool = True
 
     def check(self, c: Checks) -> None:
         # HSDP: shard within groups of fsdp_size ranks; -1 = plain FSDP over all ranks

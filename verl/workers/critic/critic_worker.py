@@ -119,7 +119,12 @@ class CriticWorker(TrainingWorker):
                 world_size=self.world_size,
                 key="critic.model.fsdp_config.fsdp_size",
             )
-            module = apply_fsdp2(module, mesh=mesh, param_dtype="bfloat16" if self.device_name == "cuda" else None)
+            module = apply_fsdp2(
+                module,
+                mesh=mesh,
+                param_dtype="bfloat16" if self.device_name == "cuda" else None,
+                reshard_after_forward=model_cfg.fsdp_config.reshard_after_forward,
+            )
         self.optimizer, self.lr_scheduler = build_optim_and_scheduler(module, cfg.optim)
         settings = {**plain_values(cfg), "use_remove_padding": model_cfg.use_remove_padding}
         self.critic_module = module
@@ -128,7 +133,11 @@ class CriticWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``[B, R]`` of this rank's rows (see ``DataParallelPPOCritic.compute_values``)."""
-        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
+        from verl.utils.fsdp_utils import reshard_fsdp
+
+        values = self.critic.compute_values(data)
+        reshard_fsdp(self.critic_module)  # without reshard_after_forward the forward-only pass leaves them gathered
+        return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_critic(self, data: DataProto) -> dict[str, float]:
