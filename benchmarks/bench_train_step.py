@@ -372,7 +372,7 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 "update_gen_overlap_s": float(h.get("perf/update_generation_overlap_s", 0.0)),
                 "update_gen_overlap_frac": float(h.get("perf/update_generation_overlap_frac", 0.0)),
                 # where generation went (rank 0, since its previous update): its generate calls' wall time, the
-                # engine's own steps and the seconds inside them (vLLM in-process; absent elsewhere)
+                # engine's own steps and the seconds inside them (vLLM in-process, the hf engine; absent otherwise)
                 "gen_in_worker": h.get("perf/rollout/generate_s"),
                 "gen_engine_steps": h.get("perf/rollout/engine_steps"),
                 "gen_engine_step_s": h.get("perf/rollout/engine_step_s"),

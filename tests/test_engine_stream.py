@@ -172,6 +172,7 @@ def test_every_engine_step_first_checks_the_threads_stream():
     driver._stream = RecordingStream()
     driver._stream.log = log
     driver._inflight = {}
+    driver.steps, driver.step_seconds = 0, 0.0
 
     class StepEngine:
         def step(self):
@@ -182,6 +183,7 @@ def test_every_engine_step_first_checks_the_threads_stream():
     driver._step()
     driver._step()
     assert log == [("check",), ("step",), ("check",), ("step",)]
+    assert driver.steps == 2 and driver.step_seconds > 0  # step_counters: every step counted
 
 
 def test_the_engine_is_built_on_the_engine_stream(monkeypatch):

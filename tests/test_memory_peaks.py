@@ -255,6 +255,9 @@ class _StubEngine:
         self.counter.alloc(1)
         self.counter.free(1)
 
+    def step_counters(self):
+        return None  # no step loop of its own (RolloutEngine's default)
+
 
 def test_worker_phases_are_measured_where_they_run(monkeypatch, tiny_model_path, counter):
     """generate -> rollout, compute_log_prob -> log-prob, compute_ref_log_prob -> ref, update_actor -> update (its

@@ -137,6 +137,22 @@ def test_requests_with_their_own_params_in_one_batch(engine):
         engine.generate_requests(PROMPTS[:3], params[:2])
 
 
+def test_step_counters_count_forwards_and_batch_seconds(engine, monkeypatch):
+    """step_counters: a batch of max_tokens=5 without EOS is one prefill and four decode forwards; its seconds are
+    within the call's wall time (the worker reports their growth as perf/rollout/engine_steps, engine_step_s)."""
+    import time
+
+    monkeypatch.setattr(engine, "eos_token_ids", [])  # every sample runs to max_tokens
+    steps0, seconds0 = engine.step_counters()
+    start = time.perf_counter()
+    outs = engine.generate_batch(PROMPTS[:2], SamplingParams(greedy=True, max_tokens=5))
+    wall = time.perf_counter() - start
+    steps, seconds = engine.step_counters()
+    assert [len(o[0].token_ids) for o in outs] == [5, 5]
+    assert steps - steps0 == 5
+    assert 0 < seconds - seconds0 <= wall
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent(engine):
     params = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=50, seed=123, max_tokens=10)
     alone = engine.generate_batch([PROMPTS[0]], params)[0]

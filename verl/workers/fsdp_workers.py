@@ -468,9 +468,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         """Where this worker's generation time went since the previous update: ``perf/rollout/generate_s`` (wall
         seconds with a ``generate`` call in flight here), ``perf/rollout/engine_steps`` and
         ``perf/rollout/engine_step_s`` (the engine's own steps and the seconds inside them, where the engine counts
-        them: vLLM in-process). The driver's ``timing_s/gen`` less ``generate_s`` is the driver's side (prompts,
-        Ray); ``generate_s`` less ``engine_step_s`` is the engine thread's loop (adding requests, collecting
-        outputs, waiting for commands)."""
+        them: vLLM in-process, the hf engine). The driver's ``timing_s/gen`` less ``generate_s`` is the driver's
+        side (prompts, Ray); ``generate_s`` less ``engine_step_s`` is the engine thread's loop (adding requests,
+        collecting outputs, waiting for commands)."""
         busy = self.rollout_guard.busy_seconds()
         counters = self.rollout.step_counters() if self.rollout is not None else None
         steps, step_s = counters if counters is not None else (0, 0.0)

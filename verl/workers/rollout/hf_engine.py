@@ -145,6 +145,8 @@ class HFRolloutEngine(RolloutEngine):
         self._closed = False
         self.num_batches_run = 0  # statistics: batches decoded and rows (samples) in them
         self.num_rows_run = 0
+        self.num_forwards = 0  # model forward passes (a batch's prefill, then one per decode step)
+        self.batch_seconds = 0.0  # wall seconds running batches (forwards, sampling, delivery)
         self._thread = threading.Thread(target=self._scheduler_loop, name="HFRolloutEngine-scheduler", daemon=True)
         self._thread.start()
 
@@ -199,6 +201,11 @@ class HFRolloutEngine(RolloutEngine):
         requests = [self._make_request(list(p), sp, None) for p, sp in zip(prompts, params)]
         self._enqueue(requests)
         return [r.future.result() for r in requests]
+
+    def step_counters(self) -> tuple[int, float]:
+        """``(steps, seconds)``: the model's forward passes (a batch's prefill, then one per decode step) and the wall
+        seconds spent running batches (forwards, sampling and delivering the outputs), running totals."""
+        return self.num_forwards, self.batch_seconds
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy ``(name, tensor)`` pairs (HF state-dict names) into the model's parameters/buffers.
@@ -334,7 +341,11 @@ class HFRolloutEngine(RolloutEngine):
                         with self._cond:
                             self._pending[:0] = batch
                         continue
-                    self._run_batch(batch)
+                    start = time.perf_counter()
+                    try:
+                        self._run_batch(batch)
+                    finally:
+                        self.batch_seconds += time.perf_counter() - start
             except BaseException as exc:  # fail the affected requests, keep serving others
                 logger.exception("HFRolloutEngine batch failed")
                 for row in batch:
@@ -380,6 +391,7 @@ class HFRolloutEngine(RolloutEngine):
         kwargs: dict[str, Any] = {}
         if self._forward_accepts_logits_to_keep:
             kwargs["logits_to_keep"] = 1
+        self.num_forwards += 1
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
