@@ -123,6 +123,14 @@ if want small_step; then
     # bypass mode (algorithm.bypass_mode: no old-log-prob pass), synchronous and one-step-off side by side
     run train_step_135m_fast_bypass $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
         --out "$OUT/train_step_135m_fast_bypass.json" -- $FAST_135M algorithm.bypass_mode=True
+    # the same one-step-off with a 0.5 ms GIL switch interval (generation and the update share one process's GIL;
+    # the update is what slows beside generation at this size), side by side with the synchronous step
+    run train_step_135m_fast_bypass_gil $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
+        --out "$OUT/train_step_135m_fast_bypass_gil05.json" -- $FAST_135M algorithm.bypass_mode=True \
+        actor_rollout_ref.rollout.gil_switch_interval_ms=0.5
+    # the update with layers kept gathered from forward to backward (fsdp_config.reshard_after_forward=False)
+    run update_135m_keep_gathered $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
+        --no-reshard-after-forward --out "$OUT/update_135m_liger_nockpt_64k_keep_gathered.json"
 fi
 if want vllm_step; then
     # host-bound at 135M: one call is 0.6-0.9 s and separate processes differ by up to ~20%, so the settings run in
@@ -131,6 +139,11 @@ if want vllm_step; then
     run vllm_step_135m python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 128 256 \
         --prompt-len 512 --new-tokens 128 --repeats 3 --rounds 2 --settings default no_async_scheduling engine_thread \
         engine_thread_no_prefix_cache trainer_engine_bare_loop --out "$OUT/vllm_step_135m.json"
+    # one step with the training rollout's requests (seeded, temperature 1, log-probs; then sleep mode with a
+    # sleep/wake per call, as between training rollouts) at the miniature's turn size
+    run vllm_step_135m_training python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 128 \
+        --prompt-len 704 --new-tokens 128 --repeats 3 --rounds 2 --settings default engine_thread \
+        engine_thread_training_sampling engine_thread_training --out "$OUT/vllm_step_135m_training.json"
     run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
         --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread --out "$OUT/vllm_step_1p5b.json"
 fi
