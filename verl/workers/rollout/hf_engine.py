@@ -146,7 +146,7 @@ class HFRolloutEngine(RolloutEngine):
         self.num_batches_run = 0  # statistics: batches decoded and rows (samples) in them
         self.num_rows_run = 0
         self.num_forwards = 0  # model forward passes (a batch's prefill, then one per decode step)
-        self.batch_seconds = 0.0  # wall seconds running batches (forwards, sampling, delivery)
+        self.batch_seconds = 0.0  # wall seconds running batches (forwards and sampling, up to the delivery)
         self._thread = threading.Thread(target=self._scheduler_loop, name="HFRolloutEngine-scheduler", daemon=True)
         self._thread.start()
 
@@ -204,7 +204,8 @@ class HFRolloutEngine(RolloutEngine):
 
     def step_counters(self) -> tuple[int, float]:
         """``(steps, seconds)``: the model's forward passes (a batch's prefill, then one per decode step) and the wall
-        seconds spent running batches (forwards, sampling and delivering the outputs), running totals."""
+        seconds spent running batches (forwards and sampling), running totals; a batch is counted before its callers
+        get their outputs."""
         return self.num_forwards, self.batch_seconds
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -341,11 +342,7 @@ class HFRolloutEngine(RolloutEngine):
                         with self._cond:
                             self._pending[:0] = batch
                         continue
-                    start = time.perf_counter()
-                    try:
-                        self._run_batch(batch)
-                    finally:
-                        self.batch_seconds += time.perf_counter() - start
+                    self._run_batch(batch)
             except BaseException as exc:  # fail the affected requests, keep serving others
                 logger.exception("HFRolloutEngine batch failed")
                 for row in batch:
@@ -409,6 +406,7 @@ class HFRolloutEngine(RolloutEngine):
 
     @torch.inference_mode()
     def _run_batch(self, rows: list[_Row]) -> None:
+        start = time.perf_counter()
         dev = self.device
         num_rows = len(rows)
         self.num_batches_run += 1
@@ -469,6 +467,7 @@ class HFRolloutEngine(RolloutEngine):
             logits = self._forward(tokens.unsqueeze(1), attention[:, : prompt_len + step + 1], next_pos.unsqueeze(1))
             next_pos = next_pos + 1
 
+        self.batch_seconds += time.perf_counter() - start  # counted before the callers get their outputs
         self._deliver(rows, out_tokens, out_logprobs, lengths, stopped)
 
     def _deliver(

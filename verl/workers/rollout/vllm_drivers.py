@@ -230,7 +230,7 @@ class InprocDriver:
             logger.exception("vLLM engine step failed")
             self._fail_all(exc)
             return
-        finally:
+        finally:  # counted before the step's finished requests reach their callers
             self.steps += 1
             self.step_seconds += time.perf_counter() - start
         for out in outputs:
