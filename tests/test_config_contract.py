@@ -176,6 +176,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{A}.fsdp_config.optimizer_offload": (OFFLOAD,),
     f"{A}.fsdp_config.fsdp_size": (HSDP,),
     f"{A}.fsdp_config.reshard_after_forward": (RESHARD,),
+    "actor_rollout_ref.ref.fsdp_config.reshard_after_forward": (RESHARD,),
     # reference model
     "actor_rollout_ref.ref.fsdp_config.param_offload": (OFFLOAD,),
     "actor_rollout_ref.ref.log_prob_micro_batch_size": (DEPRECATED,),

@@ -207,8 +207,18 @@ def test_layers_kept_gathered_after_forward_count_every_layer() -> None:
         assert resharding.gpu[phase]["fsdp buffers"] == 2 * (128_064 + 2 * 37_120)
         assert keeping.gpu[phase]["fsdp buffers"] == 2 * (128_064 + 6 * 37_120)
     key = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward"
-    assert plan_from_config(compose_config([])).reshard_after_forward is True
-    assert plan_from_config(compose_config([f"{key}=False"])).reshard_after_forward is False
+    ref_key = "actor_rollout_ref.ref.fsdp_config.reshard_after_forward"
+    default = plan_from_config(compose_config([]))
+    assert (default.reshard_after_forward, default.ref_reshard_after_forward) == (True, True)
+    actor_only = plan_from_config(compose_config([f"{key}=False"]))
+    assert (actor_only.reshard_after_forward, actor_only.ref_reshard_after_forward) == (False, True)
+    ref_only = plan_from_config(compose_config([f"{ref_key}=False"]))
+    assert (ref_only.reshard_after_forward, ref_only.ref_reshard_after_forward) == (True, False)
+    # the ref's pass counts the ref's choice: a ref kept gathered makes the log-prob phase the ref's
+    with_ref = dataclasses.replace(plan, use_ref=True, ref_reshard_after_forward=False)
+    assert estimate_memory(deep, with_ref, gpu_capacity=10**7).gpu["log-prob"]["fsdp buffers"] == 2 * (
+        128_064 + 6 * 37_120
+    )
 
 
 def test_sleep_level_1_backs_rollout_weights_up_to_host_and_awake_engine_counts_while_training() -> None:

@@ -6,8 +6,9 @@ Two CPU ranks (gloo, ``tests.rank_processes.spawn``), the tiny Qwen2 model:
   parameters with and without resharding (a gathered copy left stale by an optimizer step would differ), and the
   update gathers each layer once per micro-batch instead of twice;
 * after the pass the worker frees what stays gathered (``reshard_fsdp``): nothing is left gathered between calls;
-* the key reaches the workers: the actor's and the ref's layers (``actor_rollout_ref.actor.fsdp_config``) and the
-  critic's (``critic.model.fsdp_config``) keep their parameters after forward.
+* the keys reach the workers: the actor's layers (``actor_rollout_ref.actor.fsdp_config``), the ref's
+  (``actor_rollout_ref.ref.fsdp_config``) and the critic's (``critic.model.fsdp_config``) keep their parameters after
+  forward.
 """
 
 from __future__ import annotations
@@ -101,12 +102,15 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, confi
         from verl.workers.critic.critic_worker import CriticWorker
         from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-        worker = ActorRolloutRefWorker(configs["actor_rollout_ref"], "cpu")
-        worker.init_model()
-        out["actor_keeps"] = _keeps_after_forward(worker.actor_module)
-        out["ref_keeps"] = _keeps_after_forward(worker.ref.actor_module)
-        worker.compute_ref_log_prob(data)  # a forward-only pass through the worker: nothing stays gathered
-        out["ref_left_gathered"] = sum(g.is_unsharded for g in _fsdp_groups(worker.ref.actor_module))
+        for name in ("actor_keeps", "ref_keeps"):  # the actor's key alone, then the ref's alone
+            worker = ActorRolloutRefWorker(configs[name], "cpu")
+            worker.init_model()
+            out[name] = (_keeps_after_forward(worker.actor_module), _keeps_after_forward(worker.ref.actor_module))
+            worker.compute_log_prob(data)  # forward-only passes through the worker: nothing stays gathered after
+            worker.compute_ref_log_prob(data)
+            out[f"{name}_left_gathered"] = sum(
+                g.is_unsharded for m in (worker.actor_module, worker.ref.actor_module) for g in _fsdp_groups(m)
+            )
         critic = CriticWorker(configs["critic"], "cpu")
         critic.init_model()
         out["critic_keeps"] = _keeps_after_forward(critic.critic_module)
@@ -117,23 +121,23 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, confi
 
 
 def _worker_configs(model_path: str) -> dict:
-    cfg = compose_config(
-        [
-            f"actor_rollout_ref.model.path={model_path}",
-            f"critic.model.path={model_path}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            "critic.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.actor.use_kl_loss=True",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False",
-            "critic.model.fsdp_config.reshard_after_forward=False",
-            "critic.ppo_micro_batch_size_per_gpu=1",
-        ]
-    )
+    common = [
+        f"actor_rollout_ref.model.path={model_path}",
+        f"critic.model.path={model_path}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "critic.model.enable_gradient_checkpointing=False",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "critic.model.fsdp_config.reshard_after_forward=False",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+    ]
+    actor = compose_config([*common, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False"])
+    ref = compose_config([*common, "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=False"])
     return {
-        "actor_rollout_ref": OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True),
-        "critic": OmegaConf.to_container(cfg.critic, resolve=True),
+        "actor_keeps": OmegaConf.to_container(actor.actor_rollout_ref, resolve=True),
+        "ref_keeps": OmegaConf.to_container(ref.actor_rollout_ref, resolve=True),
+        "critic": OmegaConf.to_container(actor.critic, resolve=True),
     }
 
 
@@ -169,7 +173,9 @@ def test_keeping_layers_gathered_changes_no_number_and_halves_the_gathers(tiny_m
         micro_batches = ROWS_PER_RANK
         assert keeping["update_gathers"] <= micro_batches * (layers + 1)
         assert resharding["update_gathers"] >= micro_batches * (2 * layers + 1)
-        assert out["actor_keeps"] == out["ref_keeps"] == out["critic_keeps"] == [True] * layers
-        assert out["ref_left_gathered"] == 0
+        assert out["actor_keeps"] == ([True] * layers, [False] * layers)  # each model reads its own key
+        assert out["ref_keeps"] == ([False] * layers, [True] * layers)
+        assert out["critic_keeps"] == [True] * layers
+        assert out["actor_keeps_left_gathered"] == out["ref_keeps_left_gathered"] == 0
     moved = [k for k, v in results[0][True]["state"].items() if not torch.equal(v, copy.deepcopy(base).state_dict()[k])]
     assert len(moved) == len(results[0][True]["state"])  # the steps changed every parameter: not vacuous

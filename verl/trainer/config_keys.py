@@ -129,6 +129,7 @@ INERT: dict[str, str] = {
     "reward_model.model.fsdp_config.wrap_policy.min_num_params": _NO_RM,
     "reward_model.model.fsdp_config.param_offload": _NO_RM,
     "reward_model.model.fsdp_config.fsdp_size": _NO_RM,
+    "reward_model.model.fsdp_config.reshard_after_forward": _NO_RM,
     "reward_model.micro_batch_size": _NO_RM,
     "reward_model.micro_batch_size_per_gpu": _NO_RM,
     "reward_model.max_length": _NO_RM,

@@ -264,8 +264,9 @@ class MemoryPlan:
     ranks_per_node: int = 1
     param_offload: bool = False
     optimizer_offload: bool = False
-    # actor.fsdp_config.reshard_after_forward (the ref's too): False keeps every layer gathered within a pass
+    # {actor,ref}.fsdp_config.reshard_after_forward: False keeps every layer gathered within a pass
     reshard_after_forward: bool = True
+    ref_reshard_after_forward: bool = True
     use_ref: bool = False
     ref_param_offload: bool = False
     lora_rank: int = 0
@@ -361,6 +362,7 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
         param_offload=bool(afc.get("param_offload", False)),
         optimizer_offload=bool(afc.get("optimizer_offload", False)),
         reshard_after_forward=bool(afc.get("reshard_after_forward", True)),
+        ref_reshard_after_forward=bool(rfc.get("reshard_after_forward", True)),
         use_ref=bool(actor.get("use_kl_loss", False)),
         ref_param_offload=bool(rfc.get("param_offload", False)),
         lora_rank=int(model.get("lora_rank", 0) or 0),
@@ -589,6 +591,7 @@ def estimate_memory(
     # bf16 all-gathered root unit + two decoder layers (the one computing, the prefetched one); without
     # reshard_after_forward every layer stays gathered from its forward to its backward (or to the pass's end)
     gathered = 2.0 * (root + (2 if p.reshard_after_forward else shape.num_layers) * layer)
+    ref_gathered = 2.0 * (root + (2 if p.ref_reshard_after_forward else shape.num_layers) * layer)
     grad_buffers = 6.0 * max(root, layer) * (nt / n)  # one unit's unsharded bf16 gradient + fp32 reduce-scatter copy
 
     def logits(tokens: int, bytes_per_element: float) -> float:
@@ -644,13 +647,12 @@ def estimate_memory(
     update_logits = logits(p.update_logit_tokens, TRAIN_LOGITS_BYTES)
     no_grad_act = float(p.log_prob_tokens) * (shape.activation_bytes_per_token(False, liger=p.liger) / shape.num_layers)
     lp_common = {
-        "fsdp buffers": gathered,
         "activations": no_grad_act,
         "logits": logits(p.log_prob_logit_tokens, NO_GRAD_LOGITS_BYTES),
         "optimizer": resident_adam,
     }
-    actor_pass = {"actor params": params, "ref params": resident_ref, **lp_common}
-    ref_pass = {"actor params": resident_params, "ref params": ref, **lp_common}
+    actor_pass = {"actor params": params, "ref params": resident_ref, "fsdp buffers": gathered, **lp_common}
+    ref_pass = {"actor params": resident_params, "ref params": ref, "fsdp buffers": ref_gathered, **lp_common}
     est.gpu = {
         "init": {"actor params": params, "ref params": ref, **engine, **runtime},
         "rollout": {"actor params": resident_params, "optimizer": resident_adam, "ref params": resident_ref, **engine},

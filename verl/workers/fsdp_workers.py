@@ -229,7 +229,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                     ref_module,
                     mesh=self.fsdp_mesh,
                     param_dtype="bfloat16" if self.device_name == "cuda" else None,
-                    reshard_after_forward=actor_cfg.fsdp_config.reshard_after_forward,
+                    reshard_after_forward=cfg.ref.fsdp_config.reshard_after_forward,
                 )
             # the ref's own log_prob_* budgets over the actor's
             self.ref = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.ref), ref_module, None)
@@ -341,7 +341,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         try:
             yield
         finally:
-            if not self.conf.actor.fsdp_config.reshard_after_forward:  # a forward-only pass leaves them gathered
+            if not fsdp.reshard_after_forward:  # a forward-only pass leaves them gathered
                 reshard_fsdp(module)
             if params:
                 offload_fsdp_model_to_cpu(module)

@@ -30,6 +30,9 @@ class RefFSDPConfig(BaseConfig):
     param_offload: bool = False
     # Which modules become FSDP units.
     wrap_policy: WrapPolicyConfig = field(default_factory=WrapPolicyConfig)
+    # Free each layer's gathered parameters after its forward (ZeRO-3); False keeps them until the backward (and
+    # across the micro-batches of a log-prob pass): no second gather in the backward, one gathered copy more.
+    reshard_after_forward: bool = True
 
 
 @dataclass
@@ -50,9 +53,6 @@ class FSDPConfig(RewardFSDPConfig):
 
     # Keep the AdamW states in host memory, streamed through the GPU per bucket in each step (OffloadedAdamW).
     optimizer_offload: bool = False
-    # Free each layer's gathered parameters after its forward (ZeRO-3); False keeps them until the backward (and
-    # across the micro-batches of a log-prob pass): no second gather in the backward, one gathered copy more.
-    reshard_after_forward: bool = True
 
     def check(self, c: Checks) -> None:
         # HSDP: shard within groups of fsdp_size ranks; -1 = plain FSDP over all ranks
