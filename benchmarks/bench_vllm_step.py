@@ -3,9 +3,9 @@ for the in-process engine the trainer's rollout uses, with a few engine settings
 
 Each setting runs in its own process (one in-process vLLM engine per process), on the same prompts (random ids,
 greedy unless the setting samples as in training, EOS ignored, so every request generates exactly
-``--new-tokens``). Per batch size it times a bare ``LLMEngine.step()`` loop (the steps and their wall time), then runs it again under ``torch.profiler`` (the CUDA
-kernels' total time: what the GPU was busy with) and under ``cProfile`` (where the Python time of the step goes,
-written to ``<out>.<setting>.b<batch>.cprofile.txt``). ``host_ms_per_step`` is the wall time the GPU's kernels do
+``--new-tokens``). Per batch size it times a bare ``LLMEngine.step()`` loop (the steps and their wall time), then
+runs it again under ``torch.profiler`` (the CUDA kernels' total time: what the GPU was busy with) and under
+``cProfile`` (where the Python time of the step goes, written to ``<out>.<setting>.b<batch>.cprofile.txt``). ``host_ms_per_step`` is the wall time the GPU's kernels do
 not account for: the per-step overhead a faster host path would remove.
 
     # GPU, the 135M shape at the miniature's sizes: vLLM's defaults vs async scheduling off vs the trainer's thread
@@ -62,11 +62,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "engine_thread_training": {"enable_sleep_mode": True, "sleep_level": 1},
     "engine_thread_training_graphs": {"enable_sleep_mode": True, "sleep_level": 1, "cudagraph_max_tokens": 8192},
 }
-# settings whose requests are the training rollout's (temperature 1, a seed per request, the sampled tokens'
-# log-probs) instead of greedy ones
-TRAINING_REQUESTS = ("engine_thread_training_sampling", "engine_thread_training", "engine_thread_training_graphs")
-# settings whose engine sleeps and wakes before every timed call, as the trainer's does between rollouts
-SLEEPS_BETWEEN_CALLS = ("engine_thread_training", "engine_thread_training_graphs")
+# the engine_thread_training* settings send the training rollout's requests (temperature 1, a seed per request, the
+# sampled tokens' log-probs) instead of greedy ones; those with sleep mode sleep and wake before every timed call, as
+# the trainer's engine does between rollouts
+TRAINING_REQUESTS = tuple(name for name in SETTINGS if name.startswith("engine_thread_training"))
+SLEEPS_BETWEEN_CALLS = tuple(name for name, extra in SETTINGS.items() if extra.get("enable_sleep_mode"))
 
 
 def engine_args(model_path: Path, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:

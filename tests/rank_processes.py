@@ -71,3 +71,14 @@ def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int = 1, join: bool 
         join=True,
         start_method="forkserver",
     )
+
+
+def spawn_with_data(fn: Callable[..., Any], nprocs: int, tmp_path: Path, model_path: Any, data: Any, *extra: Any):
+    """Save ``data`` (a DataProto) to ``tmp_path``, run ``fn(rank, init_file, model_path, data_file, *extra,
+    out_dir)`` in ``nprocs`` ranks (:func:`spawn`) and return what each rank saved as ``<out_dir>/rank<r>.pt``."""
+    import torch
+
+    data_file = tmp_path / "data.pt"
+    torch.save(data, data_file)
+    spawn(fn, nprocs=nprocs, args=(str(tmp_path / "init"), str(model_path), str(data_file), *extra, str(tmp_path)))
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(nprocs)]

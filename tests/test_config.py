@@ -70,6 +70,23 @@ def compose_config(overrides: list[str]):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
+def worker_config(model_path, *overrides: str):
+    """The composed config of worker tests: actor, ref and critic on ``model_path``, no checkpointing, a KL loss (so
+    the ref model exists), one row per micro-batch; ``overrides`` on top."""
+    return compose_config(
+        [
+            f"actor_rollout_ref.model.path={model_path}",
+            f"critic.model.path={model_path}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "critic.model.enable_gradient_checkpointing=False",
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "critic.ppo_micro_batch_size_per_gpu=1",
+            *overrides,
+        ]
+    )
+
+
 @pytest.fixture(scope="module")
 def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("config")

@@ -20,8 +20,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.rank_processes import spawn
-from tests.test_config import compose_config
+from tests.rank_processes import spawn_with_data
+from tests.test_config import worker_config
 from tests.test_dp_actor import actor_config, make_update_data
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor import DataParallelPPOActor
@@ -113,21 +113,13 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, confi
 
 
 def _worker_configs(model_path: str) -> dict:
-    cfg = compose_config(
-        [
-            f"actor_rollout_ref.model.path={model_path}",
-            f"critic.model.path={model_path}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            "critic.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.actor.use_kl_loss=True",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-            "actor_rollout_ref.actor.train_batch_size=1",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
-            "critic.model.fsdp_config.fsdp_size=2",
-            "critic.ppo_micro_batch_size_per_gpu=1",
-        ]
+    cfg = worker_config(
+        model_path,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.train_batch_size=1",
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+        "critic.model.fsdp_config.fsdp_size=2",
     )
     return {
         "actor_rollout_ref": OmegaConf.to_container(cfg.actor_rollout_ref, resolve=True),
@@ -138,21 +130,7 @@ def _worker_configs(model_path: str) -> dict:
 def test_hsdp_2x2_matches_plain_fsdp_and_one_process(tiny_model_path, tmp_path):
     base = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
     data = make_update_data(base, num_conv=WORLD * ROWS_PER_RANK, seed=3)
-    data_file = tmp_path / "data.pt"
-    torch.save(data, data_file)
-    spawn(
-        _rank_main,
-        nprocs=WORLD,
-        join=True,
-        args=(
-            str(tmp_path / "init"),
-            str(tiny_model_path),
-            str(data_file),
-            _worker_configs(str(tiny_model_path)),
-            str(tmp_path),
-        ),
-    )
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    results = spawn_with_data(_rank_main, WORLD, tmp_path, tiny_model_path, data, _worker_configs(tiny_model_path))
 
     for out in results:
         assert out["hsdp_mesh"] == ((2, 2), ("ddp", "fsdp"))

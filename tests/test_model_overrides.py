@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from tests.test_config import compose_config
+from tests.test_config import worker_config
 
 DROPOUT = 0.25
 
@@ -37,26 +37,11 @@ def hf_calls(monkeypatch) -> list[tuple[str, object]]:
     return calls
 
 
-def config_with(model_path, *overrides: str):
-    return compose_config(
-        [
-            f"actor_rollout_ref.model.path={model_path}",
-            f"critic.model.path={model_path}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            "critic.model.enable_gradient_checkpointing=False",
-            "actor_rollout_ref.actor.use_kl_loss=True",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-            "critic.ppo_micro_batch_size_per_gpu=1",
-            *overrides,
-        ]
-    )
-
-
 def test_override_and_trust_remote_code_reach_actor_ref_hf_engine_and_tokenizer(tiny_model_path, hf_calls):
     from verl.utils.model_loading import load_tokenizer
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
-    cfg = config_with(
+    cfg = worker_config(
         tiny_model_path,
         "actor_rollout_ref.rollout.name=hf",
         "actor_rollout_ref.model.trust_remote_code=True",
@@ -82,7 +67,9 @@ def test_defaults_leave_models_alone(tiny_model_path, hf_calls, monkeypatch):
     from verl.workers.fsdp_workers import ActorRolloutRefWorker
 
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kwargs: None)
-    worker = ActorRolloutRefWorker(config_with(tiny_model_path, "actor_rollout_ref.rollout.name=hf").actor_rollout_ref)
+    worker = ActorRolloutRefWorker(
+        worker_config(tiny_model_path, "actor_rollout_ref.rollout.name=hf").actor_rollout_ref
+    )
     worker.init_model()
     assert worker.actor_module.config.attention_dropout == 0.0
     assert all(trust is False for _, trust in hf_calls), hf_calls
@@ -91,7 +78,7 @@ def test_defaults_leave_models_alone(tiny_model_path, hf_calls, monkeypatch):
 def test_critic_gets_its_override_and_the_policys_trust_remote_code(tiny_model_path, hf_calls):
     from verl.workers.critic.critic_worker import CriticWorker
 
-    cfg = config_with(
+    cfg = worker_config(
         tiny_model_path,
         "actor_rollout_ref.model.trust_remote_code=True",
         "+critic.model.override_config.attention_dropout=0.5",
@@ -110,7 +97,7 @@ def test_vllm_engine_gets_hf_overrides_and_trust_remote_code(tiny_model_path, mo
 
     seen: dict = {}
     monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kwargs: seen.update(name=name, **kwargs))
-    cfg = config_with(
+    cfg = worker_config(
         tiny_model_path,
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # one rank here

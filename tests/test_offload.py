@@ -25,7 +25,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.rank_processes import spawn
+from tests.rank_processes import spawn_with_data
 from tests.test_config import compose_config
 from tests.test_dp_actor import make_update_data
 from verl.utils.fsdp_utils import load_fsdp_model_to_gpu, load_fsdp_optimizer, offload_fsdp_optimizer
@@ -185,15 +185,7 @@ def _run_worker(offload: bool, model_path: str, data, out_dir: str, events: list
 def test_worker_offload_code_path_on_cpu_matches_no_offload(tiny_model_path, tmp_path) -> None:
     base = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
     data = make_update_data(base, num_conv=4, seed=5)
-    data_file = tmp_path / "data.pt"
-    torch.save(data, data_file)
-    spawn(
-        _rank_main,
-        nprocs=WORLD,
-        join=True,
-        args=(str(tmp_path / "init"), str(tiny_model_path), str(data_file), str(tmp_path)),
-    )
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    results = spawn_with_data(_rank_main, WORLD, tmp_path, tiny_model_path, data)
     for out in results:
         on, off = out[True]["events"], out[False]["events"]
         assert all(not calls for calls in off.values())  # no offload configured: nothing moves

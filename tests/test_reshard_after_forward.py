@@ -19,8 +19,8 @@ import os
 import torch
 from omegaconf import OmegaConf
 
-from tests.rank_processes import spawn
-from tests.test_config import compose_config
+from tests.rank_processes import spawn_with_data
+from tests.test_config import worker_config
 from tests.test_dp_actor import actor_config, make_update_data
 from verl.utils.model_loading import load_causal_lm
 from verl.workers.actor import DataParallelPPOActor
@@ -114,6 +114,8 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, confi
         critic = CriticWorker(configs["critic"], "cpu")
         critic.init_model()
         out["critic_keeps"] = _keeps_after_forward(critic.critic_module)
+        critic.compute_values(data)
+        out["critic_left_gathered"] = sum(g.is_unsharded for g in _fsdp_groups(critic.critic_module))
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
         dist.barrier()
     finally:
@@ -121,19 +123,9 @@ def _rank_main(rank: int, init_file: str, model_path: str, data_file: str, confi
 
 
 def _worker_configs(model_path: str) -> dict:
-    common = [
-        f"actor_rollout_ref.model.path={model_path}",
-        f"critic.model.path={model_path}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-        "critic.model.enable_gradient_checkpointing=False",
-        "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.rollout.name=hf",
-        "critic.model.fsdp_config.reshard_after_forward=False",
-        "critic.ppo_micro_batch_size_per_gpu=1",
-    ]
-    actor = compose_config([*common, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False"])
-    ref = compose_config([*common, "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=False"])
+    common = ["actor_rollout_ref.rollout.name=hf", "critic.model.fsdp_config.reshard_after_forward=False"]
+    actor = worker_config(model_path, *common, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False")
+    ref = worker_config(model_path, *common, "actor_rollout_ref.ref.fsdp_config.reshard_after_forward=False")
     return {
         "actor_keeps": OmegaConf.to_container(actor.actor_rollout_ref, resolve=True),
         "ref_keeps": OmegaConf.to_container(ref.actor_rollout_ref, resolve=True),
@@ -144,21 +136,7 @@ def _worker_configs(model_path: str) -> dict:
 def test_keeping_layers_gathered_changes_no_number_and_halves_the_gathers(tiny_model_path, tmp_path):
     base = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa")
     data = make_update_data(base, num_conv=WORLD * ROWS_PER_RANK, seed=5)
-    data_file = tmp_path / "data.pt"
-    torch.save(data, data_file)
-    spawn(
-        _rank_main,
-        nprocs=WORLD,
-        join=True,
-        args=(
-            str(tmp_path / "init"),
-            str(tiny_model_path),
-            str(data_file),
-            _worker_configs(str(tiny_model_path)),
-            str(tmp_path),
-        ),
-    )
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    results = spawn_with_data(_rank_main, WORLD, tmp_path, tiny_model_path, data, _worker_configs(tiny_model_path))
     layers = base.config.num_hidden_layers
     for out in results:
         resharding, keeping = out[True], out[False]
@@ -176,6 +154,6 @@ def test_keeping_layers_gathered_changes_no_number_and_halves_the_gathers(tiny_m
         assert out["actor_keeps"] == ([True] * layers, [False] * layers)  # each model reads its own key
         assert out["ref_keeps"] == ([False] * layers, [True] * layers)
         assert out["critic_keeps"] == [True] * layers
-        assert out["actor_keeps_left_gathered"] == out["ref_keeps_left_gathered"] == 0
+        assert out["actor_keeps_left_gathered"] == out["ref_keeps_left_gathered"] == out["critic_left_gathered"] == 0
     moved = [k for k, v in results[0][True]["state"].items() if not torch.equal(v, copy.deepcopy(base).state_dict()[k])]
     assert len(moved) == len(results[0][True]["state"])  # the steps changed every parameter: not vacuous

@@ -588,10 +588,13 @@ def estimate_memory(
     adam = 8.0 * nt / S
     ref = params if p.use_ref else 0.0
     layer, root = shape.layer_params, shape.root_params
-    # bf16 all-gathered root unit + two decoder layers (the one computing, the prefetched one); without
-    # reshard_after_forward every layer stays gathered from its forward to its backward (or to the pass's end)
-    gathered = 2.0 * (root + (2 if p.reshard_after_forward else shape.num_layers) * layer)
-    ref_gathered = 2.0 * (root + (2 if p.ref_reshard_after_forward else shape.num_layers) * layer)
+
+    def gathered_bytes(reshard_after_forward: bool) -> float:
+        """bf16 all-gathered root unit + two decoder layers (the one computing, the prefetched one); without
+        reshard_after_forward every layer stays gathered from its forward to its backward (or to the pass's end)."""
+        return 2.0 * (root + (2 if reshard_after_forward else shape.num_layers) * layer)
+
+    gathered, ref_gathered = gathered_bytes(p.reshard_after_forward), gathered_bytes(p.ref_reshard_after_forward)
     grad_buffers = 6.0 * max(root, layer) * (nt / n)  # one unit's unsharded bf16 gradient + fp32 reduce-scatter copy
 
     def logits(tokens: int, bytes_per_element: float) -> float:

@@ -136,7 +136,8 @@ class CriticWorker(TrainingWorker):
         from verl.utils.fsdp_utils import reshard_fsdp
 
         values = self.critic.compute_values(data)
-        reshard_fsdp(self.critic_module)  # without reshard_after_forward the forward-only pass leaves them gathered
+        if not self.conf.model.fsdp_config.reshard_after_forward:  # the forward-only pass leaves them gathered
+            reshard_fsdp(self.critic_module)
         return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
