@@ -128,6 +128,11 @@ if want small_step; then
     run train_step_135m_fast_bypass_gil $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
         --out "$OUT/train_step_135m_fast_bypass_gil05.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.gil_switch_interval_ms=0.5
+    # the engine in a child process of the worker (rollout.engine_process=child): one-step-off without the shared GIL,
+    # side by side with the synchronous step; graphs up to the step budget as in the tenth run
+    run train_step_135m_child $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
+        --out "$OUT/train_step_135m_child.json" -- $FAST_135M algorithm.bypass_mode=True \
+        actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child
     # the update with layers kept gathered from forward to backward (fsdp_config.reshard_after_forward=False)
     run update_135m_keep_gathered $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
         --no-reshard-after-forward --out "$OUT/update_135m_liger_nockpt_64k_keep_gathered.json"

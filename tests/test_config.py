@@ -455,6 +455,17 @@ BAD_OVERRIDES = [
         ["actor_rollout_ref.rollout.gil_switch_interval_ms must be > 0 (got 0)"],
     ),
     (
+        ["actor_rollout_ref.rollout.engine_process=server"],
+        ["actor_rollout_ref.rollout.engine_process must be one of [worker, child] (got 'server')"],
+    ),
+    (
+        ["actor_rollout_ref.rollout.engine_process=child", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+        [
+            "actor_rollout_ref.rollout.engine_process=child runs one engine per worker",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2); set it to 1",
+        ],
+    ),
+    (
         ["trainer.logger=[console,mlflow]"],
         ["trainer.logger entries must be in [console, wandb, tensorboard, jsonl]", "mlflow"],
     ),

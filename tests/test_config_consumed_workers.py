@@ -205,6 +205,24 @@ def test_max_model_len_dtype_and_sleep_mode_reach_the_engine(actor_build, monkey
     assert engines[-1]["dtype"] == "float16" and engines[-1]["enable_sleep_mode"] is False
 
 
+def test_engine_process_child_builds_the_engine_in_a_child_process(actor_build, monkeypatch):
+    """``engine_process=child``: the worker builds a ChildProcessEngine with the engine's name and the arguments the
+    engine would get in process (``worker``, the default: get_rollout_engine itself)."""
+    import verl.workers.rollout.base as rollout_base
+    import verl.workers.rollout.child_process as child_process
+
+    worker, _, _ = actor_build
+    in_process, children = [], []
+    monkeypatch.setattr(rollout_base, "get_rollout_engine", lambda name, **kw: in_process.append((name, kw)))
+    monkeypatch.setattr(child_process, "ChildProcessEngine", lambda name, kw: children.append((name, kw)))
+    worker._init_rollout()
+    monkeypatch.setitem(worker.config.rollout, "engine_process", "child")
+    monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # re-read the typed config (restored after)
+    worker._init_rollout()
+    assert len(in_process) == 1 and len(children) == 1
+    assert children[0] == in_process[0] and children[0][1]["max_model_len"] > 0
+
+
 def test_phase_peaks_read_what_the_rollout_engine_released(actor_build, monkeypatch):
     """perf/max_memory_in_use_gb/<phase> subtracts what the sleeping vLLM engine released: the worker's PhasePeaks
     read ``released_bytes`` of its engine (0 for an engine without it, e.g. the HF engine)."""

@@ -207,6 +207,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         "tests/test_config.py::test_rollout_engine_options_reach_vllm",
     ),
     f"{RO}.gil_switch_interval_ms": (f"{W}::test_gil_switch_interval_is_set_for_the_worker_process",),
+    f"{RO}.engine_process": (
+        f"{W}::test_engine_process_child_builds_the_engine_in_a_child_process",
+        "tests/test_rollout_overlap_e2e.py::test_one_step_off_with_the_engine_in_a_child_process",
+    ),
     f"{RO}.calculate_log_probs": (
         "tests/test_calculate_log_probs.py::test_training_rollouts_ask_for_log_probs_by_default_and_not_when_off",
         "tests/test_calculate_log_probs.py::test_tis_without_engine_log_probs_is_refused_naming_the_keys",

@@ -42,6 +42,13 @@ def runs(tiny_model_path, tmp_path_factory):
         "off": run("off"),
         # bypass mode: PPO's old log-probs are the (stale) engine's; no recompute pass, no TIS
         "bypass": run("bypass", "trainer.rollout_overlap=True", "algorithm.bypass_mode=True"),
+        # the same as "on" with the engine in a child process of the worker (rollout.engine_process=child)
+        "child": run(
+            "child",
+            "trainer.rollout_overlap=True",
+            f"algorithm.rollout_is_threshold={CAP}",
+            "actor_rollout_ref.rollout.engine_process=child",
+        ),
     }
 
 
@@ -63,6 +70,18 @@ def test_overlap_trains_on_rollouts_one_step_stale(runs):
     assert on[1]["rollout/logprob_abs_diff_max"] < 1e-3
     for s in (2, 3):
         assert on[s]["rollout/logprob_abs_diff_mean"] > 1e-2, s
+
+
+def test_one_step_off_with_the_engine_in_a_child_process(runs):
+    """rollout.engine_process=child: the same rollouts and updates as the engine in the worker's process (the same
+    seeds; weights handed over as flat buffers): staleness one step, the engine's log-probs equal the actor's at
+    step 1 and differ after, and the losses and rewards equal the in-process run's."""
+    on, child = runs["on"], runs["child"]
+    assert [child[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert child[1]["rollout/logprob_abs_diff_max"] < 1e-3
+    for s in (1, 2, 3):
+        for key in ("critic/score/mean", "actor/pg_loss", "rollout/logprob_abs_diff_mean", "rollout/is_weight_mean"):
+            assert child[s][key] == pytest.approx(on[s][key], rel=1e-4, abs=1e-6), (s, key)
 
 
 def test_overlap_corrects_with_truncated_importance_weights(runs):

@@ -251,6 +251,32 @@ def test_async_llm_backend_generation_and_weight_sync(engine, varied_path, hf_mo
         eng.shutdown()
 
 
+def test_engine_in_a_child_process_generates_and_syncs_weights(varied_path, hf_model):
+    """rollout.engine_process=child: the vLLM engine in its own process (ChildProcessEngine) matches HF greedy before
+    and after a weight sync handed over as flat buffers (two of them: 1 MiB buckets), and reports its engine
+    steps across the process boundary."""
+    from verl.workers.rollout.child_process import ChildProcessEngine
+
+    kwargs = dict(model_path=str(varied_path), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+    eng = ChildProcessEngine("vllm", kwargs, weight_bucket_bytes=2**20)
+    try:
+        assert eng.pid != os.getpid() and eng.max_model_len == 512
+        steps0, _ = eng.step_counters()
+        _check_greedy_matches(eng, hf_model, PROMPTS[:3], max_new=6)
+        steps, seconds = eng.step_counters()
+        assert steps - steps0 >= 6 and seconds > 0  # a prefill step and at least 5 decode steps, in the child
+        new_model = copy.deepcopy(hf_model)
+        with torch.no_grad():
+            for weight in new_model.parameters():
+                weight.mul_(1.05)
+        state = new_model.state_dict()
+        assert sum(t.numel() * t.element_size() for t in state.values()) > 2**20  # more than one buffer
+        eng.update_weights(state.items())
+        _check_greedy_matches(eng, new_model, PROMPTS[:3], max_new=6)
+    finally:
+        eng.shutdown()
+
+
 def test_cudagraph_limit_reaches_the_engine_args(monkeypatch):
     """cudagraph_max_tokens becomes vLLM's max_cudagraph_capture_size (graphs for every step of up to the
     step budget, e.g. decodes beside a prefill chunk); off with enforce_eager or None; never above the budget."""

@@ -276,8 +276,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             # a scheduler limit, far too large to preallocate): cap it. bf16 is slow on CPUs without
             # AVX512-BF16, so CPU runs use float32.
             cap = 64 if self.device_name == "cpu" else 256
-            self.rollout = get_rollout_engine(
-                "hf",
+            engine_kwargs = dict(
                 model=self.model_path,
                 device="cuda:0" if self.device_name == "cuda" else "cpu",
                 dtype="float32" if self.device_name == "cpu" else rc.dtype,
@@ -287,8 +286,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 override_config=overrides,
             )
         else:
-            self.rollout = get_rollout_engine(
-                "vllm",
+            engine_kwargs = dict(
                 model_path=self.model_path,
                 dtype="float32" if self.device_name == "cpu" else rc.dtype,
                 gpu_memory_utilization=rc.gpu_memory_utilization,
@@ -304,11 +302,17 @@ class ActorRolloutRefWorker(TrainingWorker):
                 distributed_executor_backend="external_launcher" if tp > 1 else None,
                 **vllm_extra_options(rc),
             )
-            if tp > 1 and self.rollout.tp_group_ranks != layout.group(layout.dp_rank(rank)):
-                raise RuntimeError(
-                    f"vLLM formed the tensor-parallel group {self.rollout.tp_group_ranks} for rank {rank}, expected "
-                    f"{layout.group(layout.dp_rank(rank))} (groups of {tp} consecutive ranks)"
-                )
+        if rc.engine_process == "child":  # its own process on this device (verl/workers/rollout/child_process.py)
+            from verl.workers.rollout.child_process import ChildProcessEngine
+
+            self.rollout = ChildProcessEngine(rc.name, engine_kwargs)
+        else:
+            self.rollout = get_rollout_engine(rc.name, **engine_kwargs)
+        if tp > 1 and self.rollout.tp_group_ranks != layout.group(layout.dp_rank(rank)):
+            raise RuntimeError(
+                f"vLLM formed the tensor-parallel group {self.rollout.tp_group_ranks} for rank {rank}, expected "
+                f"{layout.group(layout.dp_rank(rank))} (groups of {tp} consecutive ranks)"
+            )
 
     # ------------------------------------------------------------------ CPU offload
     def _build_optimizer(self, module: torch.nn.Module):

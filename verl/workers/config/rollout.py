@@ -14,6 +14,8 @@ ROLLOUT_NAMES = ("vllm", "hf")
 ROLLOUT_MODES = ("sync", "async")
 # CUDA streams of the vLLM engine thread (verl/workers/rollout/engine_stream.py).
 ENGINE_STREAMS = ("shared", "high_priority")
+# Where the engine runs (verl/workers/rollout/child_process.py).
+ENGINE_PROCESSES = ("worker", "child")
 
 
 def resolve_engine_stream(value: Optional[str], rollout_overlap: bool, uses_vllm_on_gpu: bool) -> str:
@@ -105,6 +107,9 @@ class RolloutConfig(BaseConfig):
     engine_stream: Optional[str] = None
     # Python's thread switch interval in the worker process (ms); null = Python's default (5 ms).
     gil_switch_interval_ms: Optional[float] = None
+    # Where the engine runs: worker (a thread of the worker's process) | child (its own process on the worker's
+    # device; weights by CUDA IPC handle; verl/workers/rollout/child_process.py).
+    engine_process: str = "worker"
     # HF engine: rows of its preallocated static KV cache; null = min(max_num_seqs, 64 on CPU / 256 on GPU).
     hf_max_batch_size: Optional[int] = None
     # Seed of the rollout engine's sampler (each request gets its own, derived from it); null = unseeded.
@@ -144,6 +149,7 @@ class RolloutConfig(BaseConfig):
         c.choice("name", ROLLOUT_NAMES)
         c.choice("engine_stream", ENGINE_STREAMS, allow_none=True)
         c.number("gil_switch_interval_ms", lambda v: v > 0, "> 0", allow_none=True)
+        c.choice("engine_process", ENGINE_PROCESSES)
         c.choice("mode", ROLLOUT_MODES)
         _check_sampling(c)
         for name in ("prompt_length", "response_length", "max_model_len", "cudagraph_max_tokens"):
@@ -156,6 +162,13 @@ class RolloutConfig(BaseConfig):
         c.number("gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]")
         if "sleep_level" not in c.bad and self.sleep_level not in (1, 2):
             c.error(f"{c.key('sleep_level')} must be 1 or 2, got {self.sleep_level!r}")
+        tp = self.tensor_model_parallel_size
+        if self.engine_process == "child" and self.name == "vllm" and isinstance(tp, int) and tp > 1:
+            c.error(
+                f"{c.key('engine_process')}=child runs one engine per worker in a process of its own: it cannot be "
+                f"tensor parallel across ranks ({c.key('tensor_model_parallel_size')}={tp}); set it to 1 or "
+                f"{c.key('engine_process')}=worker"
+            )
         if self.use_fire_sampling is True:
             c.error(f"{c.key('use_fire_sampling')}=True is not implemented; set it to False")
         if c.bad & {"cudagraph_max_tokens", "max_num_batched_tokens", "max_model_len"}:

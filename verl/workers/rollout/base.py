@@ -9,6 +9,7 @@ through :func:`get_rollout_engine`, which is what ``actor_rollout_ref.rollout.na
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import threading
 from abc import ABC, abstractmethod
@@ -189,6 +190,10 @@ class RolloutEngine(ABC):
         """Run ``coro`` on the engine's own event loop (where concurrent :meth:`generate` calls are
         batched together) and return its result; for callers that schedule many requests themselves."""
         return self._engine_loop().run(coro)
+
+    def submit_on_loop(self, coro: Any) -> concurrent.futures.Future:
+        """Schedule ``coro`` on the engine's own event loop without waiting: its future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._engine_loop().loop)
 
     def _engine_loop(self) -> _LoopThread:
         if self._loop_thread is None:
