@@ -210,6 +210,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{RO}.engine_process": (
         f"{W}::test_engine_process_child_builds_the_engine_in_a_child_process",
         "tests/test_rollout_overlap_e2e.py::test_one_step_off_with_the_engine_in_a_child_process",
+        "tests/test_memory_estimate.py::test_engine_in_a_child_process_adds_its_runtime_and_resident_memory",
     ),
     f"{RO}.calculate_log_probs": (
         "tests/test_calculate_log_probs.py::test_training_rollouts_ask_for_log_probs_by_default_and_not_when_off",

@@ -221,6 +221,23 @@ def test_layers_kept_gathered_after_forward_count_every_layer() -> None:
     )
 
 
+def test_engine_in_a_child_process_adds_its_runtime_and_resident_memory() -> None:
+    """``rollout.engine_process=child``: 1 GiB of CUDA runtime in every GPU phase and the engine process's 4 GiB
+    baseline in every host phase, nothing else; the plan reads the key."""
+    from tests.test_config import compose_config
+
+    plan = MemoryPlan(max_model_len=64)
+    alone = estimate_memory(SMALL, plan, gpu_capacity=10**7, host_capacity=10**9)
+    child = estimate_memory(SMALL, dataclasses.replace(plan, engine_in_child=True), gpu_capacity=10**7)
+    for phase, parts in alone.gpu.items():
+        assert sum(child.gpu[phase].values()) - sum(parts.values()) == 2**30, phase
+    for phase, parts in alone.host.items():
+        assert sum(child.host[phase].values()) - sum(parts.values()) == 4 * 2**30, phase
+    assert plan_from_config(compose_config([])).engine_in_child is False
+    key = "actor_rollout_ref.rollout.engine_process"
+    assert plan_from_config(compose_config([f"{key}=child"])).engine_in_child is True
+
+
 def test_sleep_level_1_backs_rollout_weights_up_to_host_and_awake_engine_counts_while_training() -> None:
     plan = MemoryPlan(sleep_level=1, max_model_len=64)
     est = estimate_memory(SMALL, plan, gpu_capacity=10**7, host_capacity=10**9)

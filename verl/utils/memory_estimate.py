@@ -55,7 +55,9 @@ What each rank holds follows ``verl/workers/fsdp_workers.py`` and ``verl/utils/f
   bytes per token in bf16). With ``free_cache_engine`` it sleeps while training: ``sleep_level`` 1 backs the weights
   up to host memory, 2 drops them (the weight sync refills them). It is created after the actor and ref are on the
   GPU and before they are offloaded (the ``init`` phase). The HF engine keeps weights and a static KV cache of
-  ``hf_max_batch_size`` rows of ``max_model_len`` tokens and never sleeps.
+  ``hf_max_batch_size`` rows of ``max_model_len`` tokens and never sleeps. With ``rollout.engine_process=child`` the
+  engine's process adds its own CUDA context and workspaces (``CHILD_ENGINE_RUNTIME_BYTES``) to every phase and its
+  own resident memory (``host_baseline_bytes``) on the host.
 * **host**: the worker process (``host_baseline_bytes``: Python, torch, CUDA and vLLM libraries), the offloaded
   states above, vLLM's sleep-level-1 weight backup, and at load time the full float32 model that
   ``load_causal_lm`` materialises before moving it to the GPU (``load_host_bytes_per_param``); the reference
@@ -92,6 +94,8 @@ PHASES = ("init", "rollout", "log-prob", "update", "step", "sync")
 RUNTIME_OVERHEAD_BYTES = 2 * GiB
 # Resident memory of one worker process before any model (Python, torch, CUDA libraries, vLLM).
 HOST_BASELINE_BYTES = 4 * GiB
+# rollout.engine_process=child: the engine's own process on the GPU (its CUDA context, cuBLAS workspaces; no NCCL).
+CHILD_ENGINE_RUNTIME_BYTES = 1 * GiB
 # load_causal_lm builds the whole model in float32 on the host before ``.to(device)`` and sharding.
 LOAD_HOST_BYTES_PER_PARAM = 4.0
 # Bytes per [token, vocab] element of the logits (see the module docstring).
@@ -266,6 +270,8 @@ class MemoryPlan:
     optimizer_offload: bool = False
     # {actor,ref}.fsdp_config.reshard_after_forward: False keeps every layer gathered within a pass
     reshard_after_forward: bool = True
+    # rollout.engine_process=child: the engine runs in a process of its own (its runtime and resident memory)
+    engine_in_child: bool = False
     ref_reshard_after_forward: bool = True
     use_ref: bool = False
     ref_param_offload: bool = False
@@ -377,6 +383,7 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
         fused_logits=bool(model.get("use_fused_kernels", False)),
         fused_chunk_size=int((model.get("fused_kernel_options") or {}).get("chunk_size", 1024) or 1024),
         rollout_name=str(rollout.get("name", "vllm")),
+        engine_in_child=str(rollout.get("engine_process", "worker")) == "child",
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
         tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
         rollout_dtype_bytes=_DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2),
@@ -628,6 +635,9 @@ def estimate_memory(
     engine = {"rollout weights": weights, "KV cache": kv}
     training_engine = {} if asleep else engine
     runtime = {"runtime (CUDA, NCCL)": float(RUNTIME_OVERHEAD_BYTES)}
+    if p.engine_in_child:
+        runtime["engine process runtime (CUDA)"] = float(CHILD_ENGINE_RUNTIME_BYTES)
+    engine_process_host = float(p.host_baseline_bytes) if p.engine_in_child else 0.0
 
     resident_params = 0.0 if p.param_offload else params
     resident_adam = 0.0 if p.optimizer_offload else adam
@@ -694,12 +704,14 @@ def estimate_memory(
     est.host = {
         "load": {
             "worker": float(p.host_baseline_bytes),
+            "engine process": engine_process_host,
             "fp32 model while loading": p.load_host_bytes_per_param * n,
             # the reference model loads after the (host-resident) optimizer is built
             "optimizer (offloaded)": adam if (p.optimizer_offload and p.use_ref) else 0.0,
         },
         "steady": {
             "worker": float(p.host_baseline_bytes),
+            "engine process": engine_process_host,
             "actor params (offloaded)": params if p.param_offload else 0.0,
             "optimizer (offloaded)": adam if p.optimizer_offload else 0.0,
             "ref params (offloaded)": ref if p.ref_param_offload else 0.0,
