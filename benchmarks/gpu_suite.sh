@@ -18,6 +18,8 @@
 #                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
 #                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py)
+#   engine_process  generation beside training, the engine in the training process vs in its own, 135M and 1.5B
+#                 (bench_engine_process.py)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
@@ -26,7 +28,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-ONLY=${ONLY:-update_attn train_step small_step vllm_step weight_sync vs_verl big_step gpu_tests}
+ONLY=${ONLY:-update_attn train_step small_step vllm_step engine_process weight_sync vs_verl big_step gpu_tests}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want() { [[ " $ONLY " == *" $1 "* ]]; }
@@ -151,6 +153,16 @@ if want vllm_step; then
         engine_thread_training_sampling engine_thread_training --out "$OUT/vllm_step_135m_training.json"
     run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
         --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread --out "$OUT/vllm_step_1p5b.json"
+fi
+if want engine_process; then
+    # generation beside training with the engine in the training process (a thread) and in its own process
+    # (rollout.engine_process=child): each side's slowdown, at 135M (host-bound) and 1.5B (GPU-bound)
+    run engine_process_135m python3 benchmarks/bench_engine_process.py --shape smollm2-135m --device cuda --batch 128 \
+        --prompt-len 704 --new-tokens 128 --train-rows 8 --train-len 4096 --train-iters 20 \
+        --out "$OUT/engine_process_135m.json"
+    run engine_process_1p5b python3 benchmarks/bench_engine_process.py --shape qwen2.5-1.5b --device cuda --batch 32 \
+        --prompt-len 6000 --new-tokens 1024 --train-rows 1 --train-len 8192 --train-iters 10 --repeats 1 \
+        --out "$OUT/engine_process_1p5b.json"
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \

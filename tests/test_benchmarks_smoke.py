@@ -425,3 +425,25 @@ def test_measure_rollout_with_log_probs_reports_its_ratio_to_the_plain_call(tiny
     assert f"| {with_lp['vs_vllm_engine']:.2f}x |" in rollout_table(report)
     # a warm-up and a timed call each: the plain method asks for no log-probs, the other gets them
     assert asked == [(False, False)] * 2 + [(True, True)] * 2
+
+
+def test_engine_process_benchmark_measures_both_placements(tmp_path):
+    """bench_engine_process: the training loop and the generation calls alone and beside each other, with the HF
+    engine in this process and in a child process; each slowdown is its beside / alone ratio."""
+    from bench_engine_process import main, table
+
+    out = tmp_path / "engine_process.json"
+    args = ["--shape", "tiny", "--device", "cpu", "--rollout", "hf", "--batch", "2", "--prompt-len", "16"]
+    args += ["--new-tokens", "4", "--train-rows", "2", "--train-len", "32", "--train-iters", "3", "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert [r["placement"] for r in report["results"]] == ["worker", "child"]
+    assert report["train_tokens_per_iter"] == 64 and report["train_iters"] == 3
+    for r in report["results"]:
+        assert r["train_s_per_iter_alone"] > 0 and r["gen_s_alone"] > 0 and r["gen_calls_beside_training"] >= 1
+        assert r["train_slowdown"] == pytest.approx(
+            r["train_s_per_iter_beside_generation"] / r["train_s_per_iter_alone"]
+        )
+        assert r["gen_slowdown"] == pytest.approx(r["gen_s_beside_training"] / r["gen_s_alone"])
+        assert 0 < r["generated_tokens"] <= 2 * 4
+    assert "| child |" in table(report) and "| worker |" in table(report)
