@@ -118,10 +118,13 @@ def _staleness_and_drift(hist: list[dict]) -> tuple[list[float], list[float]]:
     )
 
 
-def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, ray_cluster):
+@pytest.mark.parametrize("engine_process", ["worker", "child"])
+def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, tmp_path, ray_cluster, engine_process):
     """actor_rollout_ref.rollout.mode=async: the agents' coroutines run in the background thread against the
     engines of 2 Ray worker processes, whose generate calls run in each worker's rollout thread while the update runs
-    in its train thread; the engines stay awake between the rollouts (no sleep after a rollout with the overlap)."""
+    in its train thread; the engines stay awake between the rollouts (no sleep after a rollout with the overlap).
+    ``child``: each Ray worker's engine runs in a child process of that worker (that its weight syncs land is
+    checked over 3 steps by ``test_one_step_off_with_the_engine_in_a_child_process``)."""
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -133,6 +136,7 @@ def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, t
                 "actor_rollout_ref.rollout.mode=async",
                 "trainer.n_gpus_per_node=2",
                 "trainer.rollout_overlap=True",
+                f"actor_rollout_ref.rollout.engine_process={engine_process}",
             ],
         )
     )
