@@ -36,6 +36,7 @@ from typing import Any
 
 import bench_common as bc
 import torch
+from bench_rollout import vllm_engine_args
 
 PLACEMENTS = ("worker", "child")
 
@@ -47,15 +48,8 @@ def engine_kwargs(args: argparse.Namespace, model_path: Path, dtype: str) -> dic
         return dict(
             model=str(model_path), device=args.device, dtype=dtype, max_batch_size=args.batch, max_model_len=max_len
         )
-    return dict(
-        model_path=str(model_path),
-        dtype=dtype,
-        max_model_len=max_len,
-        max_num_seqs=max(args.batch, 1),
-        enforce_eager=args.device != "cuda",
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enable_sleep_mode=False,
-        max_num_batched_tokens=max(8192, max_len),
+    return vllm_engine_args(
+        model_path, dtype, max_len, max(args.batch, 1), args.device != "cuda", args.gpu_memory_utilization
     )
 
 

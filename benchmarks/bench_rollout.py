@@ -216,6 +216,29 @@ def rollout_table(report: dict) -> str:
     )
 
 
+def vllm_engine_args(
+    model_path: Path,
+    dtype: str,
+    max_model_len: int,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    gpu_memory_utilization: float,
+    **options: Any,
+) -> dict[str, Any]:
+    """The benchmarks' :class:`VLLMRolloutEngine` arguments (``options``: more of them, over the defaults: no sleep
+    mode, a step budget of at least 8,192 tokens)."""
+    defaults = {"enable_sleep_mode": False, "max_num_batched_tokens": max(8192, max_model_len)}
+    return dict(
+        model_path=str(model_path),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=enforce_eager,
+        gpu_memory_utilization=gpu_memory_utilization,
+        **{**defaults, **options},
+    )
+
+
 def build_vllm_engine(
     model_path: Path,
     device: str,
@@ -226,19 +249,13 @@ def build_vllm_engine(
     gpu_memory_utilization: float,
     **options: Any,
 ) -> Any:
-    """A :class:`VLLMRolloutEngine` (in-process backend) for the benchmarks (``options``: more of its arguments)."""
+    """A :class:`VLLMRolloutEngine` (in-process backend) with :func:`vllm_engine_args`."""
     from verl.workers.rollout.vllm_engine import VLLMRolloutEngine
 
-    defaults = {"enable_sleep_mode": False, "max_num_batched_tokens": max(8192, max_model_len)}
-    return VLLMRolloutEngine(
-        model_path,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        enforce_eager=enforce_eager,
-        gpu_memory_utilization=gpu_memory_utilization,
-        **{**defaults, **options},
+    args = vllm_engine_args(
+        model_path, dtype, max_model_len, max_num_seqs, enforce_eager, gpu_memory_utilization, **options
     )
+    return VLLMRolloutEngine(**args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 import signal
 import subprocess
@@ -12,25 +11,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tests.test_rollout_hf import PROMPTS, _perturbed
 from verl.workers.rollout import SamplingParams, child_process, get_rollout_engine
 from verl.workers.rollout.child_process import ChildProcessEngine, EngineProcessError, pack_flat, unpack_flat
 
-# Prompts of different lengths (ids < 2048, the tiny vocab).
-PROMPTS = [[5, 6, 7], [100, 200, 300, 400, 500, 12], [42], [9, 8, 7, 6, 5, 4, 3, 2, 1, 77, 78], [1000, 1001]]
 GREEDY = SamplingParams(greedy=True, max_tokens=8, logprobs=True)
 
 
 def _kwargs(path) -> dict:
     return dict(model=str(path), device="cpu", dtype="float32", max_batch_size=4, max_model_len=128)
-
-
-def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    other = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for weight in other.parameters():
-            weight.add_(torch.randn(weight.shape, generator=gen) * 0.1 * weight.std())
-    return other
 
 
 def _tokens(outputs) -> list[list[list[int]]]:

@@ -247,7 +247,6 @@ class ChildProcessEngine(RolloutEngine):
                 if flat.is_cuda:  # the child reads the buffer on its own stream, after this process's copies
                     torch.cuda.current_stream(flat.device).synchronize()
                 self._call("update_weights", _share(flat), layout)
-                del flat
 
     def sleep(self) -> None:
         self._call("sleep")
@@ -336,11 +335,11 @@ class _Server:
             if flat.is_cuda:
                 torch.cuda.synchronize(flat.device)  # loaded before the worker frees its buffer
             return None
-        if method == "weights_discarded":
+        if method == "weights_discarded":  # a property
             return self.engine.weights_discarded
-        if method in ("sleep", "wake_up", "step_counters"):
-            return getattr(self.engine, method)(*args)
-        raise ValueError(f"unknown ChildProcessEngine call {method!r}")
+        if method not in ("sleep", "wake_up", "step_counters"):
+            raise ValueError(f"unknown ChildProcessEngine call {method!r}")
+        return getattr(self.engine, method)(*args)
 
     def build(self, name: str, kwargs: dict[str, Any], device: int | None, threads: int) -> dict[str, Any]:
         from verl.workers.rollout.base import get_rollout_engine
