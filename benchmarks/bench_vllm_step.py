@@ -30,7 +30,10 @@ per request, the sampled tokens' log-probs), ``engine_thread_training`` (the sam
 engine put to sleep at level 1 and woken before every timed call, as the trainer's is between rollouts),
 ``engine_thread_training_graphs`` (the same with CUDA graphs for steps of up to 8,192 tokens, the step budget:
 ``rollout.cudagraph_max_tokens``; vLLM's default captures up to 512, and a prefill step larger than that runs
-eagerly). The report records each setting's resolved async scheduling and prefix caching.
+eagerly), ``engine_thread_training_awake`` (``engine_thread_training`` never put to sleep: what building the engine
+with sleep mode costs a step, as in one-step-off training, where the engine stays awake), ``engine_thread_training_fp8_kv``
+(``engine_thread_training_sampling`` with an fp8 KV cache, ``rollout.engine_kwargs.kv_cache_dtype=fp8``: half the
+bytes a decode step reads from the cache). The report records each setting's resolved async scheduling and prefix caching.
 """
 
 from __future__ import annotations
@@ -61,12 +64,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "engine_thread_training_sampling": {},
     "engine_thread_training": {"enable_sleep_mode": True, "sleep_level": 1},
     "engine_thread_training_graphs": {"enable_sleep_mode": True, "sleep_level": 1, "cudagraph_max_tokens": 8192},
+    "engine_thread_training_awake": {"enable_sleep_mode": True, "sleep_level": 1},
+    "engine_thread_training_fp8_kv": {"engine_kwargs": {"kv_cache_dtype": "fp8"}},
 }
 # the engine_thread_training* settings send the training rollout's requests (temperature 1, a seed per request, the
 # sampled tokens' log-probs) instead of greedy ones; those with sleep mode sleep and wake before every timed call, as
 # the trainer's engine does between rollouts
 TRAINING_REQUESTS = tuple(name for name in SETTINGS if name.startswith("engine_thread_training"))
-SLEEPS_BETWEEN_CALLS = tuple(name for name, extra in SETTINGS.items() if extra.get("enable_sleep_mode"))
+SLEEPS_BETWEEN_CALLS = ("engine_thread_training", "engine_thread_training_graphs")
 
 
 def engine_args(model_path: Path, args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:

@@ -147,12 +147,17 @@ if want vllm_step; then
         --prompt-len 512 --new-tokens 128 --repeats 3 --rounds 2 --settings default no_async_scheduling engine_thread \
         engine_thread_no_prefix_cache trainer_engine_bare_loop --out "$OUT/vllm_step_135m.json"
     # one step with the training rollout's requests (seeded, temperature 1, log-probs; then sleep mode with a
-    # sleep/wake per call, as between training rollouts) at the miniature's turn size
+    # sleep/wake per call, as between training rollouts, and sleep mode never slept, as in one-step-off) at the
+    # miniature's turn size
     run vllm_step_135m_training python3 benchmarks/bench_vllm_step.py --shape smollm2-135m --device cuda --batch 128 \
         --prompt-len 704 --new-tokens 128 --repeats 3 --rounds 2 --settings default engine_thread \
-        engine_thread_training_sampling engine_thread_training --out "$OUT/vllm_step_135m_training.json"
+        engine_thread_training_sampling engine_thread_training engine_thread_training_awake \
+        --out "$OUT/vllm_step_135m_training.json"
+    # the 1.5B memory turn; with the training requests, and with an fp8 KV cache (a decode step there reads ~6 GB
+    # of KV cache and ~3 GB of weights)
     run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
-        --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread --out "$OUT/vllm_step_1p5b.json"
+        --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread \
+        engine_thread_training_sampling engine_thread_training_fp8_kv --out "$OUT/vllm_step_1p5b.json"
 fi
 if want engine_process; then
     # generation beside training with the engine in the training process (a thread) and in its own process
