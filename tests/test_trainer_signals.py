@@ -5,6 +5,8 @@
   and keeps the last complete checkpoint.
 * A step's metrics are logged before its checkpoint is written (a crash right after the save keeps them).
 * Resuming logs every step once in metrics.jsonl (lines of redone steps move to metrics.jsonl.superseded).
+* SIGTERM to the trainer's whole process group (``timeout``, a shell script's job): the trainer's helper processes
+  (Ray's, data-loader workers, the engine's own process) are in groups of their own, so the step still finishes.
 """
 
 from __future__ import annotations
@@ -164,8 +166,9 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     # 2. the same command resumes there; two SIGTERMs abandon the step in flight: exit 143, no new checkpoint
     log2 = tmp_path / "second.log"
     proc = _start(overrides, log2, ray_address)
-    _wait_for(lambda: "[trainer] resumed from" in log2.read_text(), proc, log2)
-    time.sleep(0.5)
+    # the first SIGTERM once the resumed run has logged a step: it lands in the next one, not the last (the steps take
+    # ~0.2 s here: a fixed delay after the resume could land in step 5, which then ends the run normally)
+    _wait_for(lambda: stopped + 1 in _logged_steps(out), proc, log2)
     proc.send_signal(signal.SIGTERM)
     _wait_for(lambda: "SIGTERM received" in log2.read_text(), proc, log2)
     proc.send_signal(signal.SIGTERM)
@@ -185,6 +188,58 @@ def _check_the_three_runs(overrides, out, manager, tmp_path, proc, log1, ray_add
     assert f"Connecting to existing Ray cluster at address: {ray_address}" in text
     assert f"[trainer] resumed from {latest} (step {stopped})" in text
     assert _logged_steps(out) == [0, 1, 2, 3, 4, 5]
+
+
+# the leader of a new session that runs the trainer (argv) as a member of its group, ignores SIGTERM itself and
+# exits with the trainer's exit code: what `timeout` does (it signals its whole group)
+GROUP_LEADER = """
+import signal, subprocess, sys
+signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, not SIG_IGN: the trainer starts with the default action
+sys.exit(subprocess.call(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "helpers",
+    [
+        pytest.param(["trainer.force_ray_workers=True", "trainer.ray_num_cpus=2"], id="ray_worker"),
+        pytest.param(["actor_rollout_ref.rollout.engine_process=child"], id="engine_in_a_child_process"),
+    ],
+)
+def test_sigterm_to_the_whole_process_group_still_finishes_the_step_and_checkpoints(tiny_model_path, tmp_path, helpers):
+    """The trainer runs in a process group whose every member gets SIGTERM once step 1 is logged. Its rank runs in a
+    Ray worker of a Ray instance it starts itself (or in-process with the rollout engine in a child process), and it
+    loads data in a worker process: all of those would die of the same SIGTERM (a Ray actor gone, "DataLoader worker
+    is killed by signal") were they in the trainer's group."""
+    out = tmp_path / "run"
+    extra = ["trainer.save_freq=-1", "trainer.test_freq=-1", "data.dataloader_num_workers=1", *helpers]
+    overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=extra)
+    log = tmp_path / "trainer.log"
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={tmp_path / 'hydra'}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+    env.pop("RAY_ADDRESS", None)  # its own Ray instance (ray_worker), not the session's
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", GROUP_LEADER, *cmd],
+            cwd=str(tmp_path),
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _wait_for(lambda: 1 in _logged_steps(out), proc, log)
+    os.killpg(proc.pid, signal.SIGTERM)
+    rc, text = _finish(proc, log)
+    assert rc == 0, text[-4000:]
+    assert "[trainer] SIGTERM received: finishing step " in text
+    latest = CheckpointManager(out).find_latest()
+    assert latest is not None, text[-4000:]
+    stopped = CheckpointManager(out).step_of(latest)
+    assert 1 <= stopped < 5
+    assert f"stopped after step {stopped}/5; checkpoint written to {latest}" in text
+    assert _logged_steps(out) == list(range(stopped + 1))
+    if "trainer.force_ray_workers=True" in helpers:
+        assert "Started a local Ray instance." in text
 
 
 def test_step_metrics_are_logged_before_its_checkpoint_and_resume_logs_each_step_once(

@@ -4,6 +4,12 @@
 then a cluster started with ``ray start`` on this machine, else a new local instance). ``num_cpus``
 only applies when a new local instance is started: Ray refuses it when joining a running cluster,
 so it is dropped (with a log line) in that case. See ``docs/cluster.md`` for multi-node setups.
+
+A new local instance's processes (GCS, raylet, and through it every Ray worker) are started in a process group of
+their own (``verl/utils/process_groups.py``): a signal sent to the launching command's process group
+(``timeout``, ``kill -TERM -- -PGID``, Ctrl-C in a shell script) then reaches the driver only, which finishes its
+step, checkpoints and shuts the cluster down itself (``verl/trainer/ppo/signals.py``) instead of finding its workers
+already killed by the same signal.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+from verl.utils.process_groups import children_in_their_own_group
 
 __all__ = ["init_ray", "describe_cluster"]
 
@@ -38,7 +46,11 @@ def init_ray(
     if joining and num_cpus is not None:
         logger.info("init_ray: joining the cluster at %s, so num_cpus=%s is ignored", address, num_cpus)
         num_cpus = None
-    ray.init(address=address, num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
+    if joining:
+        ray.init(address=address, num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
+    else:  # ray.init may start a local instance: its processes go into a group of their own
+        with children_in_their_own_group():
+            ray.init(address=address, num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
     logger.info("Ray cluster: %s", describe_cluster())
 
 

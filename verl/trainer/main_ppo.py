@@ -51,6 +51,7 @@ def build_worker_group(cfg: DictConfig, device: str):
 def run(cfg: DictConfig) -> list[dict]:
     import ray
 
+    from verl.single_controller.cluster import init_ray
     from verl.trainer.config_keys import check_config_keys
     from verl.trainer.config_preflight import check_config
     from verl.trainer.config_schema import apply_config_aliases, validate_config
@@ -115,7 +116,9 @@ def run(cfg: DictConfig) -> list[dict]:
             cfg.critic.optim.total_training_steps = int(total_steps)
 
     if needs_ray(conf, device) and not ray.is_initialized():
-        ray.init(
+        # a local instance's processes get a process group of their own: a SIGTERM to the launching command's
+        # group (timeout, a shell script's job) reaches this driver only, which finishes the step and checkpoints
+        init_ray(
             address=conf.trainer.ray_address,
             num_cpus=conf.trainer.ray_num_cpus,
             include_dashboard=False,

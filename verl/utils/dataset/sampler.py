@@ -25,10 +25,13 @@ Typical trainer loop::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
+
+from verl.utils.process_groups import leave_process_group
 
 __all__ = ["ResumableSampler", "ResumableDataLoader", "train_dataloader"]
 
@@ -152,6 +155,18 @@ class ResumableSampler:
         self._roll_over_finished_epoch()
 
 
+def _leaving_process_group(worker_init_fn: Optional[Callable[[int], Any]]) -> Callable[[int], Any]:
+    """A data-loader worker's ``worker_init_fn``: leave the trainer's process group (``verl/utils/process_groups.py``:
+    the trainer finishes its step on SIGTERM, which needs its workers alive), then ``worker_init_fn`` if given."""
+    return functools.partial(_init_worker, worker_init_fn)
+
+
+def _init_worker(worker_init_fn: Optional[Callable[[int], Any]], worker_id: int) -> None:
+    leave_process_group()
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
 class ResumableDataLoader:
     """``torch.utils.data.DataLoader`` over a ``ResumableSampler``, with ``state_dict``/``load_state_dict``.
 
@@ -196,6 +211,9 @@ class ResumableDataLoader:
         batches = self.sampler.remaining_batches()
         generator = torch.Generator()
         generator.manual_seed(self.sampler.seed + self.sampler.epoch)  # worker seeds; keeps global RNG untouched
+        kwargs = dict(self.dataloader_kwargs)
+        if self.num_workers > 0:  # workers out of the trainer's process group: a SIGTERM to it is the trainer's alone
+            kwargs["worker_init_fn"] = _leaving_process_group(kwargs.get("worker_init_fn"))
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_sampler=batches,
@@ -203,7 +221,7 @@ class ResumableDataLoader:
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             generator=generator,
-            **self.dataloader_kwargs,
+            **kwargs,
         )
         for batch in loader:
             self.sampler.advance()

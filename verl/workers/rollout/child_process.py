@@ -146,6 +146,9 @@ class ChildProcessEngine(RolloutEngine):
             [sys.executable, "-m", "verl.workers.rollout.child_process", str(child_sock.fileno())],
             pass_fds=(child_sock.fileno(),),
             env=env,
+            # a group of its own (verl/utils/process_groups.py): a SIGTERM to the worker's group leaves it alive for
+            # the step the trainer finishes on SIGTERM; it still exits with the worker (its socket closes)
+            process_group=0 if os.name == "posix" else None,
         )
         child_sock.close()
         self._conn = Connection(parent_sock.detach())
@@ -359,7 +362,8 @@ class _Server:
 
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=os.environ.get("MEMAGENT_LOG_LEVEL", "WARNING"))
-    # Ctrl-C reaches the whole process group: the worker stops this process through its socket (or by closing it)
+    # in a process group of its own (ChildProcessEngine), but a Ctrl-C sent to it must not stop it either: the
+    # worker stops this process through its socket (or by closing it)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn = Connection(int(argv[0]))
     _Server(conn).serve()
