@@ -213,3 +213,30 @@ def test_weights_discarded_sleep_and_wake_up(child, local):
         == before
         == _tokens(local.generate_batch(PROMPTS[:2], GREEDY))
     )
+
+
+def _peak_rss_gib(pid: int) -> float:
+    """The kernel's peak resident set of ``pid`` (VmHWM, kB) in GiB."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return kb / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_memory_metrics_are_the_child_processes_own(varied_path):
+    """The engine process's peak RSS as the kernel counts it for the child's pid, though this process (its parent)
+    holds 1.5 GiB more: Linux carries ``ru_maxrss`` over fork and exec, so that count would report the parent's.
+    No GPU counters without CUDA. Answered while a generation runs in the child."""
+    ballast = torch.ones(3 * 2**27, dtype=torch.float32)  # 1.5 GiB, touched
+    eng = ChildProcessEngine("hf", _kwargs(varied_path), start_timeout_s=300)
+    try:
+        running = eng.submit_on_loop(eng.generate(PROMPTS[0], SamplingParams(greedy=True, max_tokens=64)))
+        metrics = eng.memory_metrics()
+        running.result(timeout=120)
+        assert set(metrics) == {"perf/rollout/engine_process_cpu_memory_peak_rss_gb"}
+        rss = metrics["perf/rollout/engine_process_cpu_memory_peak_rss_gb"]
+        assert rss == pytest.approx(_peak_rss_gib(eng.pid), rel=0.05)
+        assert 0.1 < rss < _peak_rss_gib(os.getpid()) - 1.0  # python + torch + the model; not this process's
+    finally:
+        eng.shutdown()
+        del ballast

@@ -82,6 +82,10 @@ def test_one_step_off_with_the_engine_in_a_child_process(runs):
     for s in (1, 2, 3):
         for key in ("critic/score/mean", "actor/pg_loss", "rollout/logprob_abs_diff_mean", "rollout/is_weight_mean"):
             assert child[s][key] == pytest.approx(on[s][key], rel=1e-4, abs=1e-6), (s, key)
+    # the engine process's own peak host memory is reported beside the worker's (which no longer includes it)
+    for s in (1, 2, 3):
+        assert child[s]["perf/rollout/engine_process_cpu_memory_peak_rss_gb"] > 0.1, s
+        assert "perf/rollout/engine_process_cpu_memory_peak_rss_gb" not in on[s]
 
 
 def test_overlap_corrects_with_truncated_importance_weights(runs):

@@ -463,6 +463,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         metrics.update(self._rollout_time_metrics())
         metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
         metrics.update(memory_metrics(self.device_name, self.phase_peaks))
+        if self.conf.rollout.engine_process == "child":  # the engine process's own peaks (not in the above)
+            metrics.update(self.rollout.memory_metrics())
         if self.device_name == "cuda":  # activations and the optimizer's staged buckets: free for the rollout engine
             torch.cuda.empty_cache()
         self.lr_scheduler.step()

@@ -264,6 +264,13 @@ class ChildProcessEngine(RolloutEngine):
     def weights_discarded(self) -> bool:
         return self._call("weights_discarded")
 
+    def memory_metrics(self) -> dict[str, float]:
+        """The engine process's own memory peaks, which the worker's ``perf/max_memory_*`` and
+        ``perf/cpu_memory_peak_rss_gb`` do not include: ``perf/rollout/engine_process_max_memory_{allocated,reserved}_gb``
+        (torch's counters there, vLLM's KV cache and weights included; absent without CUDA) and
+        ``perf/rollout/engine_process_cpu_memory_peak_rss_gb``. Answered while a generation runs."""
+        return self._call("memory_metrics")
+
     def shutdown(self) -> None:
         """Stop the engine and its process (killed if it does not exit within a minute); idempotent."""
         if self._closed:
@@ -284,6 +291,27 @@ class ChildProcessEngine(RolloutEngine):
 
 
 # ---------------------------------------------------------------------------------------------- child side
+def _process_memory_metrics() -> dict[str, float]:
+    """This process's memory peaks in GiB (see :meth:`ChildProcessEngine.memory_metrics`)."""
+    out = {"perf/rollout/engine_process_cpu_memory_peak_rss_gb": _peak_rss_bytes() / 2**30}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["perf/rollout/engine_process_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        out["perf/rollout/engine_process_max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    return out
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set: the kernel's VmHWM where /proc has it. Not ``getrusage``'s ``ru_maxrss``:
+    Linux carries that over a fork and an exec, so a process started by a large worker would report the worker's."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+    except (OSError, StopIteration, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 class _Server:
     """The child's side: builds the engine, answers calls. Generation runs beside the reader (the engine's own
     event loop, a thread per batch); other calls run in the reader thread, in the order they were sent."""
@@ -340,6 +368,8 @@ class _Server:
             return None
         if method == "weights_discarded":  # a property
             return self.engine.weights_discarded
+        if method == "memory_metrics":
+            return _process_memory_metrics()
         if method not in ("sleep", "wake_up", "step_counters"):
             raise ValueError(f"unknown ChildProcessEngine call {method!r}")
         return getattr(self.engine, method)(*args)
