@@ -7,7 +7,11 @@ semantics stands in for them (allocations planted by forward hooks and stub engi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -390,3 +394,22 @@ def test_engine_in_another_process_releases_nothing_of_this_process(monkeypatch)
     assert device.free == 79 * GIB and eng.released_bytes == 0
     eng.wake_up()
     assert eng.released_bytes == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_peak_rss_is_the_processes_own_not_its_parents():
+    """``perf/cpu_memory_peak_rss_gb`` is this process's VmHWM; a process this one starts while holding 1.5 GiB more
+    reports its own peak (``ru_maxrss``, carried over fork and exec on Linux, would report this process's)."""
+    from verl.utils.host_memory import peak_rss_bytes
+
+    ballast = torch.ones(3 * 2**27, dtype=torch.float32)  # 1.5 GiB, touched
+    with open("/proc/self/status") as f:
+        hwm_gib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20
+    assert memory_metrics("cpu")["perf/cpu_memory_peak_rss_gb"] == pytest.approx(hwm_gib, rel=0.01)
+    probe = "from verl.utils.host_memory import peak_rss_bytes; print(peak_rss_bytes())"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    child_gib = int(out.stdout) / 2**30
+    assert 0.005 < child_gib < hwm_gib - 1.0
+    assert peak_rss_bytes() / 2**30 == pytest.approx(hwm_gib, rel=0.01)
+    del ballast

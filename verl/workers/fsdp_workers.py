@@ -54,9 +54,9 @@ def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, fl
     allocated and reserved peaks across its per-phase resets, the peaks per phase
     (``perf/max_memory_allocated_gb/<phase>``) and each phase's growth over its start
     (``perf/phase_growth_gb/<phase>``)."""
-    import resource
+    from verl.utils.host_memory import peak_rss_bytes
 
-    out = {"perf/cpu_memory_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    out = {"perf/cpu_memory_peak_rss_gb": peak_rss_bytes() / 2**30}
     if device == "cuda":
         if peaks is not None:  # torch's counters restart at every phase; the process-wide peaks are kept there
             allocated, reserved = peaks.lifetime_peaks()

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from verl.utils.host_memory import peak_rss_bytes
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
 from verl.workers.rollout.weight_sync import DEFAULT_BUCKET_BYTES, iter_weight_buckets
 
@@ -293,23 +294,11 @@ class ChildProcessEngine(RolloutEngine):
 # ---------------------------------------------------------------------------------------------- child side
 def _process_memory_metrics() -> dict[str, float]:
     """This process's memory peaks in GiB (see :meth:`ChildProcessEngine.memory_metrics`)."""
-    out = {"perf/rollout/engine_process_cpu_memory_peak_rss_gb": _peak_rss_bytes() / 2**30}
+    out = {"perf/rollout/engine_process_cpu_memory_peak_rss_gb": peak_rss_bytes() / 2**30}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["perf/rollout/engine_process_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         out["perf/rollout/engine_process_max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
     return out
-
-
-def _peak_rss_bytes() -> int:
-    """This process's peak resident set: the kernel's VmHWM where /proc has it. Not ``getrusage``'s ``ru_maxrss``:
-    Linux carries that over a fork and an exec, so a process started by a large worker would report the worker's."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
-    except (OSError, StopIteration, ValueError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class _Server:
