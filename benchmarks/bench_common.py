@@ -266,8 +266,11 @@ def rss_mib() -> float:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far (MiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process so far (MiB): its own, not a parent's carried over fork and exec
+    (``verl/utils/host_memory.py``)."""
+    from verl.utils.host_memory import peak_rss_bytes
+
+    return peak_rss_bytes() / 2**20
 
 
 def gpu_used_gib() -> float | None:

@@ -53,6 +53,7 @@ def recorded_run(tmp_path, tiny_model_path, monkeypatch):
     """``run(overrides)`` -> what ``main_ppo.run`` handed to the recorders."""
     import ray
 
+    import verl.single_controller.cluster as cluster
     import verl.trainer.ppo.fit as fit_module
     import verl.trainer.ppo.local_worker_group as local_wg
     import verl.trainer.ppo.ray_worker_group as ray_wg
@@ -81,6 +82,7 @@ def recorded_run(tmp_path, tiny_model_path, monkeypatch):
     monkeypatch.setattr(tracking, "Tracking", Tracking)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: seen.setdefault("ray_init", kw))
+    monkeypatch.setattr(cluster, "describe_cluster", lambda: [])  # init_ray logs the (here: absent) cluster's nodes
     monkeypatch.setattr(local_wg, "LocalWorkerGroup", lambda cfg, device: seen.setdefault("wg", ("local", device)))
     monkeypatch.setattr(ray_wg, "build_ray_worker_group", lambda cfg, device: seen.setdefault("wg", ("ray", device)))
     monkeypatch.setattr(main_ppo, "build_worker_group", _recording(main_ppo.build_worker_group, seen))
@@ -143,10 +145,13 @@ def test_run_passes_logging_checkpoint_and_ray_keys(recorded_run):
     assert (t["project_name"], t["experiment_name"], t["default_backend"]) == ("proj", "exp", ["console", "jsonl"])
     assert t["log_dir"] == str(tmp / "logs2")
     assert seen["ckpt"].root == tmp / "ck2" and seen["ckpt"].max_ckpt_to_keep == 2
-    assert seen["ray_init"]["address"] == "auto" and seen["ray_init"]["num_cpus"] == 3
+    # joining a running cluster: its size is its own (Ray refuses num_cpus there), so ray_num_cpus is dropped with a
+    # log line (verl/single_controller/cluster.py); it sizes a cluster the trainer starts itself (below)
+    assert seen["ray_init"]["address"] == "auto" and seen["ray_init"]["num_cpus"] is None
     # ray_init.num_cpus (upstream) wins over trainer.ray_num_cpus
     ray_run = recorded_run("trainer.ray_num_cpus=3", "ray_init.num_cpus=5", "trainer.force_ray_workers=True")
     assert ray_run["ray_init"]["num_cpus"] == 5
+    assert recorded_run("trainer.ray_num_cpus=3", "trainer.force_ray_workers=True")["ray_init"]["num_cpus"] == 3
 
 
 def test_run_sizes_the_loaders_and_the_step_count(recorded_run):
