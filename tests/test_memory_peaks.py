@@ -18,8 +18,7 @@ import torch
 
 from tests.test_log_prob_budgets import build_worker
 from verl.utils.model_loading import load_causal_lm
-from verl.workers.fsdp_workers import memory_metrics
-from verl.workers.memory_peaks import GROWTH_PREFIX, IN_USE_PREFIX, METRIC_PREFIX, PhasePeaks
+from verl.workers.memory_peaks import GROWTH_PREFIX, IN_USE_PREFIX, METRIC_PREFIX, PhasePeaks, memory_metrics
 
 GIB = 2**30
 

@@ -37,7 +37,7 @@ from verl.utils.flops import peak_flops_per_gpu, update_mfu
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.settings import plain_values
 from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
-from verl.workers.memory_peaks import PhasePeaks
+from verl.workers.memory_peaks import PhasePeaks, memory_metrics
 from verl.workers.rollout.guard import RolloutGuard
 from verl.workers.rollout.tp_layout import ROLLOUT_MESH, RolloutLayout, outputs_digest
 from verl.workers.training_worker import TrainingWorker
@@ -47,26 +47,6 @@ logger = logging.getLogger(__name__)
 # Ray concurrency groups of the worker with trainer.rollout_overlap: one thread each (see the module docstring)
 ROLLOUT_GROUP, TRAIN_GROUP = "rollout", "train"
 OVERLAP_CONCURRENCY_GROUPS = {ROLLOUT_GROUP: 1, TRAIN_GROUP: 1}
-
-
-def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, float]:
-    """Peak accelerator memory (GiB) and this process's resident host memory (GiB); with ``peaks``, the
-    allocated and reserved peaks across its per-phase resets, the peaks per phase
-    (``perf/max_memory_allocated_gb/<phase>``) and each phase's growth over its start
-    (``perf/phase_growth_gb/<phase>``)."""
-    from verl.utils.host_memory import peak_rss_bytes
-
-    out = {"perf/cpu_memory_peak_rss_gb": peak_rss_bytes() / 2**30}
-    if device == "cuda":
-        if peaks is not None:  # torch's counters restart at every phase; the process-wide peaks are kept there
-            allocated, reserved = peaks.lifetime_peaks()
-        else:
-            allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-        out["perf/max_memory_allocated_gb"] = allocated / 2**30
-        out["perf/max_memory_reserved_gb"] = reserved / 2**30
-    if peaks is not None:
-        out.update(peaks.report())
-    return out
 
 
 def vllm_extra_options(rc: Any) -> dict[str, Any]:

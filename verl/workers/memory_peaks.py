@@ -38,7 +38,9 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["PhasePeaks", "METRIC_PREFIX", "GROWTH_PREFIX", "IN_USE_PREFIX"]
+from verl.utils.host_memory import peak_rss_bytes
+
+__all__ = ["PhasePeaks", "memory_metrics", "METRIC_PREFIX", "GROWTH_PREFIX", "IN_USE_PREFIX"]
 
 METRIC_PREFIX = "perf/max_memory_allocated_gb/"
 GROWTH_PREFIX = "perf/phase_growth_gb/"
@@ -122,3 +124,21 @@ class PhasePeaks:
         if self.released is not None:
             out.update({IN_USE_PREFIX + name: (peak - rel) / 2**30 for name, (peak, _, rel) in peaks.items()})
         return out
+
+
+def memory_metrics(device: str, peaks: PhasePeaks | None = None) -> dict[str, float]:
+    """Peak accelerator memory (GiB) and this process's resident host memory (GiB); with ``peaks``, the
+    allocated and reserved peaks across its per-phase resets, the peaks per phase
+    (``perf/max_memory_allocated_gb/<phase>``) and each phase's growth over its start
+    (``perf/phase_growth_gb/<phase>``)."""
+    out = {"perf/cpu_memory_peak_rss_gb": peak_rss_bytes() / 2**30}
+    if device == "cuda":
+        if peaks is not None:  # torch's counters restart at every phase; the process-wide peaks are kept there
+            allocated, reserved = peaks.lifetime_peaks()
+        else:
+            allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        out["perf/max_memory_allocated_gb"] = allocated / 2**30
+        out["perf/max_memory_reserved_gb"] = reserved / 2**30
+    if peaks is not None:
+        out.update(peaks.report())
+    return out

@@ -155,13 +155,9 @@ class ResumableSampler:
         self._roll_over_finished_epoch()
 
 
-def _leaving_process_group(worker_init_fn: Optional[Callable[[int], Any]]) -> Callable[[int], Any]:
+def _init_worker(worker_init_fn: Optional[Callable[[int], Any]], worker_id: int) -> None:
     """A data-loader worker's ``worker_init_fn``: leave the trainer's process group (``verl/utils/process_groups.py``:
     the trainer finishes its step on SIGTERM, which needs its workers alive), then ``worker_init_fn`` if given."""
-    return functools.partial(_init_worker, worker_init_fn)
-
-
-def _init_worker(worker_init_fn: Optional[Callable[[int], Any]], worker_id: int) -> None:
     leave_process_group()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
@@ -213,7 +209,7 @@ class ResumableDataLoader:
         generator.manual_seed(self.sampler.seed + self.sampler.epoch)  # worker seeds; keeps global RNG untouched
         kwargs = dict(self.dataloader_kwargs)
         if self.num_workers > 0:  # workers out of the trainer's process group: a SIGTERM to it is the trainer's alone
-            kwargs["worker_init_fn"] = _leaving_process_group(kwargs.get("worker_init_fn"))
+            kwargs["worker_init_fn"] = functools.partial(_init_worker, kwargs.get("worker_init_fn"))
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_sampler=batches,

@@ -143,7 +143,7 @@ class CriticWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS)
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """One value update over this rank's rows; metrics are global (identical on every rank)."""
-        from verl.workers.fsdp_workers import memory_metrics
+        from verl.workers.memory_peaks import memory_metrics
 
         metrics = self.critic.update_critic(data)
         metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from verl.utils.host_memory import peak_rss_bytes
+from verl.workers.memory_peaks import memory_metrics
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
 from verl.workers.rollout.weight_sync import DEFAULT_BUCKET_BYTES, iter_weight_buckets
 
@@ -293,12 +293,10 @@ class ChildProcessEngine(RolloutEngine):
 
 # ---------------------------------------------------------------------------------------------- child side
 def _process_memory_metrics() -> dict[str, float]:
-    """This process's memory peaks in GiB (see :meth:`ChildProcessEngine.memory_metrics`)."""
-    out = {"perf/rollout/engine_process_cpu_memory_peak_rss_gb": peak_rss_bytes() / 2**30}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["perf/rollout/engine_process_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        out["perf/rollout/engine_process_max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
-    return out
+    """This process's memory peaks in GiB, named as the worker's with ``engine_process_`` in front (see
+    :meth:`ChildProcessEngine.memory_metrics`)."""
+    device = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+    return {k.replace("perf/", "perf/rollout/engine_process_", 1): v for k, v in memory_metrics(device).items()}
 
 
 class _Server:
