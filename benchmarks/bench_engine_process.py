@@ -13,8 +13,16 @@ its own on the same device. This benchmark measures, side by side in one run, fo
   training loop runs; each side's time per iteration / call during the overlap, and its slowdown against alone.
 
 The engines are built one after the other (the in-process one shut down before the child starts), each with
-``--gpu-memory-utilization`` of the GPU.
+``--gpu-memory-utilization`` of the GPU. With ``--engine-reserved-sms K1 K2 ...`` the in-process engine's rows repeat
+for each ``K``: the training loop then runs with ``K`` of the GPU's SMs kept free for the engine
+(``rollout.engine_reserved_sms``, a CUDA green context; ``verl/workers/training_sms.py``), alone and beside
+generation; 0 is the whole GPU. ``--engine-stream high_priority`` puts the engine thread on its own high-priority
+stream, as the trainer does with one-step-off.
 
+    # one H200, the 1.5B memory turn beside the 1.5B update, SMs kept for the engine side by side
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/bench_engine_process.py --shape qwen2.5-1.5b --device cuda \
+        --placements worker --engine-stream high_priority --engine-reserved-sms 0 16 32 48 --batch 32 \
+        --prompt-len 6000 --new-tokens 256 --train-rows 2 --train-len 8192 --train-iters 10
     # one H200, the 135M shape at the memory agent's rollout sizes
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python benchmarks/bench_engine_process.py --shape smollm2-135m --device cuda \\
         --batch 128 --prompt-len 704 --new-tokens 128 --train-rows 8 --train-len 4096 --train-iters 20
@@ -41,15 +49,16 @@ from bench_rollout import vllm_engine_args
 PLACEMENTS = ("worker", "child")
 
 
-def engine_kwargs(args: argparse.Namespace, model_path: Path, dtype: str) -> dict[str, Any]:
+def engine_kwargs(args: argparse.Namespace, model_path: Path, dtype: str, placement: str) -> dict[str, Any]:
     """The rollout engine's arguments (picklable: the child process gets the same)."""
     max_len = args.prompt_len + args.new_tokens
     if args.rollout == "hf":
         return dict(
             model=str(model_path), device=args.device, dtype=dtype, max_batch_size=args.batch, max_model_len=max_len
         )
+    options = {"engine_stream": args.engine_stream} if placement == "worker" and args.device == "cuda" else {}
     return vllm_engine_args(
-        model_path, dtype, max_len, max(args.batch, 1), args.device != "cuda", args.gpu_memory_utilization
+        model_path, dtype, max_len, max(args.batch, 1), args.device != "cuda", args.gpu_memory_utilization, **options
     )
 
 
@@ -61,12 +70,16 @@ def build_engine(placement: str, name: str, kwargs: dict[str, Any]) -> Any:
 
 
 class TrainLoop:
-    """Forward + backward + AdamW of ``model`` on one fixed batch of random tokens."""
+    """Forward + backward + AdamW of ``model`` on one fixed batch of random tokens; its kernels on the SMs of
+    ``sms`` (all of them by default)."""
 
     def __init__(self, model: torch.nn.Module, rows: int, length: int, vocab: int, device: str):
+        from verl.workers.training_sms import TrainingSMs
+
         self.model, self.device = model, device
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         self.ids = torch.randint(2, vocab, (rows, length), generator=torch.Generator().manual_seed(0)).to(device)
+        self.sms = TrainingSMs(0, None)
 
     def step(self) -> None:
         loss = self.model(input_ids=self.ids, labels=self.ids).loss
@@ -78,8 +91,9 @@ class TrainLoop:
         """Seconds per iteration over ``iters`` iterations (the device's queue drained at both ends)."""
         bc.device_sync(self.device)
         start = time.perf_counter()
-        for _ in range(iters):
-            self.step()
+        with self.sms.scope():
+            for _ in range(iters):
+                self.step()
         bc.device_sync(self.device)
         return (time.perf_counter() - start) / iters
 
@@ -123,9 +137,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(args.device)
     train = TrainLoop(model, args.train_rows, args.train_len, vocab, args.device)
     train.run(args.warmup_iters)
+    from verl.workers.training_sms import TrainingSMs
+
     rows = []
+    train_whole_gpu = None  # the training loop alone on the whole GPU (the first in-process measurement)
     for placement in args.placements:
-        engine = build_engine(placement, args.rollout, engine_kwargs(args, model_path, dtype))
+        engine = build_engine(placement, args.rollout, engine_kwargs(args, model_path, dtype, placement))
         try:
 
             def generate(engine: Any = engine) -> int:
@@ -133,25 +150,38 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
             generate()  # warm-up (graphs, caches)
             gen_times, tokens = bc.time_calls(generate, args.repeats, args.device, warmup=0)
-            train_alone = train.run(args.train_iters)
-            train_beside, gen_beside = overlapped(train, args.train_iters, generate)
+            gen_alone = bc.median(gen_times)
+            splits = args.engine_reserved_sms if placement == "worker" else [0]
+            for reserved in splits:
+                device = torch.cuda.current_device() if args.device == "cuda" else None
+                train.sms = TrainingSMs(reserved, device)
+                train.run(1)  # builds the green context
+                train_alone = train.run(args.train_iters)
+                train_beside, gen_beside = overlapped(train, args.train_iters, generate)
+                if reserved == 0 and train_whole_gpu is None:
+                    train_whole_gpu = train_alone
+                rows.append(
+                    {
+                        "placement": placement,
+                        "engine_reserved_sms": reserved,
+                        "training_sms": train.sms.num_sms,
+                        "train_s_per_iter_alone": train_alone,
+                        "train_s_per_iter_beside_generation": train_beside,
+                        "train_slowdown": train_beside / train_alone,
+                        "gen_s_alone": gen_alone,
+                        "gen_s_beside_training": bc.median(gen_beside),
+                        "gen_calls_beside_training": len(gen_beside),
+                        "gen_slowdown": bc.median(gen_beside) / gen_alone,
+                        "generated_tokens": tokens,
+                    }
+                )
+                print(f"[bench_engine_process] {placement}, {reserved} SMs kept: done", file=sys.stderr, flush=True)
         finally:
             engine.shutdown()
-        gen_alone = bc.median(gen_times)
-        rows.append(
-            {
-                "placement": placement,
-                "train_s_per_iter_alone": train_alone,
-                "train_s_per_iter_beside_generation": train_beside,
-                "train_slowdown": train_beside / train_alone,
-                "gen_s_alone": gen_alone,
-                "gen_s_beside_training": bc.median(gen_beside),
-                "gen_calls_beside_training": len(gen_beside),
-                "gen_slowdown": bc.median(gen_beside) / gen_alone,
-                "generated_tokens": tokens,
-            }
-        )
-        print(f"[bench_engine_process] {placement}: done", file=sys.stderr, flush=True)
+        train.sms = TrainingSMs(0, None)
+    for row in rows:  # against the training loop alone on the whole GPU
+        if train_whole_gpu:
+            row["train_beside_vs_whole_gpu_alone"] = row["train_s_per_iter_beside_generation"] / train_whole_gpu
     return {
         "benchmark": "bench_engine_process",
         "model": str(model_path),
@@ -160,6 +190,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
+        "engine_stream": args.engine_stream,
         "train_tokens_per_iter": args.train_rows * args.train_len,
         "train_iters": args.train_iters,
         "results": rows,
@@ -171,6 +202,7 @@ def table(report: dict[str, Any]) -> str:
     rows = [
         [
             r["placement"],
+            str(r.get("engine_reserved_sms", 0)),
             f"{1000 * r['train_s_per_iter_alone']:.1f}",
             f"{1000 * r['train_s_per_iter_beside_generation']:.1f}",
             f"{r['train_slowdown']:.2f}x",
@@ -188,6 +220,7 @@ def table(report: dict[str, Any]) -> str:
     return head + bc.markdown_table(
         [
             "engine process",
+            "SMs kept for the engine",
             "train ms/iter alone",
             "beside generation",
             "train slowdown",
@@ -213,6 +246,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-iters", type=int, default=20, help="timed training iterations, alone and beside")
     p.add_argument("--warmup-iters", type=int, default=2)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument(
+        "--engine-stream",
+        default="shared",
+        choices=["shared", "high_priority"],
+        help="the in-process engine thread's CUDA stream (rollout.engine_stream; one-step-off's default is high_priority)",
+    )
+    p.add_argument(
+        "--engine-reserved-sms",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="in-process rows for each: SMs kept free of the training loop for the engine (rollout.engine_reserved_sms)",
+    )
     p.add_argument("--out", help="write the JSON report here")
     args = p.parse_args(argv)
     report = measure(args)

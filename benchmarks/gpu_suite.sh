@@ -18,8 +18,8 @@
 #                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
 #                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py)
-#   engine_process  generation beside training, the engine in the training process vs in its own, 135M and 1.5B
-#                 (bench_engine_process.py)
+#   engine_process  generation beside training, the engine in the training process vs in its own, 135M and 1.5B;
+#                 at 1.5B with SMs kept free of the training loop for the engine (bench_engine_process.py)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
@@ -93,6 +93,12 @@ if want train_step; then
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
         actor_rollout_ref.model.enable_gradient_checkpointing=False algorithm.bypass_mode=True
+    # one-step-off with 32 of the GPU's SMs kept free of the training passes for the engine thread
+    # (rollout.engine_reserved_sms; the split measured by the engine_process section's engine_sms_1p5b)
+    run train_step_1p5b_bypass_sms $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
+        --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass_sms32.json" -- $BIG_OVERRIDES \
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
+        algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=32
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \
@@ -168,6 +174,13 @@ if want engine_process; then
     run engine_process_1p5b python3 benchmarks/bench_engine_process.py --shape qwen2.5-1.5b --device cuda --batch 32 \
         --prompt-len 6000 --new-tokens 1024 --train-rows 1 --train-len 8192 --train-iters 10 --repeats 1 \
         --out "$OUT/engine_process_1p5b.json"
+    # the 1.5B memory turn beside the 1.5B training loop in one process (the engine on its high-priority stream, as
+    # with one-step-off), with 0-64 of the GPU's SMs kept free of the training loop for the engine
+    # (rollout.engine_reserved_sms: the training kernels in a CUDA green context of the other SMs)
+    run engine_sms_1p5b python3 benchmarks/bench_engine_process.py --shape qwen2.5-1.5b --device cuda --batch 32 \
+        --prompt-len 6000 --new-tokens 256 --train-rows 2 --train-len 8192 --train-iters 12 --repeats 1 \
+        --placements worker --engine-stream high_priority --engine-reserved-sms 0 16 32 48 64 \
+        --gpu-memory-utilization 0.35 --out "$OUT/engine_sms_1p5b.json"
 fi
 if want weight_sync; then
     run weight_sync_1p5b python3 benchmarks/bench_weight_sync.py --shape qwen2.5-1.5b --device cuda --rollout vllm \

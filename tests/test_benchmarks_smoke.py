@@ -435,9 +435,17 @@ def test_engine_process_benchmark_measures_both_placements(tmp_path):
     out = tmp_path / "engine_process.json"
     args = ["--shape", "tiny", "--device", "cpu", "--rollout", "hf", "--batch", "2", "--prompt-len", "16"]
     args += ["--new-tokens", "4", "--train-rows", "2", "--train-len", "32", "--train-iters", "3", "--out", str(out)]
+    args += ["--engine-reserved-sms", "0", "8"]  # a row per split in-process (on CPU the training keeps every core)
     assert main(args) == 0
     report = json.loads(out.read_text())
-    assert [r["placement"] for r in report["results"]] == ["worker", "child"]
+    assert [(r["placement"], r["engine_reserved_sms"]) for r in report["results"]] == [
+        ("worker", 0),
+        ("worker", 8),
+        ("child", 0),
+    ]
+    whole = report["results"][0]["train_s_per_iter_alone"]
+    for r in report["results"]:
+        assert r["train_beside_vs_whole_gpu_alone"] == pytest.approx(r["train_s_per_iter_beside_generation"] / whole)
     assert report["train_tokens_per_iter"] == 64 and report["train_iters"] == 3
     for r in report["results"]:
         assert r["train_s_per_iter_alone"] > 0 and r["gen_s_alone"] > 0 and r["gen_calls_beside_training"] >= 1

@@ -451,6 +451,10 @@ BAD_OVERRIDES = [
         ["actor_rollout_ref.rollout.engine_stream must be one of [shared, high_priority, null] (got 'fast')"],
     ),
     (
+        ["actor_rollout_ref.rollout.engine_reserved_sms=-8"],
+        ["actor_rollout_ref.rollout.engine_reserved_sms must be an integer >= 0 (got -8)"],
+    ),
+    (
         ["actor_rollout_ref.rollout.gil_switch_interval_ms=0"],
         ["actor_rollout_ref.rollout.gil_switch_interval_ms must be > 0 (got 0)"],
     ),

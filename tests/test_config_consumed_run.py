@@ -183,6 +183,29 @@ def test_engine_stream_null_is_high_priority_only_beside_training_on_a_gpu():
     assert resolve_engine_stream("shared", rollout_overlap=True, uses_vllm_on_gpu=True) == "shared"
 
 
+def test_run_sets_engine_reserved_sms_to_0_with_a_warning_where_nothing_runs_beside_training(recorded_run, caplog):
+    """CPU run: no vLLM on a GPU beside training, so the workers get 0 and the log says why."""
+    with caplog.at_level("WARNING", logger="verl.trainer.main_ppo"):
+        seen = recorded_run("actor_rollout_ref.rollout.engine_reserved_sms=16")
+    assert seen["cfg"].actor_rollout_ref.rollout.engine_reserved_sms == 0
+    assert (
+        "actor_rollout_ref.rollout.engine_reserved_sms=16 has no effect: trainer.rollout_overlap is off" in caplog.text
+    )
+
+
+def test_engine_reserved_sms_stands_only_beside_training_in_the_workers_process_on_a_gpu():
+    from verl.workers.config.rollout import resolve_engine_reserved_sms as resolve
+
+    assert resolve(16, rollout_overlap=True, uses_vllm_on_gpu=True, engine_process="worker") == (16, None)
+    assert resolve(0, rollout_overlap=False, uses_vllm_on_gpu=False, engine_process="child") == (0, None)
+    value, why = resolve(16, rollout_overlap=False, uses_vllm_on_gpu=True, engine_process="worker")
+    assert value == 0 and "trainer.rollout_overlap is off" in why
+    value, why = resolve(16, rollout_overlap=True, uses_vllm_on_gpu=False, engine_process="worker")
+    assert value == 0 and "vLLM on CUDA" in why
+    value, why = resolve(16, rollout_overlap=True, uses_vllm_on_gpu=True, engine_process="child")
+    assert value == 0 and "rollout.engine_process=child" in why
+
+
 def test_run_picks_device_and_worker_group_from_the_cluster_keys(recorded_run):
     local = recorded_run("trainer.ray_address=auto")
     assert local["wg"] == ("local", "cpu")

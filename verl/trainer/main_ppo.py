@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import CustomRewardFunctionConfig, PPOConfig, TrainerConfig, from_config
-from verl.workers.config.rollout import resolve_engine_stream
+from verl.workers.config.rollout import resolve_engine_reserved_sms, resolve_engine_stream
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,20 @@ def run(cfg: DictConfig) -> list[dict]:
             conf.trainer.rollout_overlap,
             uses_vllm_on_gpu=conf.actor_rollout_ref.rollout.name == "vllm" and device == "cuda",
         )
+        rollout = conf.actor_rollout_ref.rollout
+        reserved, why_not = resolve_engine_reserved_sms(
+            rollout.engine_reserved_sms,
+            conf.trainer.rollout_overlap,
+            uses_vllm_on_gpu=rollout.name == "vllm" and device == "cuda",
+            engine_process=rollout.engine_process,
+        )
+        if why_not is not None:
+            logger.warning(
+                "actor_rollout_ref.rollout.engine_reserved_sms=%d has no effect: %s",
+                rollout.engine_reserved_sms,
+                why_not,
+            )
+        cfg.actor_rollout_ref.rollout.engine_reserved_sms = reserved
         if use_critic:
             cfg.critic.optim.total_training_steps = int(total_steps)
 

@@ -40,6 +40,7 @@ from verl.workers.config import ActorRolloutRefConfig, RefConfig, RolloutConfig
 from verl.workers.memory_peaks import PhasePeaks, memory_metrics
 from verl.workers.rollout.guard import RolloutGuard
 from verl.workers.rollout.tp_layout import ROLLOUT_MESH, RolloutLayout, outputs_digest
+from verl.workers.training_sms import TrainingSMs
 from verl.workers.training_worker import TrainingWorker
 
 logger = logging.getLogger(__name__)
@@ -120,6 +121,14 @@ class ActorRolloutRefWorker(TrainingWorker):
     def peak_flops(self) -> float | None:
         """This GPU's dense bf16 peak for ``perf/mfu/actor`` (None on CPU or an unknown GPU)."""
         return peak_flops_per_gpu(self.device_name)
+
+    @functools.cached_property
+    def training_sms(self) -> TrainingSMs:
+        """The training passes' SMs (``rollout.engine_reserved_sms`` kept for the engine thread; the key is 0
+        unless main_ppo found generation running beside training in this process on a GPU)."""
+        on_cuda = self.device_name == "cuda"
+        reserved = self.conf.rollout.engine_reserved_sms if on_cuda else 0
+        return TrainingSMs(reserved, torch.cuda.current_device() if on_cuda else None)
 
     def _rollout_released_bytes(self) -> int:
         return int(getattr(self.rollout, "released_bytes", 0))
@@ -411,7 +420,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, concurrency_group=TRAIN_GROUP)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        with self._resident("actor"), self.phase_peaks.phase("log-prob"):
+        with self._resident("actor"), self.phase_peaks.phase("log-prob"), self.training_sms.scope():
             # no entropies: nothing reads them, and they cost a pass over [tokens, vocab] logits (and rule out
             # liger-kernel's fused log-prob kernel on GPU)
             log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
@@ -421,7 +430,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
-        with self._resident("ref"), self.phase_peaks.phase("ref"):
+        with self._resident("ref"), self.phase_peaks.phase("ref"), self.training_sms.scope():
             log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
@@ -432,7 +441,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         import time
 
         t0, busy0 = time.perf_counter(), self.rollout_guard.busy_seconds()
-        with self._resident("actor"), self.phase_peaks.phase("update"):
+        with self._resident("actor"), self.phase_peaks.phase("update"), self.training_sms.scope():
             metrics = self.actor.update_policy(data)
         overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
         mfu = update_mfu(self.actor_parameters, int(data.batch["attention_mask"].sum()), seconds, self.peak_flops)

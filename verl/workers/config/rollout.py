@@ -7,7 +7,14 @@ from typing import Optional
 
 from verl.workers.config.base import BaseConfig, Checks
 
-__all__ = ["ValKwargsConfig", "RolloutConfig", "ROLLOUT_NAMES", "ROLLOUT_MODES", "resolve_engine_stream"]
+__all__ = [
+    "ValKwargsConfig",
+    "RolloutConfig",
+    "ROLLOUT_NAMES",
+    "ROLLOUT_MODES",
+    "resolve_engine_stream",
+    "resolve_engine_reserved_sms",
+]
 
 # Rollout engines (verl.workers.rollout.base.get_rollout_engine).
 ROLLOUT_NAMES = ("vllm", "hf")
@@ -25,6 +32,24 @@ def resolve_engine_stream(value: Optional[str], rollout_overlap: bool, uses_vllm
     if value is not None:
         return value
     return "high_priority" if rollout_overlap and uses_vllm_on_gpu else "shared"
+
+
+def resolve_engine_reserved_sms(
+    value: int, rollout_overlap: bool, uses_vllm_on_gpu: bool, engine_process: str
+) -> tuple[int, Optional[str]]:
+    """``rollout.engine_reserved_sms`` as the workers get it, and why it was set to 0 (None when it stands): SMs
+    are kept for an engine that runs beside training in the training process's CUDA context, i.e. with
+    ``trainer.rollout_overlap``, vLLM on a GPU and ``engine_process=worker`` (kernels of another process, the
+    ``child`` engine, do not share the SMs with this one's: the GPU time-slices between processes)."""
+    if value <= 0:
+        return value, None
+    if not rollout_overlap:
+        return 0, "trainer.rollout_overlap is off (no generation runs beside training)"
+    if not uses_vllm_on_gpu:
+        return 0, "it applies to vLLM on CUDA"
+    if engine_process != "worker":
+        return 0, f"rollout.engine_process={engine_process} (the engine's process does not share the training SMs)"
+    return value, None
 
 
 def _check_sampling(c: Checks) -> None:
@@ -105,6 +130,9 @@ class RolloutConfig(BaseConfig):
     max_num_seqs: int = 1024
     # vLLM on CUDA: the engine thread's CUDA stream, shared | high_priority (verl/workers/rollout/engine_stream.py).
     engine_stream: Optional[str] = None
+    # With trainer.rollout_overlap, vLLM on CUDA in the worker's process: SMs kept free of the training passes for the
+    # engine (the trainer's kernels run in a CUDA green context of the others; verl/workers/training_sms.py); 0 = off.
+    engine_reserved_sms: int = 0
     # Python's thread switch interval in the worker process (ms); null = Python's default (5 ms).
     gil_switch_interval_ms: Optional[float] = None
     # Where the engine runs: worker (a thread of the worker's process) | child (its own process on the worker's
@@ -148,6 +176,7 @@ class RolloutConfig(BaseConfig):
     def check(self, c: Checks) -> None:
         c.choice("name", ROLLOUT_NAMES)
         c.choice("engine_stream", ENGINE_STREAMS, allow_none=True)
+        c.integer("engine_reserved_sms", 0)
         c.number("gil_switch_interval_ms", lambda v: v > 0, "> 0", allow_none=True)
         c.choice("engine_process", ENGINE_PROCESSES)
         c.choice("mode", ROLLOUT_MODES)
