@@ -175,7 +175,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "generated_tokens": tokens,
                     }
                 )
-                print(f"[bench_engine_process] {placement}, {reserved} SMs kept: done", file=sys.stderr, flush=True)
+                r = rows[-1]
+                print(
+                    f"[bench_engine_process] {placement}, {reserved} SMs kept: train {r['train_slowdown']:.2f}x, "
+                    f"gen {r['gen_slowdown']:.2f}x ({r['gen_s_alone']:.2f} -> {r['gen_s_beside_training']:.2f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if args.device == "cuda":  # the next split's training runs on another stream: its own cached pool
+                    torch.cuda.empty_cache()
         finally:
             engine.shutdown()
         train.sms = TrainingSMs(0, None)

@@ -68,6 +68,9 @@ class TrainingSMs:
     def _build(self) -> None:
         from torch.cuda.green_contexts import GreenContext
 
+        # the caching allocator keeps a pool per stream: what the caller's stream has cached but not in use would
+        # otherwise stay out of reach of the training passes from here on
+        torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.num_sms = training_sm_count(total, self.reserved)
         self._context = GreenContext.create(num_sms=self.num_sms, device_id=self.device)
