@@ -630,3 +630,27 @@ def test_policy_loss_is_selected_from_the_registry(base_model):
         torch.testing.assert_close(g, 2.0 * v, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match=r"actor.policy_loss.loss_mode must be one of \[vanilla.*'nope'"):
         DataParallelPPOActor(actor_config(policy_loss={"loss_mode": "nope"}), base_model)
+
+
+def test_the_actor_enters_its_micro_batch_scope_once_per_micro_batch(base_model):
+    """The worker hands the actor ``TrainingSMs.scope`` (verl/workers/training_sms.py: the SMs left to training
+    while a generation runs beside it); the actor enters it around each micro-batch's device work, in the log-prob
+    pass and in the update (a counting stand-in here: the partition itself needs CUDA)."""
+    import contextlib
+
+    model = copy.deepcopy(base_model)
+    data = make_update_data(model, num_conv=7, seed=3)  # 7 rows, 2 per micro-batch: 4 micro-batches
+    actor = DataParallelPPOActor(actor_config(), model, build_optimizer(model, lr=1e-2))
+    entered = []
+
+    @contextlib.contextmanager
+    def counting():
+        entered.append(torch.is_grad_enabled())
+        yield
+
+    actor.micro_batch_scope = counting
+    actor.compute_log_prob(data)
+    assert len(entered) == 4
+    entered.clear()
+    actor.update_policy(data)  # one mini-batch, one epoch
+    assert entered == [True] * 4

@@ -80,9 +80,23 @@ def test_on_a_gpu_the_training_passes_run_on_the_partition_only():
     torch.testing.assert_close(out, expected)
     # 8 of 132 SMs: a GEMM-bound loop takes many times as long (not exactly total / 8: clocks, tile shapes)
     assert narrow > 4 * whole, (narrow, whole)
+    # no generation in flight: the pass runs on the whole device, at the whole device's speed
+    idle = TrainingSMs(total - SM_GRANULARITY, device, busy=lambda: False)
+    idle_seconds, _ = seconds(idle)
+    assert idle.partitioned_passes == 0 and idle_seconds < narrow / 2, (idle_seconds, narrow)
     # the caller's stream waits for the scope's work: a result made inside is complete once the caller syncs
     with few.scope():
         inside = a @ a
     assert torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
     torch.cuda.current_stream(device).synchronize()
     torch.testing.assert_close(inside, expected)
+
+
+def test_nothing_is_partitioned_while_no_generation_runs():
+    """``busy`` false: the scope runs the pass as it is and never touches CUDA (this runs on CPU with device 0)."""
+    generating = []
+    sms = TrainingSMs(32, 0, busy=lambda: bool(generating))
+    assert sms.enabled
+    with sms.scope():
+        pass
+    assert sms.partitioned_passes == 0 and sms.num_sms is None

@@ -106,6 +106,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.ref = None
         self.rollout_guard = RolloutGuard()  # no weight sync / sleep / wake-up under a generation in flight
         self._rollout_time_seen = (0.0, 0, 0.0)  # generate seconds, engine steps, engine step seconds (last report)
+        self._partitioned_seen = 0  # training_sms.partitioned_passes at the last update's report
         # perf/{max_memory_allocated,phase_growth,max_memory_in_use}_gb/<phase>; in use: less what the rollout engine
         # released while asleep (vLLM's sleep-mode pool counts as allocated also then)
         self.phase_peaks = PhasePeaks(enabled=device == "cuda", released=self._rollout_released_bytes)
@@ -124,11 +125,13 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @functools.cached_property
     def training_sms(self) -> TrainingSMs:
-        """The training passes' SMs (``rollout.engine_reserved_sms`` kept for the engine thread; the key is 0
-        unless main_ppo found generation running beside training in this process on a GPU)."""
+        """The training passes' SMs (``rollout.engine_reserved_sms`` kept for the engine thread while a generation
+        runs on this worker; the key is 0 unless main_ppo found generation running beside training in this process on
+        a GPU). The actor and the reference model enter its scope around each micro-batch."""
         on_cuda = self.device_name == "cuda"
         reserved = self.conf.rollout.engine_reserved_sms if on_cuda else 0
-        return TrainingSMs(reserved, torch.cuda.current_device() if on_cuda else None)
+        device = torch.cuda.current_device() if on_cuda else None
+        return TrainingSMs(reserved, device, busy=lambda: self.rollout_guard.in_flight > 0)
 
     def _rollout_released_bytes(self) -> int:
         return int(getattr(self.rollout, "released_bytes", 0))
@@ -200,6 +203,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.actor_module, self.optimizer = actor_module, optimizer
         # old log-probs are micro-batched with the rollout's log_prob_* budgets (verl), updates with the actor's
         self.actor = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.rollout), actor_module, optimizer)
+        self.actor.micro_batch_scope = self.training_sms.scope
         if actor_cfg.use_kl_loss:
             ref_module = load_causal_lm(
                 self.model_path,
@@ -222,6 +226,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 )
             # the ref's own log_prob_* budgets over the actor's
             self.ref = DataParallelPPOActor(log_prob_settings(actor_settings, cfg.ref), ref_module, None)
+            self.ref.micro_batch_scope = self.training_sms.scope
         self._init_rollout()
         self._offload_idle_models()
 
@@ -420,7 +425,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ training
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, concurrency_group=TRAIN_GROUP)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        with self._resident("actor"), self.phase_peaks.phase("log-prob"), self.training_sms.scope():
+        with self._resident("actor"), self.phase_peaks.phase("log-prob"):
             # no entropies: nothing reads them, and they cost a pass over [tokens, vocab] logits (and rule out
             # liger-kernel's fused log-prob kernel on GPU)
             log_probs, _ = self.actor.compute_log_prob(data, calculate_entropy=False)
@@ -430,7 +435,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise RuntimeError("compute_ref_log_prob needs actor_rollout_ref.actor.use_kl_loss=True")
-        with self._resident("ref"), self.phase_peaks.phase("ref"), self.training_sms.scope():
+        with self._resident("ref"), self.phase_peaks.phase("ref"):
             log_probs, _ = self.ref.compute_log_prob(data, calculate_entropy=False)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
@@ -441,12 +446,15 @@ class ActorRolloutRefWorker(TrainingWorker):
         import time
 
         t0, busy0 = time.perf_counter(), self.rollout_guard.busy_seconds()
-        with self._resident("actor"), self.phase_peaks.phase("update"), self.training_sms.scope():
+        with self._resident("actor"), self.phase_peaks.phase("update"):
             metrics = self.actor.update_policy(data)
         overlap, seconds = self.rollout_guard.busy_seconds() - busy0, time.perf_counter() - t0
         mfu = update_mfu(self.actor_parameters, int(data.batch["attention_mask"].sum()), seconds, self.peak_flops)
         if mfu is not None:  # this rank's tokens over its update's seconds (verl/utils/flops.py)
             metrics["perf/mfu/actor"] = mfu
+        passes = self.training_sms.partitioned_passes  # micro-batches run on the training SMs since the last update
+        metrics["perf/micro_batches_on_training_sms"] = float(passes - self._partitioned_seen)
+        self._partitioned_seen = passes
         metrics["perf/update_generation_overlap_s"] = overlap
         metrics["perf/update_generation_overlap_frac"] = overlap / seconds if seconds > 0 else 0.0
         metrics.update(self._rollout_time_metrics())

@@ -9,15 +9,18 @@ With ``engine_reserved_sms = k > 0`` the training thread's kernels run in a CUDA
 other SMs (``torch.cuda.green_contexts``): the update can no longer occupy the ``k`` reserved SMs, which the engine
 (in the device's primary context, free to use every SM) therefore always finds free. The training passes run on
 ``total - k`` SMs (rounded down to the partition granularity, 8 SMs on Hopper) and are slower by about that share;
-generation beside them keeps its reserved SMs. Inside :meth:`TrainingSMs.scope` the training thread's current stream
-is the green context's stream, ordered after the caller's stream on entry and before it on exit.
+generation beside them keeps its reserved SMs. The partition applies micro-batch by micro-batch, and only while a
+generation is in flight (``busy``): once the rollout running ahead is done, the rest of the pass has the whole GPU
+again. Inside :meth:`TrainingSMs.scope` the training thread's current stream is the green context's stream, ordered
+after the caller's stream on entry and before it on exit (each side waits for the other's queued work, so memory
+the caching allocator hands out again on either stream is never still in use on the other).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
@@ -49,14 +52,17 @@ def training_sm_count(total: int, reserved: int, granularity: int = SM_GRANULARI
 
 class TrainingSMs:
     """The training thread's SM partition on CUDA device ``device`` with ``reserved`` SMs kept for the engine
-    (``reserved = 0`` or ``device = None``, e.g. on CPU: :meth:`scope` does nothing). The green context is built on
-    the first :meth:`scope` (the CUDA context must exist by then)."""
+    while ``busy()`` (a generation in flight; always, by default). ``reserved = 0`` or ``device = None`` (e.g. on
+    CPU): :meth:`scope` does nothing. The green context is built on the first :meth:`scope` that applies (the CUDA
+    context must exist by then)."""
 
-    def __init__(self, reserved: int, device: Optional[int]):
+    def __init__(self, reserved: int, device: Optional[int], busy: Callable[[], bool] = lambda: True):
         if reserved < 0:
             raise ValueError(f"actor_rollout_ref.rollout.engine_reserved_sms must be >= 0, got {reserved}")
         self.reserved = reserved
         self.device = device
+        self.busy = busy
+        self.partitioned_passes = 0  # scopes that ran on the partition (the others: on the whole device)
         self.num_sms: Optional[int] = None  # SMs of the training passes, once built
         self._context: Any = None
         self._stream: Optional[torch.cuda.Stream] = None
@@ -87,10 +93,12 @@ class TrainingSMs:
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
-        """Around a training pass, in the thread that runs it: its kernels go to the training SMs."""
-        if not self.enabled:
+        """Around a training pass (a micro-batch's forward and backward), in the thread that runs it: while
+        ``busy()``, its kernels go to the training SMs; otherwise it runs as it is, on the whole device."""
+        if not (self.enabled and self.busy()):
             yield
             return
+        self.partitioned_passes += 1
         if self._context is None:
             self._build()
         if self._stream is None:

@@ -28,9 +28,10 @@ passes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
@@ -95,6 +96,9 @@ class DataParallelPPOActor(DataParallelComponent):
                 type(actor_module).__name__,
             )
         self._warn_if_slow_packing()
+        # around each micro-batch's device work (forward, or forward + backward): the worker sets it to run that work
+        # on the SMs left to training while a generation runs beside it (verl/workers/training_sms.py)
+        self.micro_batch_scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     # ------------------------------------------------------------------ helpers
     def _warn_if_slow_packing(self) -> None:
@@ -204,9 +208,11 @@ class DataParallelPPOActor(DataParallelComponent):
         active_device = host_to_device(active, self.device)
         for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
             if index is None:
-                self._forward(micro, temperature, calculate_entropy=False, plan=plan)
+                with self.micro_batch_scope():
+                    self._forward(micro, temperature, calculate_entropy=False, plan=plan)
                 continue
-            lp, ent = self._forward(micro, temperature, calculate_entropy, plan=plan)
+            with self.micro_batch_scope():
+                lp, ent = self._forward(micro, temperature, calculate_entropy, plan=plan)
             rows = active_device[index]
             log_probs[rows] = lp.float()
             if entropys is not None:
@@ -263,9 +269,11 @@ class DataParallelPPOActor(DataParallelComponent):
         self.actor_optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
         for index, micro, plan in self._device_micro_batches(mini_batch, micro_rows, dummy):
-            stats += self._micro_batch_backward(
-                micro, temperature, {count_key: global_norm}, zero_weight=index is None, plan=plan
-            )
+            with self.micro_batch_scope():
+                micro_stats = self._micro_batch_backward(
+                    micro, temperature, {count_key: global_norm}, zero_weight=index is None, plan=plan
+                )
+            stats += micro_stats
 
         if self.dp_size > 1 and not self.is_fsdp:
             self._all_reduce_mean_grads()
