@@ -255,6 +255,26 @@ def test_gil_switch_interval_is_set_for_the_worker_process(actor_build, monkeypa
         sys.setswitchinterval(before)
 
 
+def test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope(actor_build, monkeypatch):
+    """``engine_reserved_sms``: the worker's TrainingSMs keeps the configured count and the actor and reference
+    model enter its scope around each micro-batch; it partitions only while a generation is in flight (on this CPU
+    worker, with no device, never)."""
+    from verl.workers.training_sms import TrainingSMs
+
+    worker, _, _ = actor_build
+    for model in (worker.actor, worker.ref):  # init_model handed both the worker's scope
+        assert model.micro_batch_scope.__func__ is TrainingSMs.scope
+        assert model.micro_batch_scope.__self__ is worker.training_sms
+    monkeypatch.setitem(worker.config.rollout, "engine_reserved_sms", 24)
+    monkeypatch.delitem(worker.__dict__, "_conf", raising=False)  # re-read the typed config (restored after)
+    monkeypatch.delitem(worker.__dict__, "training_sms", raising=False)
+    sms = worker.training_sms
+    assert sms.reserved == 24 and sms.device is None and not sms.enabled
+    assert not sms.busy()
+    with worker.rollout_guard.generating():
+        assert sms.busy()
+
+
 def test_engine_stream_off_cuda_warns_that_it_does_nothing(actor_build, monkeypatch, caplog):
     """``engine_stream`` acts on vLLM on CUDA only: on this CPU worker the fixture's high_priority is reported."""
     import verl.workers.rollout.base as rollout_base

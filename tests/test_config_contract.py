@@ -206,6 +206,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         _engine(f"{RO}.engine_stream"),
         "tests/test_config.py::test_rollout_engine_options_reach_vllm",
     ),
+    f"{RO}.engine_reserved_sms": (
+        f"{W}::test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope",
+        f"{R}::test_run_sets_engine_reserved_sms_to_0_with_a_warning_where_nothing_runs_beside_training",
+    ),
     f"{RO}.gil_switch_interval_ms": (f"{W}::test_gil_switch_interval_is_set_for_the_worker_process",),
     f"{RO}.engine_process": (
         f"{W}::test_engine_process_child_builds_the_engine_in_a_child_process",

@@ -128,10 +128,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         """The training passes' SMs (``rollout.engine_reserved_sms`` kept for the engine thread while a generation
         runs on this worker; the key is 0 unless main_ppo found generation running beside training in this process on
         a GPU). The actor and the reference model enter its scope around each micro-batch."""
-        on_cuda = self.device_name == "cuda"
-        reserved = self.conf.rollout.engine_reserved_sms if on_cuda else 0
-        device = torch.cuda.current_device() if on_cuda else None
-        return TrainingSMs(reserved, device, busy=lambda: self.rollout_guard.in_flight > 0)
+        device = torch.cuda.current_device() if self.device_name == "cuda" else None  # None: no partition
+        return TrainingSMs(self.conf.rollout.engine_reserved_sms, device, busy=lambda: self.rollout_guard.in_flight > 0)
 
     def _rollout_released_bytes(self) -> int:
         return int(getattr(self.rollout, "released_bytes", 0))
