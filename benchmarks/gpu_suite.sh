@@ -49,9 +49,6 @@ STEP="python3 benchmarks/bench_train_step.py --device cuda --gpus 1 --rollout vl
 BIG_SIZES="--batch 4 --n 8 --chunk 5000 --chunks 3 --memory 1024"
 BIG_OVERRIDES="actor_rollout_ref.model.use_remove_padding=True
   actor_rollout_ref.rollout.max_model_len=8192 actor_rollout_ref.rollout.enforce_eager=False"
-# the 1.5B one-step-off runs without checkpointing: the startup estimate puts the update at 150 GiB (a 16K-token
-# micro-batch's activations beside vLLM's KV cache), measured 124.4 GiB allocated / 138.6 GiB reserved: a warning
-BIG_NOCKPT_CHECK="trainer.memory_check=warn"
 SMALL_SIZES="--batch 16 --n 8 --chunk 512 --chunks 8 --memory 128"
 SMALL_OVERRIDES="actor_rollout_ref.rollout.max_model_len=2048 actor_rollout_ref.rollout.gpu_memory_utilization=0.4"
 
@@ -82,22 +79,20 @@ if want train_step; then
     # (the start-up estimate refuses it: 145.6 GiB needed)
     run train_step_1p5b_nockpt $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap both \
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap.json" -- $BIG_OVERRIDES \
-        actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
-        $BIG_NOCKPT_CHECK
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False
     # one-step-off: generation beside training ran 2.4x slower than alone; the engine thread on its own
     # high-priority CUDA stream (docs/config.md, "One-step-off training"; a 0.5 ms GIL switch interval measured no
     # change). 4 steps: the last step launches no rollout ahead, so steps 2-3 are the steady state
     run train_step_1p5b_nockpt_stream $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_overlap_stream.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
-        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.rollout.engine_stream=high_priority \
-        $BIG_NOCKPT_CHECK
+        actor_rollout_ref.model.enable_gradient_checkpointing=False actor_rollout_ref.rollout.engine_stream=high_priority
     # bypass mode (algorithm.bypass_mode): the engine's log-probs as PPO's old log-probs, no recompute pass; generation
     # itself is at the GPU's floor here (bench_vllm_step: 4.5 ms a decode step, 4.3 ms of it kernels)
     run train_step_1p5b_bypass $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
-        actor_rollout_ref.model.enable_gradient_checkpointing=False algorithm.bypass_mode=True $BIG_NOCKPT_CHECK
+        actor_rollout_ref.model.enable_gradient_checkpointing=False algorithm.bypass_mode=True
     # one-step-off with 32 of the GPU's SMs kept free of the training passes for the engine thread
     # (rollout.engine_reserved_sms; the split measured by the engine_process section's engine_sms_1p5b), then the
     # same with none kept, side by side (twelfth run: 37.1-38.4 s vs 39.8 s)
@@ -105,7 +100,7 @@ if want train_step; then
         run train_step_1p5b_bypass_sms$sms $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
             --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass_sms$sms.json" -- $BIG_OVERRIDES \
             actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
-            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$sms $BIG_NOCKPT_CHECK
+            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$sms
     done
 fi
 if want small_step; then
