@@ -37,8 +37,9 @@ import numpy as np
 import torch
 
 from recurrent.chat_template import ChatTemplate, EngineTurn, load_chat_template, tokenize_conversation
+from recurrent.replicas import BatchingReplica, EngineReplica, Replica, Router, replicas_from
 from verl.workers.config.rollout import RolloutConfig
-from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, _LoopThread
+from verl.workers.rollout.base import SamplingParams, _LoopThread
 
 logger = logging.getLogger(__name__)
 
@@ -126,193 +127,6 @@ def msg(choice: Any) -> dict[str, Any]:
     return out
 
 
-# ==================================================================================== replicas
-class Replica:
-    """One rollout engine instance as the proxy sees it: async ``generate`` plus wake/sleep."""
-
-    name = "replica"
-    eos_token_ids: list[int] = []
-
-    async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None
-    ) -> list[GenerationOutput]:
-        raise NotImplementedError
-
-    async def wake_up(self) -> None:
-        """Load weights / KV cache (default: nothing to do)."""
-
-    async def sleep(self) -> None:
-        """Free accelerator memory (default: nothing to do)."""
-
-
-class EngineReplica(Replica):
-    """An in-process :class:`RolloutEngine` (HF or vLLM); its ``generate`` batches concurrent requests."""
-
-    def __init__(self, engine: RolloutEngine, name: str | None = None):
-        self.engine = engine
-        self.name = name or type(engine).__name__
-        self.eos_token_ids = list(getattr(engine, "eos_token_ids", None) or [])
-
-    async def generate(self, prompt_ids, params, request_id=None):
-        return await self.engine.generate(prompt_ids, params, request_id)
-
-    async def wake_up(self) -> None:
-        await asyncio.to_thread(self.engine.wake_up)
-
-    async def sleep(self) -> None:
-        await asyncio.to_thread(self.engine.sleep)
-
-
-class BatchingReplica(Replica):
-    """A backend that takes whole batches (a worker-group rank): concurrent requests are queued and
-    sent together, one call per distinct sampling setting, as soon as the previous call returned.
-
-    ``submit(prompts, params_dict, seeds_or_None)`` returns an awaitable of one output list per prompt.
-    """
-
-    def __init__(self, submit: Any, name: str = "batching", wake: Any = None, sleep: Any = None):
-        self._submit = submit
-        self.name = name
-        self._wake, self._sleep = wake, sleep
-        self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
-        self._draining = False
-        self.calls = 0  # batched calls sent (for tests and stats)
-
-    async def generate(self, prompt_ids, params, request_id=None):
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((list(prompt_ids), params, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        from dataclasses import asdict
-
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                groups: dict[str, list[tuple[list[int], SamplingParams, asyncio.Future]]] = {}
-                for item in batch:
-                    key = repr(sorted((k, v) for k, v in asdict(item[1]).items() if k != "seed"))
-                    groups.setdefault(key, []).append(item)
-                await asyncio.gather(*[self._send(items) for items in groups.values()])
-        finally:
-            self._draining = False
-
-    async def _send(self, items) -> None:
-        from dataclasses import asdict
-
-        params = asdict(items[0][1])
-        params.pop("seed", None)
-        seeds = [it[1].seed for it in items]
-        self.calls += 1
-        try:
-            results = await self._submit(
-                [it[0] for it in items], params, None if all(s is None for s in seeds) else seeds
-            )
-            if len(results) != len(items):
-                raise RuntimeError(f"replica {self.name} returned {len(results)} results for {len(items)} prompts")
-            for (_, _, fut), res in zip(items, results):
-                if not fut.done():
-                    fut.set_result(res)
-        except BaseException as exc:  # noqa: BLE001 - delivered to every waiting request
-            for _, _, fut in items:
-                if not fut.done():
-                    fut.set_exception(exc)
-
-    async def wake_up(self) -> None:
-        if self._wake is not None:
-            await self._wake()
-
-    async def sleep(self) -> None:
-        if self._sleep is not None:
-            await self._sleep()
-
-
-def ray_rank_replicas(wg: Any) -> list[Replica]:
-    """One :class:`BatchingReplica` per rank of a Ray worker group whose role has
-    ``generate(prompts, params_dict, seeds)`` (and optionally ``wake_up_rollout``/``sleep_rollout``)."""
-    has_wake, has_sleep = hasattr(wg, "wake_up_rollout"), hasattr(wg, "sleep_rollout")
-    if hasattr(wg, "call_rank"):  # in the method's concurrency group (the rollout thread, trainer.rollout_overlap)
-        call = wg.call_rank
-    else:
-        role, _ = wg._route("generate") if hasattr(wg, "_route") else ("default", "generate")
-
-        def call(rank, method, *args):
-            return wg.workers[rank].call.remote(role, method, *args)
-
-    replicas: list[Replica] = []
-    for rank in range(len(wg.workers)):
-
-        def submit(prompts, params, seeds, rank=rank):
-            return call(rank, "generate", prompts, params, seeds)
-
-        async def wake(rank=rank):
-            await call(rank, "wake_up_rollout")
-
-        async def sleep(rank=rank):
-            await call(rank, "sleep_rollout")
-
-        replicas.append(
-            BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None)
-        )
-    return replicas
-
-
-def replicas_from(rollout: Any) -> list[Replica]:
-    """Replicas for an engine, a list of them, replicas, the trainer's ``RolloutClient`` (``.wg``),
-    an in-process worker group (``.worker.rollout``) or a Ray worker group (``.workers``)."""
-    if isinstance(rollout, Replica):
-        return [rollout]
-    if isinstance(rollout, RolloutEngine):
-        return [EngineReplica(rollout)]
-    if isinstance(rollout, (list, tuple)):
-        return [r for item in rollout for r in replicas_from(item)]
-    if hasattr(rollout, "wg"):
-        return replicas_from(rollout.wg)
-    worker = getattr(rollout, "worker", None)
-    if worker is not None and getattr(worker, "rollout", None) is not None:
-        return [EngineReplica(worker.rollout)]
-    if hasattr(rollout, "workers"):
-        return ray_rank_replicas(rollout)
-    raise TypeError(
-        f"cannot use {type(rollout).__name__} as a rollout for async mode: expected a RolloutEngine, a Replica, "
-        "a list of them, a RolloutClient or a worker group"
-    )
-
-
-class _Router:
-    """Least-loaded replica choice with sticky sessions (LRU map request id -> replica)."""
-
-    def __init__(self, num_replicas: int, max_sessions: int):
-        self.in_flight = [0] * num_replicas
-        self.assigned = [0] * num_replicas
-        self.sessions: OrderedDict[str, list[int]] = OrderedDict()  # id -> [replica, calls so far]
-        self.max_sessions = max_sessions
-
-    def acquire(self, request_id: str | None) -> tuple[int, int]:
-        """Return ``(replica, index of this call within the session)``."""
-        session = self.sessions.get(request_id) if request_id is not None else None
-        if session is None:
-            replica = min(range(len(self.in_flight)), key=lambda i: (self.in_flight[i], self.assigned[i], i))
-            session = [replica, 0]
-            if request_id is not None:
-                self.sessions[request_id] = session
-                while len(self.sessions) > self.max_sessions:
-                    self.sessions.popitem(last=False)
-        elif request_id is not None:
-            self.sessions.move_to_end(request_id)
-        replica, turn = session
-        session[1] += 1
-        self.in_flight[replica] += 1
-        self.assigned[replica] += 1
-        return replica, turn
-
-    def release(self, replica: int) -> None:
-        self.in_flight[replica] -= 1
-
-
 TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>")
 """End-of-turn markers of common chat templates, stripped from a completion that stops on one."""
 
@@ -375,7 +189,7 @@ class ChatCompletionProxy:
                 eos.add(int(tokenizer.eos_token_id))
         self.eos_token_ids = sorted(eos)
         self._turn_end_ids = turn_end_token_ids(tokenizer)
-        self._router = _Router(len(self.replicas), max_sticky_sessions)
+        self._router = Router(len(self.replicas), max_sticky_sessions)
         self._records: OrderedDict[str, EngineTurn] = OrderedDict()
         self._records_lock = threading.Lock()
         self.max_records = max_records
