@@ -6,6 +6,8 @@ Every expected number is derived by hand in the test (comments show the arithmet
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import types
 
 import numpy as np
@@ -660,3 +662,21 @@ def test_gpg_scales_the_centred_score_by_rows_over_non_zero_rows():
     assert adv[:, 0].tolist() == pytest.approx([2.0, -2.0, 0.0, 0.0])
     adv, _ = ca.compute_gpg_outcome_advantage(rewards, mask, index, f_norm=2.0, alpha=99.0)  # alpha is computed
     assert adv[:, 1].tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "module", ["group_estimators", "advantage_estimators", "core_algos"], ids=lambda m: f"{m}_first"
+)
+def test_each_estimator_module_imports_first_and_every_estimator_is_found(module):
+    """The registry, upstream's group estimators and the core_algos facade import in any order (in a fresh
+    interpreter, this one first); every upstream name is found through the registry."""
+    code = (
+        f"import verl.trainer.ppo.{module}\n"
+        "from verl.trainer.ppo.advantage_estimators import get_adv_estimator_fn\n"
+        "names = ['gae', 'grpo', 'rloo', 'reinforce_plus_plus', 'remax', 'grpo_multiconv',\n"
+        "         'reinforce_plus_plus_baseline', 'opo', 'grpo_passk', 'gpg']\n"
+        "print(sorted(get_adv_estimator_fn(n).__name__ for n in names))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "compute_gpg_outcome_advantage" in proc.stdout and "compute_multiconv_advantage" in proc.stdout

@@ -1,6 +1,7 @@
 """Upstream verl 0.9's other outcome estimators (one scalar reward per response, grouped by ``index``).
 
-Registered in the ``core_algos`` registry (and re-exported there) under upstream's names, so a recipe that selects
+Registered in the advantage estimator registry (``verl/trainer/ppo/advantage_estimators.py``; re-exported by
+``core_algos``) under upstream's names, so a recipe that selects
 ``algorithm.adv_estimator=grpo_passk | reinforce_plus_plus_baseline | opo | gpg`` runs unchanged. Each takes
 upstream's keyword inputs (``verl/trainer/ppo/advantage.py``) and returns ``(advantages, returns)`` (identical),
 both ``[B, L]``, zero outside ``response_mask``. ``s_i`` is row ``i``'s summed reward; a group is the rows sharing
@@ -13,7 +14,13 @@ from typing import Any
 
 import torch
 
-from verl.trainer.ppo.core_algos import AdvantageEstimator, _group_sums, _per_token, _row_scores, register_adv_est
+from verl.trainer.ppo.advantage_estimators import (
+    AdvantageEstimator,
+    _group_sums,
+    _per_token,
+    _row_scores,
+    register_adv_est,
+)
 from verl.trainer.ppo.dapo import GroupIndex, group_relative_scores, index_to_group_ids
 from verl.utils.torch_functional import masked_whiten
 
