@@ -186,7 +186,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     torch.cuda.empty_cache()
         finally:
             engine.shutdown()
-        train.sms = TrainingSMs(0, None)
     for row in rows:  # against the training loop alone on the whole GPU
         if train_whole_gpu:
             row["train_beside_vs_whole_gpu_alone"] = row["train_s_per_iter_beside_generation"] / train_whole_gpu

@@ -47,6 +47,24 @@ def test_the_scope_does_nothing_off_cuda_or_with_nothing_reserved():
         assert sms.num_sms is None and x.sum().item() == 6
 
 
+def test_a_torch_without_green_context_streams_is_refused_naming_the_key(monkeypatch):
+    """The partition runs on the green context's own stream (torch >= 2.11); an older torch is refused when the
+    first partitioned pass starts, before any CUDA call, with the key and the way out."""
+    import torch.cuda.green_contexts as green_contexts
+
+    class OldGreenContext:  # torch 2.10's: set_context/pop_context, no Stream()
+        @staticmethod
+        def create(num_sms, device_id=0):
+            raise AssertionError("must not be reached")
+
+    monkeypatch.setattr(green_contexts, "GreenContext", OldGreenContext)
+    sms = TrainingSMs(32, 0)
+    with pytest.raises(RuntimeError, match=r"engine_reserved_sms needs CUDA green contexts .* set it to 0"):
+        with sms.scope():
+            pass
+    assert sms.num_sms is None
+
+
 def _has_green_contexts() -> bool:
     try:
         from torch.cuda.green_contexts import GreenContext  # noqa: F401

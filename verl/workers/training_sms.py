@@ -6,7 +6,7 @@ SM, and the engine's decode kernels, even on a high-priority stream (``rollout.e
 up; at 1.5B on one H200 a decode step beside the update took twice its time alone.
 
 With ``engine_reserved_sms = k > 0`` the training thread's kernels run in a CUDA green context holding the device's
-other SMs (``torch.cuda.green_contexts``): the update can no longer occupy the ``k`` reserved SMs, which the engine
+other SMs (``torch.cuda.green_contexts``, torch >= 2.11): the update can no longer occupy the ``k`` reserved SMs, which the engine
 (in the device's primary context, free to use every SM) therefore always finds free. The training passes run on
 ``total - k`` SMs (rounded down to the partition granularity, 8 SMs on Hopper) and are slower by about that share;
 generation beside them keeps its reserved SMs. The partition applies micro-batch by micro-batch, and only while a
@@ -50,6 +50,22 @@ def training_sm_count(total: int, reserved: int, granularity: int = SM_GRANULARI
     return count
 
 
+def _green_context_class() -> Any:
+    """torch's ``GreenContext``, with the per-context stream the partition runs on (torch >= 2.11); a
+    ``RuntimeError`` naming the key otherwise."""
+    try:
+        from torch.cuda.green_contexts import GreenContext
+    except ImportError:
+        GreenContext = None
+    if GreenContext is None or not hasattr(GreenContext, "Stream"):
+        raise RuntimeError(
+            f"actor_rollout_ref.rollout.engine_reserved_sms needs CUDA green contexts with their own stream "
+            f"(torch.cuda.green_contexts.GreenContext.Stream, torch >= 2.11; this is torch {torch.__version__}): "
+            "set it to 0"
+        )
+    return GreenContext
+
+
 class TrainingSMs:
     """The training thread's SM partition on CUDA device ``device`` with ``reserved`` SMs kept for the engine
     while ``busy()`` (a generation in flight; always, by default). ``reserved = 0`` or ``device = None`` (e.g. on
@@ -72,16 +88,14 @@ class TrainingSMs:
         return self.reserved > 0 and self.device is not None
 
     def _build(self) -> None:
-        from torch.cuda.green_contexts import GreenContext
-
+        GreenContext = _green_context_class()
         # the caching allocator keeps a pool per stream: what the caller's stream has cached but not in use would
         # otherwise stay out of reach of the training passes from here on
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.num_sms = training_sm_count(total, self.reserved)
         self._context = GreenContext.create(num_sms=self.num_sms, device_id=self.device)
-        # torch >= 2.11: the context's own stream; older torch: set_context()/pop_context() around the work
-        self._stream = self._context.Stream() if hasattr(self._context, "Stream") else None
+        self._stream = self._context.Stream()
         logger.info(
             "training passes run on %d of the device's %d SMs; %d kept for the rollout engine "
             "(actor_rollout_ref.rollout.engine_reserved_sms=%d)",
@@ -99,15 +113,8 @@ class TrainingSMs:
             yield
             return
         self.partitioned_passes += 1
-        if self._context is None:
-            self._build()
         if self._stream is None:
-            self._context.set_context()
-            try:
-                yield
-            finally:
-                self._context.pop_context()
-            return
+            self._build()
         caller = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(caller)
         try:

@@ -207,12 +207,10 @@ class DataParallelPPOActor(DataParallelComponent):
         dummy = self._dummy_row(batch) if num_rows else None
         active_device = host_to_device(active, self.device)
         for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
-            if index is None:
-                with self.micro_batch_scope():
-                    self._forward(micro, temperature, calculate_entropy=False, plan=plan)
-                continue
             with self.micro_batch_scope():
-                lp, ent = self._forward(micro, temperature, calculate_entropy, plan=plan)
+                lp, ent = self._forward(micro, temperature, calculate_entropy and index is not None, plan=plan)
+            if index is None:  # a dummy pass (this rank has fewer micro-batches): keeps collectives in step
+                continue
             rows = active_device[index]
             log_probs[rows] = lp.float()
             if entropys is not None:
