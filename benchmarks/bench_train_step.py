@@ -377,6 +377,8 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 "gen_engine_steps": h.get("perf/rollout/engine_steps"),
                 "gen_engine_step_s": h.get("perf/rollout/engine_step_s"),
                 "staleness": h.get("rollout/staleness"),
+                # prompt tokens the actor's update did not compute again (model.share_prompts; rank 0's, per step)
+                "shared_prompt_tokens": h.get("actor/shared_prompt_tokens"),
                 "tokens": tokens,
                 "tokens_per_s": tokens / step_s,
                 "generated_tokens": generated,

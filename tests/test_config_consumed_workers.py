@@ -34,6 +34,7 @@ ACTOR_SETTINGS = {
     "actor_rollout_ref.actor.ppo_epochs": (2, "ppo_epochs", 2),
     "actor_rollout_ref.actor.shuffle": (True, "shuffle", True),
     "actor_rollout_ref.model.use_remove_padding": (True, "use_remove_padding", True),
+    "actor_rollout_ref.model.share_prompts": (False, "share_prompts", False),
 }
 # key -> (value given, keyword of load_causal_lm, expected value there)
 MODEL_LOADER = {

@@ -116,6 +116,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         "tests/test_selective_checkpointing.py::test_key_is_validated_from_the_yaml",
     ),
     f"{M}.use_remove_padding": (_actor(f"{M}.use_remove_padding"),),
+    f"{M}.share_prompts": (
+        _actor(f"{M}.share_prompts"),
+        "tests/test_shared_prompts.py::test_actor_log_probs_and_update_equal_without_sharing",
+    ),
     f"{M}.attn_implementation": (_loader(f"{M}.attn_implementation"),),
     f"{M}.lora_rank": (
         _loader(f"{M}.lora_rank"),

@@ -194,6 +194,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         actor_settings = {
             **plain_values(actor_cfg),
             "use_remove_padding": model_cfg.use_remove_padding,
+            "share_prompts": model_cfg.share_prompts,
             # the fused log-prob head acts in the actor, ref and old-log-prob passes (settings copied from here)
             "use_fused_kernels": model_cfg.use_fused_kernels,
             "fused_kernel_options": plain_values(model_cfg.fused_kernel_options),

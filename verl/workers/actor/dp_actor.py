@@ -51,7 +51,9 @@ from verl.workers.actor.forward import (
     supports_logits_to_keep,
 )
 from verl.workers.actor.fused_logprob import supports_fused_head
+from verl.workers.actor.packed_block_mask import attn_implementation, supports_shared_prompts
 from verl.workers.actor.settings import ActorSettings
+from verl.workers.actor.shared_prompts import micro_batch_units
 from verl.workers.dp_common import FORWARD_KEYS as _FORWARD_KEYS
 from verl.workers.dp_common import DataParallelComponent
 
@@ -96,6 +98,17 @@ class DataParallelPPOActor(DataParallelComponent):
                 type(actor_module).__name__,
             )
         self._warn_if_slow_packing()
+        # packed rows with identical prompts hold the prompt once (model.share_prompts; shared_prompts.py)
+        wants_sharing = bool(self.settings.share_prompts and self.settings.use_remove_padding)
+        self.share_prompts = wants_sharing and supports_shared_prompts(actor_module)
+        if wants_sharing and not self.share_prompts:
+            logger.info(
+                "model.share_prompts: rows are packed without sharing prompts under attn_implementation=%s "
+                "(variable-length kernels take no mask)",
+                attn_implementation(actor_module),
+            )
+        # prompt tokens not computed again thanks to share_prompts, summed over this actor's passes
+        self.shared_prompt_tokens = 0
         # around each micro-batch's device work (forward, or forward + backward): the worker sets it to run that work
         # on the SMs left to training while a generation runs beside it (verl/workers/training_sms.py)
         self.micro_batch_scope: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
@@ -136,7 +149,35 @@ class DataParallelPPOActor(DataParallelComponent):
             else:  # this rank has fewer micro-batches than another one: keep collectives in step
                 yield None, dummy.to(self.device), self._host_plan(dummy.select(*_FORWARD_KEYS).to("cpu"))
 
+    def _micro_batches(
+        self, batch: TensorDict, use_dynamic: bool, micro_batch_size: int, max_token_len: int
+    ) -> list[list[int]]:
+        """Row-index lists of the micro-batches of ``batch`` (``_micro_batch_rows``). With ``share_prompts`` the rows
+        of a group sharing a prompt stay together: token budgets count the group as packed (prompt once,
+        ``shared_prompts.micro_batch_units``); fixed-size micro-batches take the group's rows one after another."""
+        seqlens = batch["attention_mask"].sum(dim=-1)
+        if not self.share_prompts:
+            return self._micro_batch_rows(seqlens, use_dynamic, micro_batch_size, max_token_len)
+        host = batch.select("input_ids", "attention_mask").to("cpu")
+        units, lengths = micro_batch_units(
+            host["input_ids"],
+            host["attention_mask"],
+            batch["responses"].shape[-1],
+            max_token_len if use_dynamic else None,
+        )
+        if use_dynamic:
+            parts = self._micro_batch_rows(torch.tensor(lengths), True, micro_batch_size, max_token_len)
+            return [[row for unit in part for row in units[unit]] for part in parts]
+        order = [row for unit in units for row in unit]
+        return [[order[i] for i in part] for part in self._micro_batch_rows(seqlens, False, micro_batch_size, 0)]
+
     def _host_plan(self, host: TensorDict) -> HostPlan:
+        plan = self._plan_layout(host)
+        if plan.packed is not None:
+            self.shared_prompt_tokens += plan.packed.tokens_saved
+        return plan
+
+    def _plan_layout(self, host: TensorDict) -> HostPlan:
         return host_plan(
             host["input_ids"],
             host["attention_mask"],
@@ -146,6 +187,7 @@ class DataParallelPPOActor(DataParallelComponent):
             use_fused_kernels=self.use_fused_kernels,
             length_multiple=packed_length_multiple(self.actor_module),
             device=self.device,
+            share_prompts=self.share_prompts,
         )
 
     def _forward(
@@ -200,7 +242,7 @@ class DataParallelPPOActor(DataParallelComponent):
 
         was_training = self.actor_module.training
         self.actor_module.eval()
-        micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
+        micro_rows = self._micro_batches(batch[active], use_dynamic, micro_batch_size, max_token_len)
         # outputs stay on the device until all micro-batches are done (one copy back, not one per micro-batch)
         log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
         entropys = torch.zeros_like(log_probs) if calculate_entropy else None
@@ -241,12 +283,15 @@ class DataParallelPPOActor(DataParallelComponent):
         s = self.settings
         temperature = float(data.meta_info.get("temperature", 1.0))
         batch, dummy = self._select_update_batch(data)
+        shared_before = self.shared_prompt_tokens
         result, skipped, num_mini_batches = self._run_mini_batches(
             batch, lambda mini_batch: self._update_mini_batch(mini_batch, dummy, temperature)
         )
         result["actor/lr"] = float(self.actor_optimizer.param_groups[0]["lr"])
         result["actor/skipped_steps"] = float(skipped)
         result["actor/num_mini_batches"] = float(num_mini_batches)
+        # prompt tokens of this rank's passes not computed again (model.share_prompts), forward and backward
+        result["actor/shared_prompt_tokens"] = float(self.shared_prompt_tokens - shared_before)
         if s.use_kl_loss:
             result["actor/kl_coef"] = float(s.kl_loss_coef)
         return result
@@ -258,10 +303,9 @@ class DataParallelPPOActor(DataParallelComponent):
         local_norm = local_loss_normalizer(mini_batch["response_mask"], mode).to(self.device)
         global_norm = self._all_reduce_sum(local_norm.clone().reshape(1))[0]
         count_key = "global_token_count" if grad_acc_mode(mode) == "token" else "global_seq_count"
-        seqlens = mini_batch["attention_mask"].sum(dim=-1)
         micro_batch_size = int(s.ppo_micro_batch_size_per_gpu or 1)
-        micro_rows = self._micro_batch_rows(
-            seqlens, s.use_dynamic_bsz, micro_batch_size, int(s.ppo_max_token_len_per_gpu)
+        micro_rows = self._micro_batches(
+            mini_batch, s.use_dynamic_bsz, micro_batch_size, int(s.ppo_max_token_len_per_gpu)
         )
 
         self.actor_optimizer.zero_grad(set_to_none=True)

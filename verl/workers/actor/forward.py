@@ -67,6 +67,7 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from verl.workers.actor import varlen_attention
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask
+from verl.workers.actor.shared_prompts import SharedLayout, shared_prompt_layout
 
 __all__ = [
     "supports_logits_to_keep",
@@ -116,6 +117,9 @@ class PackedRows:
     ``target_index``: ``[K]`` flat (row-major) positions of the True entries of ``target_mask``, or None.
     ``cu_seq_lens``: ``[N + 1]`` int32 offsets of the ``N`` sequences (non-empty rows, then the padding one) and
     ``max_length`` the longest, a host int: the boundaries ``torch_varlen`` attention takes (``varlen_attention``).
+    ``segment_ids``/``prefix_ids``: ``[T]``, set when rows share a prompt (``shared_prompts.py``; then
+    ``cu_seq_lens`` is None and ``predictor_index`` is not ``label_index - 1`` everywhere); ``tokens_saved``:
+    prompt tokens not repeated.
     """
 
     input_ids: torch.Tensor
@@ -127,6 +131,9 @@ class PackedRows:
     target_index: Optional[torch.Tensor] = None
     cu_seq_lens: Optional[torch.Tensor] = None
     max_length: int = 0
+    segment_ids: Optional[torch.Tensor] = None
+    prefix_ids: Optional[torch.Tensor] = None
+    tokens_saved: int = 0
 
     def to(self, device: torch.device) -> PackedRows:
         """The same rows on ``device`` (see ``host_to_device``)."""
@@ -134,9 +141,9 @@ class PackedRows:
             name: host_to_device(getattr(self, name), device)
             for name in ("input_ids", "position_ids", "predictor_index", "label_index", "target_mask")
         }
-        index, cu_seq_lens = (
+        index, cu_seq_lens, segment_ids, prefix_ids = (
             None if tensor is None else host_to_device(tensor, device)
-            for tensor in (self.target_index, self.cu_seq_lens)
+            for tensor in (self.target_index, self.cu_seq_lens, self.segment_ids, self.prefix_ids)
         )
         return PackedRows(
             **moved,
@@ -144,6 +151,9 @@ class PackedRows:
             target_index=index,
             cu_seq_lens=cu_seq_lens,
             max_length=self.max_length,
+            segment_ids=segment_ids,
+            prefix_ids=prefix_ids,
+            tokens_saved=self.tokens_saved,
         )
 
 
@@ -179,10 +189,11 @@ def host_plan(
     use_fused_kernels: bool,
     length_multiple: int,
     device: torch.device,
+    share_prompts: bool = False,
 ) -> HostPlan:
     """``HostPlan`` of a ``[b, S]`` micro-batch from its host (CPU) tensors, on ``device``."""
     if use_remove_padding:
-        packed = pack_rows(input_ids, attention_mask, position_ids, response_length, length_multiple)
+        packed = pack_rows(input_ids, attention_mask, position_ids, response_length, length_multiple, share_prompts)
         if packed is not None:
             packed.target_index = torch.nonzero(packed.target_mask.reshape(-1)).reshape(-1)
             return HostPlan(packed=packed.to(device))
@@ -207,12 +218,15 @@ def pack_rows(
     position_ids: torch.Tensor,
     response_length: int,
     length_multiple: int = 1,
+    share_prompts: bool = False,
 ) -> Optional[PackedRows]:
     """Pack the valid tokens of a ``[b, S]`` batch; ``None`` when exact packing is impossible (positions that
     do not restart at 0 and count up by 1 within each row, multi-dimensional rope positions, no tokens).
 
     ``length_multiple > 1`` appends padding tokens (``padded_packed_length``) as one extra sequence whose
-    position_ids restart at 0, so the per-row attention of the valid tokens is unchanged."""
+    position_ids restart at 0, so the per-row attention of the valid tokens is unchanged. ``share_prompts``:
+    rows with identical prompts hold the prompt once (``shared_prompts.py``; only where the caller checked
+    ``packed_block_mask.supports_shared_prompts``); packed as before when no two rows share one."""
     if position_ids.dim() != 2:
         return None
     valid = attention_mask.bool()
@@ -225,6 +239,10 @@ def pack_rows(
     expected = torch.arange(total, device=input_ids.device) - torch.repeat_interleave(row_starts, lengths)
     if not torch.equal(packed_positions, expected.to(packed_positions.dtype)):
         return None
+    if share_prompts:
+        layout = shared_prompt_layout(input_ids, attention_mask, response_length)
+        if layout is not None:
+            return _with_padding(layout, packed_positions.dtype, length_multiple)
     flat_index = torch.full_like(input_ids, -1)
     flat_index[valid] = torch.arange(total, device=input_ids.device)
     response_flat = flat_index[:, -response_length:]
@@ -248,6 +266,30 @@ def pack_rows(
         num_padding=num_padding,
         cu_seq_lens=varlen_attention.cu_seq_lens_from_lengths(sequence_lengths),
         max_length=int(sequence_lengths.max()),
+    )
+
+
+def _with_padding(layout: SharedLayout, position_dtype: torch.dtype, length_multiple: int) -> PackedRows:
+    """``PackedRows`` of a shared-prompt layout, with ``pack_rows``' trailing padding as one more segment."""
+    total = layout.input_ids.numel()
+    num_padding = padded_packed_length(total, length_multiple) - total
+    ids, positions = layout.input_ids, layout.position_ids.to(position_dtype)
+    segment_ids, prefix_ids = layout.segment_ids, layout.prefix_ids
+    if num_padding:
+        pad_segment = segment_ids.new_full((num_padding,), int(segment_ids[-1]) + 1)
+        ids = torch.cat([ids, ids.new_zeros(num_padding)])
+        positions = torch.cat([positions, torch.arange(num_padding, dtype=position_dtype)])
+        segment_ids, prefix_ids = torch.cat([segment_ids, pad_segment]), torch.cat([prefix_ids, pad_segment])
+    return PackedRows(
+        input_ids=ids.unsqueeze(0),
+        position_ids=positions.unsqueeze(0),
+        predictor_index=layout.predictor_index,
+        label_index=layout.label_index,
+        target_mask=layout.target_mask,
+        num_padding=num_padding,
+        segment_ids=segment_ids,
+        prefix_ids=prefix_ids,
+        tokens_saved=layout.tokens_saved,
     )
 
 
@@ -294,7 +336,7 @@ def packed_model_inputs(model: nn.Module, packed: PackedRows, use_logits_to_keep
         kwargs["logits_to_keep"] = packed.predictor_index
     if packed.cu_seq_lens is not None and attn_implementation(model) == varlen_attention.NAME:
         kwargs.update(varlen_attention.varlen_kwargs(packed.cu_seq_lens, packed.max_length))
-    block_mask = packed_attention_mask(model, packed.position_ids)
+    block_mask = packed_attention_mask(model, packed.position_ids, packed.segment_ids, packed.prefix_ids)
     if block_mask is not None:
         kwargs["attention_mask"] = block_mask
     return kwargs
@@ -362,6 +404,7 @@ def forward_response_log_probs(
     fused_chunk_size: int = 1024,
     fused_backend: str = "torch",
     plan: Optional[HostPlan] = None,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Log-probs ``[b, R]`` of the last ``R = response_length`` tokens (and their entropies when asked).
 
@@ -372,12 +415,15 @@ def forward_response_log_probs(
     ``fused_backend`` ``torch`` (chunked) or ``triton``/``liger`` (liger-kernel for passes without gradient and
     entropy, on CUDA when installed; chunked otherwise). ``plan``: the layout precomputed from host copies of
     the masks (``host_plan``), so that this function does not synchronise the device; same numbers.
+    ``share_prompts``: packed rows with identical prompts hold the prompt once (``shared_prompts.py``).
     """
     if plan is not None:
         packed = plan.packed
     else:
         packed = (
-            pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
+            pack_rows(
+                input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model), share_prompts
+            )
             if use_remove_padding
             else None
         )

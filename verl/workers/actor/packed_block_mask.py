@@ -37,7 +37,16 @@ from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE, BlockM
 
 from verl.utils.lora import base_model
 
-__all__ = ["attn_implementation", "document_starts", "document_ids", "packed_block_mask", "packed_attention_mask"]
+__all__ = [
+    "attn_implementation",
+    "document_starts",
+    "document_ids",
+    "packed_block_mask",
+    "shared_prompt_block_mask",
+    "shared_prompt_dense_mask",
+    "supports_shared_prompts",
+    "packed_attention_mask",
+]
 
 
 def document_starts(position_ids: torch.Tensor) -> torch.Tensor:
@@ -99,19 +108,110 @@ def packed_block_mask(position_ids: torch.Tensor, block_size: int = _DEFAULT_SPA
     )
 
 
+def _shared_prompt_allowed(q_idx, kv_idx, segment_ids: torch.Tensor, prefix_ids: torch.Tensor) -> torch.Tensor:
+    """Causal, and the key is in the query's own segment or in its prefix segment (``shared_prompts``)."""
+    kv_segment = segment_ids[kv_idx]
+    return (q_idx >= kv_idx) & ((kv_segment == segment_ids[q_idx]) | (kv_segment == prefix_ids[q_idx]))
+
+
+def shared_prompt_block_mask(
+    segment_ids: torch.Tensor,
+    prefix_ids: torch.Tensor,
+    block_size: int = _DEFAULT_SPARSE_BLOCK_SIZE,
+    max_chunk_elements: int = 1 << 26,
+) -> BlockMask:
+    """The ``BlockMask`` of packed rows with shared prompts (``verl/workers/actor/shared_prompts.py``): query ``q``
+    attends to key ``kv <= q`` in its own segment or in its prefix segment (``segment_ids``/``prefix_ids``: ``[T]``).
+
+    Equal to ``create_block_mask`` of that mask (``tests/test_shared_prompts.py``), built without a compile: the
+    element mask is evaluated for a few query blocks at a time (at most ``max_chunk_elements`` booleans) and reduced
+    to partial/full blocks; positions past ``T`` in a last, shorter block count as masked, as torch does."""
+    length = segment_ids.shape[-1]
+    device = segment_ids.device
+    num_blocks = -(-length // block_size)
+    padded = num_blocks * block_size
+    kv = torch.arange(length, device=device)
+    rows_per_chunk = max(block_size, (max_chunk_elements // max(padded, 1)) // block_size * block_size)
+    partial_rows, full_rows = [], []
+    for start in range(0, padded, rows_per_chunk):
+        q = torch.arange(start, min(start + rows_per_chunk, padded), device=device)
+        inside = q < length
+        q_clamped = q.clamp(max=length - 1)
+        allowed = _shared_prompt_allowed(q_clamped[:, None], kv[None, :], segment_ids, prefix_ids) & inside[:, None]
+        allowed = torch.nn.functional.pad(allowed, (0, padded - length))
+        grid = allowed.reshape(q.numel() // block_size, block_size, num_blocks, block_size)
+        partial_rows.append(grid.any(dim=3).any(dim=1))
+        full_rows.append(grid.all(dim=3).all(dim=1))
+    full = torch.cat(full_rows)
+    partial = torch.cat(partial_rows) & ~full
+    kv_num_blocks, kv_indices = _ordered(partial[None, None])
+    full_kv_num_blocks, full_kv_indices = _ordered(full[None, None])
+
+    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
+        return _shared_prompt_allowed(q_idx, kv_idx, segment_ids, prefix_ids)
+
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks,
+        kv_indices,
+        full_kv_num_blocks,
+        full_kv_indices,
+        BLOCK_SIZE=block_size,
+        mask_mod=mask_mod,
+        seq_lengths=(length, length),
+    )
+
+
+def shared_prompt_dense_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor, additive: bool) -> torch.Tensor:
+    """The same mask as ``shared_prompt_block_mask``, dense ``[1, 1, T, T]``: boolean (True = attend; sdpa) or
+    additive float32 (0 / the float32 minimum; eager attention adds it to its scores)."""
+    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device)
+    allowed = _shared_prompt_allowed(index[:, None], index[None, :], segment_ids, prefix_ids)[None, None]
+    if not additive:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min
+    )
+
+
+def _full_attention_only(model: nn.Module) -> bool:
+    config = base_model(model).config
+    if getattr(config, "sliding_window", None) is not None:
+        return False
+    return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ())
+
+
+def supports_shared_prompts(model: nn.Module) -> bool:
+    """Whether packed rows may share prompts for ``model``: its attention takes a mask we build (flex_attention,
+    sdpa, eager) and it has no sliding-window layers. Variable-length kernels (flash_attention_2, torch_varlen)
+    take sequence boundaries only."""
+    return attn_implementation(model) in ("flex_attention", "sdpa", "eager") and _full_attention_only(model)
+
+
 def attn_implementation(model: nn.Module) -> Optional[str]:
     """The attention implementation transformers runs for ``model`` (inside a peft wrapper), or None."""
     return getattr(getattr(base_model(model), "config", None), "_attn_implementation", None)
 
 
-def packed_attention_mask(model: nn.Module, position_ids: torch.Tensor) -> Optional[BlockMask]:
+def packed_attention_mask(
+    model: nn.Module,
+    position_ids: torch.Tensor,
+    segment_ids: Optional[torch.Tensor] = None,
+    prefix_ids: Optional[torch.Tensor] = None,
+) -> Optional[BlockMask | torch.Tensor]:
     """The ``attention_mask`` to pass with packed ``position_ids``: our ``BlockMask`` for a ``flex_attention``
-    model without sliding-window layers, else None (transformers derives the mask from the position_ids)."""
-    if attn_implementation(model) != "flex_attention":
-        return None
-    config = base_model(model).config
-    if getattr(config, "sliding_window", None) is not None:
-        return None
-    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+    model without sliding-window layers, else None (transformers derives the mask from the position_ids).
+
+    With ``segment_ids``/``prefix_ids`` (``[T]``, rows sharing prompts; only where ``supports_shared_prompts``)
+    the shared-prompt mask: a ``BlockMask`` under flex_attention, a dense ``[1, 1, T, T]`` mask under sdpa/eager."""
+    implementation = attn_implementation(model)
+    if segment_ids is not None:
+        if not supports_shared_prompts(model):
+            raise ValueError(
+                f"rows with shared prompts need flex_attention, sdpa or eager attention, not {implementation}"
+            )
+        if implementation == "flex_attention":
+            return shared_prompt_block_mask(segment_ids, prefix_ids)
+        return shared_prompt_dense_mask(segment_ids, prefix_ids, additive=implementation == "eager")
+    if implementation != "flex_attention" or not _full_attention_only(model):
         return None
     return packed_block_mask(position_ids)

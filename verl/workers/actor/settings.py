@@ -99,6 +99,8 @@ class ActorSettings(ActorConfig):
 
     # Unpad sequences (the worker copies actor_rollout_ref.model.use_remove_padding).
     use_remove_padding: bool = False
+    # Rows with identical prompts packed with the prompt once (the worker copies actor_rollout_ref.model.share_prompts).
+    share_prompts: bool = True
     # Rows per micro-batch per GPU of a log-prob pass (rollout's or ref's key); null = ppo_micro_batch_size_per_gpu.
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     # Token budget of a log-prob pass (rollout's or ref's key); null = ppo_max_token_len_per_gpu.

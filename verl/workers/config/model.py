@@ -46,6 +46,8 @@ class ModelConfig(BaseConfig):
     gradient_checkpointing_every: int = 1
     # Unpad sequences (varlen attention) in training forward passes.
     use_remove_padding: bool = False
+    # Packed rows with identical prompts (a GRPO group's first turn) hold the prompt once; same numbers, fewer tokens.
+    share_prompts: bool = True
     # Attention kernel; null = flash_attention_2 when installed on CUDA, else on CUDA with use_remove_padding
     # torch_varlen (torch >= 2.10, Ampere+, no sliding window or attention dropout) or flex_attention, else sdpa.
     attn_implementation: Optional[str] = None
