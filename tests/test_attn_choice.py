@@ -301,3 +301,32 @@ def test_messages_name_the_section_of_the_caller(tiny_model_path, monkeypatch):
     config = Qwen2Config(use_sliding_window=True, sliding_window=16, max_window_layers=0)
     with pytest.raises(ValueError, match=r"model\.compile_layers.*\(model\.attn_implementation is null"):
         resolve_attn_implementation(None, "cuda", True, model_config=config, compile_layers=True, section="model")
+
+
+@pytest.mark.parametrize("flash_installed", [False, True])
+def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_installed):
+    """``model.share_prompts`` (verl/workers/actor/shared_prompts.py) needs a mask: packed rows on CUDA get
+    flex_attention before flash-attn and torch_varlen; not for padded rows, CPU, compiled layers or a sliding-window
+    model (sharing is off there: the old order)."""
+    monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
+    monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (object() if flash_installed else None) if name == "flash_attn" else real_find_spec(name, *a),
+    )
+    unshared = "flash_attention_2" if flash_installed else "torch_varlen"
+    assert resolve_attn_implementation(None, "cuda", True, share_prompts=True) == "flex_attention"
+    assert resolve_attn_implementation(None, "cuda", True, share_prompts=False) == unshared
+    assert resolve_attn_implementation(None, "cuda", True, model_config=Qwen2Config(), share_prompts=True) == (
+        "flex_attention"
+    )
+    assert resolve_attn_implementation(None, "cuda", False, share_prompts=True) == (
+        "flash_attention_2" if flash_installed else "sdpa"
+    )
+    assert resolve_attn_implementation(None, "cpu", True, share_prompts=True) == "sdpa"
+    assert resolve_attn_implementation(None, "cuda", True, compile_layers=True, share_prompts=True) == unshared
+    sliding = resolve_attn_implementation(None, "cuda", True, model_config=SLIDING["mistral"], share_prompts=True)
+    assert sliding == ("flash_attention_2" if flash_installed else "flex_attention")
+    assert resolve_attn_implementation("sdpa", "cuda", True, share_prompts=True) == "sdpa"  # asked for: kept

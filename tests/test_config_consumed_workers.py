@@ -41,6 +41,7 @@ MODEL_LOADER = {
     "actor_rollout_ref.model.attn_implementation": ("eager", "attn_implementation", "eager"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": (False, "gradient_checkpointing", False),
     "actor_rollout_ref.model.gradient_checkpointing_every": (2, "gradient_checkpointing_every", 2),
+    "actor_rollout_ref.model.share_prompts": (False, "share_prompts", False),
     "actor_rollout_ref.model.use_liger": (True, "use_liger", True),
     "actor_rollout_ref.model.lora_rank": (4, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),
     "actor_rollout_ref.model.lora_alpha": (8, "lora", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}),
@@ -123,7 +124,7 @@ def actor_build(tiny_model_path):
         overrides += [
             _override(key, value)
             for key, (value, _, _) in table.items()
-            if key != "actor_rollout_ref.actor.train_batch_size"
+            if key != "actor_rollout_ref.actor.train_batch_size" and _override(key, value) not in overrides
         ]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(model_loading, "load_causal_lm", load)

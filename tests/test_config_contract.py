@@ -118,6 +118,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{M}.use_remove_padding": (_actor(f"{M}.use_remove_padding"),),
     f"{M}.share_prompts": (
         _actor(f"{M}.share_prompts"),
+        _loader(f"{M}.share_prompts"),
         "tests/test_shared_prompts.py::test_actor_log_probs_and_update_equal_without_sharing",
     ),
     f"{M}.attn_implementation": (_loader(f"{M}.attn_implementation"),),

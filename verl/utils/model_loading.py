@@ -9,7 +9,10 @@ passes ``actor_rollout_ref.model.path``. Options:
   ``flash_attn`` package is installed; on CUDA with packed rows (``remove_padding``, the config's
   ``use_remove_padding``) ``torch_varlen`` when torch has ``torch.nn.attention.varlen`` (torch >= 2.10), the GPU
   is Ampere or newer and the model has nothing it cannot run (sliding-window layers, attention dropout:
-  ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``.
+  ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``. With
+  ``share_prompts`` (the config's ``model.share_prompts``, on by default) packed rows on CUDA get ``flex_attention``
+  first: rows sharing a prompt need a mask, which variable-length kernels cannot take
+  (``verl/workers/actor/shared_prompts.py``; measured in ``resolve_attn_implementation``).
   All of them run packed (remove-padding) sequences exactly: transformers derives variable-length boundaries (FA2)
   or a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
   ``attention_mask`` is passed; for ``flex_attention`` the actor and critic pass the block-diagonal ``BlockMask``
@@ -104,6 +107,7 @@ def resolve_attn_implementation(
     model_config: Any = None,
     compile_layers: bool = False,
     section: str = "actor_rollout_ref.model",
+    share_prompts: bool = False,
 ) -> str:
     """Attention backend: ``requested`` if given, else (module docstring) ``flash_attention_2`` on CUDA with
     flash-attn installed, else for packed rows (``remove_padding``) on CUDA ``torch_varlen`` (torch >= 2.10, an
@@ -115,14 +119,22 @@ def resolve_attn_implementation(
     ``flash_attention_2`` without the package or without CUDA raises ``ValueError``; so does ``torch_varlen``
     without CUDA, without ``torch.nn.attention.varlen`` or for a model it cannot run; choosing it (asked for or
     automatic) registers it with transformers. ``section``: the config section the messages name (``critic.model``
-    for the critic, ``model`` in the SFT trainer).
+    for the critic, ``model`` in the SFT trainer). ``share_prompts`` (``model.share_prompts``): packed rows on CUDA
+    get ``flex_attention`` first (before flash-attn and torch_varlen, which cannot share a prompt), unless the layers
+    will be compiled or the model has sliding-window layers.
     """
     from verl.workers.actor import varlen_attention
+    from verl.workers.actor.packed_block_mask import config_has_full_attention_only
 
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
     key = f"{section}.attn_implementation"
     if requested in (None, "", "auto"):
+        # rows sharing a prompt need a mask: one H200, Qwen2.5-1.5B MemAgent step (20% of the tokens shared), the
+        # update alone 15.8 s with flex_attention + shared prompts vs 17.4 s torch_varlen and 19.1 s flex unshared
+        shares = share_prompts and remove_padding and not compile_layers
+        if on_cuda and shares and (model_config is None or config_has_full_attention_only(model_config)):
+            return "flex_attention"
         if on_cuda and has_flash:
             return "flash_attention_2"
         if not (on_cuda and remove_padding):
@@ -309,6 +321,7 @@ def load_causal_lm(
     remove_padding: bool = False,
     gradient_checkpointing_every: int = 1,
     section: str = "actor_rollout_ref.model",
+    share_prompts: bool = False,
 ) -> nn.Module:
     """Load a causal LM from a local folder ``path`` and prepare it for training.
 
@@ -322,13 +335,20 @@ def load_causal_lm(
         device: where the weights go (default: stay on CPU, ready for FSDP to move shards).
         override_config: config attributes to override (e.g. ``{"attention_dropout": 0.0}``).
         remove_padding: the model will run packed rows (``use_remove_padding``); picks the automatic attention.
+        share_prompts: packed rows will share prompts (``model.share_prompts``); picks the automatic attention.
         section: the config section error messages and logs name (``model`` in the SFT trainer).
     """
     from transformers import AutoModelForCausalLM
 
     config = load_model_config(path, trust_remote_code, override_config)
     attn = resolve_attn_implementation(
-        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers, section=section
+        attn_implementation,
+        device,
+        remove_padding,
+        model_config=config,
+        compile_layers=compile_layers,
+        section=section,
+        share_prompts=share_prompts,
     )
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=resolve_dtype(dtype), attn_implementation=attn, trust_remote_code=trust_remote_code

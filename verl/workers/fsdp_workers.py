@@ -163,6 +163,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             dtype=train_dtype,
             attn_implementation=model_cfg.attn_implementation,
             remove_padding=model_cfg.use_remove_padding,
+            share_prompts=model_cfg.share_prompts,
             override_config=model_cfg.override_config or None,
             gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
             gradient_checkpointing_every=model_cfg.gradient_checkpointing_every,
@@ -209,6 +210,7 @@ class ActorRolloutRefWorker(TrainingWorker):
                 dtype=train_dtype,
                 attn_implementation=model_cfg.attn_implementation,
                 remove_padding=model_cfg.use_remove_padding,
+                share_prompts=model_cfg.share_prompts,
                 override_config=model_cfg.override_config or None,
                 use_liger=use_liger,  # the ref model runs the actor's kernels (as verl's does)
                 compile_layers=model_cfg.compile_layers,

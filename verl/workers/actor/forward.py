@@ -66,7 +66,7 @@ from verl.utils.lora import base_model
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.actor import varlen_attention
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
-from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask
+from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask, supports_shared_prompts
 from verl.workers.actor.shared_prompts import SharedLayout, shared_prompt_layout
 
 __all__ = [
@@ -240,9 +240,9 @@ def pack_rows(
     if not torch.equal(packed_positions, expected.to(packed_positions.dtype)):
         return None
     if share_prompts:
-        layout = shared_prompt_layout(input_ids, attention_mask, response_length)
+        layout = shared_prompt_layout(input_ids, attention_mask, response_length)  # built on the host
         if layout is not None:
-            return _with_padding(layout, packed_positions.dtype, length_multiple)
+            return _with_padding(layout, packed_positions.dtype, length_multiple).to(input_ids.device)
     flat_index = torch.full_like(input_ids, -1)
     flat_index[valid] = torch.arange(total, device=input_ids.device)
     response_flat = flat_index[:, -response_length:]
@@ -420,6 +420,7 @@ def forward_response_log_probs(
     if plan is not None:
         packed = plan.packed
     else:
+        share_prompts = share_prompts and supports_shared_prompts(model)
         packed = (
             pack_rows(
                 input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model), share_prompts

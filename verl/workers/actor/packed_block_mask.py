@@ -45,6 +45,7 @@ __all__ = [
     "shared_prompt_block_mask",
     "shared_prompt_dense_mask",
     "supports_shared_prompts",
+    "config_has_full_attention_only",
     "packed_attention_mask",
 ]
 
@@ -173,18 +174,32 @@ def shared_prompt_dense_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor
     )
 
 
-def _full_attention_only(model: nn.Module) -> bool:
-    config = base_model(model).config
+def config_has_full_attention_only(config) -> bool:
+    """No sliding-window or other non-full attention layers in a transformers ``config``."""
     if getattr(config, "sliding_window", None) is not None:
         return False
     return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ())
 
 
+def _full_attention_only(model: nn.Module) -> bool:
+    return config_has_full_attention_only(base_model(model).config)
+
+
+def _on_cpu(model: nn.Module) -> bool:
+    for param in getattr(model, "parameters", tuple)():
+        return param.device.type == "cpu"
+    return True
+
+
 def supports_shared_prompts(model: nn.Module) -> bool:
-    """Whether packed rows may share prompts for ``model``: its attention takes a mask we build (flex_attention,
-    sdpa, eager) and it has no sliding-window layers. Variable-length kernels (flash_attention_2, torch_varlen)
-    take sequence boundaries only."""
-    return attn_implementation(model) in ("flex_attention", "sdpa", "eager") and _full_attention_only(model)
+    """Whether packed rows may share prompts for ``model``: its attention takes a mask we build (flex_attention on
+    CUDA, sdpa, eager) and it has no sliding-window layers. Variable-length kernels (flash_attention_2, torch_varlen)
+    take sequence boundaries only; flex_attention on CPU is left out because inductor's C++ code for this mask
+    fails to compile once the shapes are dynamic (torch 2.13; on CPU sdpa is the default anyway)."""
+    implementation = attn_implementation(model)
+    if implementation == "flex_attention" and _on_cpu(model):
+        return False
+    return implementation in ("flex_attention", "sdpa", "eager") and _full_attention_only(model)
 
 
 def attn_implementation(model: nn.Module) -> Optional[str]:

@@ -42,7 +42,7 @@ def _prompt_tokens(input_ids: torch.Tensor, valid: torch.Tensor, row: int, promp
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int) -> list[list[int]]:
     """Row indices grouped by identical valid prompt tokens (the first ``S - response_length`` columns), each group
     in row order, groups in the order of their first row; rows with an empty prompt stay alone. Host tensors."""
-    valid = attention_mask.bool()
+    input_ids, valid = input_ids.cpu(), attention_mask.bool().cpu()  # one copy (a no-op for the actor's host plans)
     width = input_ids.shape[1] - response_length
     groups: dict[bytes, list[int]] = {}
     alone: dict[int, list[int]] = {}
