@@ -102,6 +102,17 @@ if want train_step; then
             actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
             algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$sms
     done
+    # rows sharing a prompt packed with it once (model.share_prompts, the default, where null attention picks
+    # flex_attention), against the same step unshared on flex_attention and on torch_varlen, side by side (thirteenth
+    # run: 34.1 / 36.2 s vs 37.6-38.5 s; the update alone 15.8 s vs 19.1 s and 17.4 s)
+    for variant in "shared flex_attention True" "unshared_flex flex_attention False" "unshared_varlen torch_varlen False"; do
+        set -- $variant
+        run train_step_1p5b_$1 $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
+            --out "$OUT/train_step_qwen2.5-1.5b_bypass_sms32_$1.json" -- $BIG_OVERRIDES \
+            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
+            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=32 \
+            actor_rollout_ref.model.attn_implementation=$2 actor_rollout_ref.model.share_prompts=$3
+    done
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \

@@ -285,6 +285,21 @@ def test_micro_batches_keep_a_group_together(sdpa_model):
     assert len(parts) < len(unshared._micro_batches(data.batch, True, 1, 120))
 
 
+def test_fixed_size_micro_batches_take_a_groups_rows_one_after_another(sdpa_model):
+    actor = DataParallelPPOActor(actor_config(use_dynamic_bsz=False), sdpa_model)
+    data = update_data(0, sdpa_model.config.vocab_size)
+    groups = prompt_groups(data.batch["input_ids"], data.batch["attention_mask"], R)
+    parts = actor._micro_batches(data.batch, False, 3, 0)
+    assert [row for part in parts for row in part] == [row for rows in groups for row in rows]
+    assert [len(part) for part in parts] == [3, 3, 3, 1]
+    unshared, _ = DataParallelPPOActor(
+        actor_config(use_dynamic_bsz=False, share_prompts=False), sdpa_model
+    ).compute_log_prob(data)
+    shared, _ = actor.compute_log_prob(data)
+    torch.testing.assert_close(shared, unshared, rtol=0, atol=1e-5)
+    assert actor.shared_prompt_tokens > 0
+
+
 def test_actor_log_probs_and_update_equal_without_sharing(tiny_model_path):
     results = {}
     for share in (False, True):

@@ -110,7 +110,7 @@ def shared_prompt_layout(
     groups = prompt_groups(input_ids, attention_mask, response_length)
     if all(len(rows) == 1 for rows in groups):
         return None
-    valid = attention_mask.bool()
+    input_ids, valid = input_ids.cpu(), attention_mask.bool().cpu()  # built on the host (the caller moves it)
     width = input_ids.shape[1] - response_length
     num_rows = input_ids.shape[0]
     pieces: list[torch.Tensor] = []
