@@ -117,6 +117,18 @@ def test_a_row_with_an_empty_prompt_has_no_predictor_for_its_first_token():
     assert layout.label_index.tolist() == [2, 5, 3] and layout.predictor_index.tolist() == [1, 4, 1]
 
 
+def test_a_row_without_response_tokens_shares_its_prompt_and_has_no_targets():
+    ids, mask, positions = shared_batch([[4, 5, 6], [4, 5, 6], [9]], [[], [1, 2], [3]])
+    layout = shared_prompt_layout(ids, mask, R)
+    assert layout.input_ids.tolist() == [4, 5, 6, 1, 2, 9, 3]
+    assert layout.segment_ids.tolist() == [0, 0, 0, 2, 2, 3, 3]  # segment 1: the empty response
+    assert layout.prefix_ids.tolist() == [0, 0, 0, 0, 0, 3, 3]
+    assert layout.target_mask.sum(dim=1).tolist() == [0, 2, 1]
+    assert layout.label_index.tolist() == [3, 4, 6] and layout.predictor_index.tolist() == [2, 3, 5]
+    packed = pack_rows(ids, mask, positions, R, length_multiple=8, share_prompts=True)
+    assert packed.segment_ids[7:].tolist() == [4] * 9  # the padding segment follows the last one
+
+
 # ------------------------------------------------------------------------------------------- masks
 def _mask_mod(segment_ids, prefix_ids):
     def mask_mod(b, h, q, kv):
