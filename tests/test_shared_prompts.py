@@ -10,7 +10,8 @@ What is checked (CPU, float32):
   equal the unshared packed ones (1e-5); flex_attention shares prompts on CUDA only (the GPU test below);
 * the actor: micro-batches keep a group together under a token budget; ``compute_log_prob`` and ``update_policy``
   (loss, gradients, updated parameters) equal ``share_prompts=False``; ``actor/shared_prompt_tokens`` counts the
-  prompt tokens not repeated; variable-length kernels (and flex_attention on CPU) turn sharing off.
+  prompt tokens not repeated; variable-length kernels (and flex_attention on CPU) turn sharing off;
+* the MemAgent training step (bench_train_step's trainer run, CPU) with and without sharing: same losses and norms.
 * GPU (``@pytest.mark.gpu``): flex_attention gradients with shared prompts equal the unshared packed ones.
 """
 
@@ -361,3 +362,36 @@ def test_cuda_flex_shared_prompt_gradients_equal_unshared(tiny_model_path):
     torch.testing.assert_close(grads[True][0], grads[False][0], rtol=0, atol=1e-5)
     for name, grad in grads[False][1].items():
         torch.testing.assert_close(grads[True][1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ------------------------------------------------------------------------------------------- the whole step
+def test_memory_agent_step_is_the_same_with_and_without_sharing(tiny_model_path, tmp_path):
+    """The MemAgent training step (``benchmarks/bench_train_step.py``: hf rollout, 2 questions x 4, 2 chunks, packed
+    rows, 2 mini-batches) with shared prompts and without: the same rollouts (seeded), the same losses, gradient
+    norms and KL (an entropy bonus makes the gradient non-zero on the random tiny model, whose rewards are 0); the
+    shared run reports the repeated first-turn prompts it skipped."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_train_step import main
+
+    steps = {}
+    for share in (True, False):
+        out = tmp_path / f"share_{share}.json"
+        argv = ["--model", str(tiny_model_path), "--steps", "1", "--batch", "2", "--n", "4", "--chunks", "2"]
+        overrides = [
+            "actor_rollout_ref.model.use_remove_padding=True",
+            f"actor_rollout_ref.model.share_prompts={share}",
+            "actor_rollout_ref.actor.entropy_coeff=0.01",
+        ]
+        assert main([*argv, "--out", str(out), "--", *overrides]) == 0
+        log = tmp_path / f"share_{share}.steps" / "sync" / "metrics.jsonl"
+        steps[share] = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    shared, unshared = steps[True], steps[False]
+    assert shared["response_length/mean"] == unshared["response_length/mean"]  # the same rollouts
+    assert shared["actor/shared_prompt_tokens"] > 0 and unshared["actor/shared_prompt_tokens"] == 0
+    assert shared["actor/grad_norm"] > 0
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", "actor/entropy", "actor/kl_loss"):
+        assert shared[key] == pytest.approx(unshared[key], rel=1e-4, abs=1e-7), key
