@@ -305,9 +305,9 @@ def test_messages_name_the_section_of_the_caller(tiny_model_path, monkeypatch):
 
 @pytest.mark.parametrize("flash_installed", [False, True])
 def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_installed):
-    """``model.share_prompts`` (verl/workers/actor/shared_prompts.py) needs a mask: packed rows on CUDA get
-    flex_attention before flash-attn and torch_varlen; not for padded rows, CPU, compiled layers or a sliding-window
-    model (sharing is off there: the old order)."""
+    """``model.share_prompts`` (verl/workers/actor/shared_prompts.py) needs a mask: packed rows on CUDA without
+    flash-attn get flex_attention rather than torch_varlen; flash-attn, where installed, stays first; padded rows,
+    CPU, compiled layers and sliding-window models keep the old order."""
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
     monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
     real_find_spec = importlib.util.find_spec
@@ -316,12 +316,12 @@ def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_inst
         "find_spec",
         lambda name, *a: (object() if flash_installed else None) if name == "flash_attn" else real_find_spec(name, *a),
     )
+    packed_shared = "flash_attention_2" if flash_installed else "flex_attention"
     unshared = "flash_attention_2" if flash_installed else "torch_varlen"
-    assert resolve_attn_implementation(None, "cuda", True, share_prompts=True) == "flex_attention"
+    assert resolve_attn_implementation(None, "cuda", True, share_prompts=True) == packed_shared
     assert resolve_attn_implementation(None, "cuda", True, share_prompts=False) == unshared
-    assert resolve_attn_implementation(None, "cuda", True, model_config=Qwen2Config(), share_prompts=True) == (
-        "flex_attention"
-    )
+    qwen2 = resolve_attn_implementation(None, "cuda", True, model_config=Qwen2Config(), share_prompts=True)
+    assert qwen2 == packed_shared
     assert resolve_attn_implementation(None, "cuda", False, share_prompts=True) == (
         "flash_attention_2" if flash_installed else "sdpa"
     )

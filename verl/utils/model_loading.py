@@ -10,8 +10,9 @@ passes ``actor_rollout_ref.model.path``. Options:
   ``use_remove_padding``) ``torch_varlen`` when torch has ``torch.nn.attention.varlen`` (torch >= 2.10), the GPU
   is Ampere or newer and the model has nothing it cannot run (sliding-window layers, attention dropout:
   ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``. With
-  ``share_prompts`` (the config's ``model.share_prompts``, on by default) packed rows on CUDA get ``flex_attention``
-  first: rows sharing a prompt need a mask, which variable-length kernels cannot take
+  ``share_prompts`` (the config's ``model.share_prompts``, on by default) packed rows on CUDA without flash-attn get
+  ``flex_attention`` before ``torch_varlen``: rows sharing a prompt need a mask, which variable-length kernels cannot
+  take
   (``verl/workers/actor/shared_prompts.py``; measured in ``resolve_attn_implementation``).
   All of them run packed (remove-padding) sequences exactly: transformers derives variable-length boundaries (FA2)
   or a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
@@ -120,8 +121,8 @@ def resolve_attn_implementation(
     without CUDA, without ``torch.nn.attention.varlen`` or for a model it cannot run; choosing it (asked for or
     automatic) registers it with transformers. ``section``: the config section the messages name (``critic.model``
     for the critic, ``model`` in the SFT trainer). ``share_prompts`` (``model.share_prompts``): packed rows on CUDA
-    get ``flex_attention`` first (before flash-attn and torch_varlen, which cannot share a prompt), unless the layers
-    will be compiled or the model has sliding-window layers.
+    without flash-attn get ``flex_attention`` rather than torch_varlen (which cannot share a prompt), unless the
+    layers will be compiled or the model has sliding-window layers.
     """
     from verl.workers.actor import varlen_attention
     from verl.workers.actor.packed_block_mask import config_has_full_attention_only
@@ -130,13 +131,13 @@ def resolve_attn_implementation(
     has_flash = importlib.util.find_spec("flash_attn") is not None
     key = f"{section}.attn_implementation"
     if requested in (None, "", "auto"):
+        if on_cuda and has_flash:
+            return "flash_attention_2"
         # rows sharing a prompt need a mask: one H200, Qwen2.5-1.5B MemAgent step (20% of the tokens shared), the
         # update alone 15.8 s with flex_attention + shared prompts vs 17.4 s torch_varlen and 19.1 s flex unshared
         shares = share_prompts and remove_padding and not compile_layers
         if on_cuda and shares and (model_config is None or config_has_full_attention_only(model_config)):
             return "flex_attention"
-        if on_cuda and has_flash:
-            return "flash_attention_2"
         if not (on_cuda and remove_padding):
             return "sdpa"  # sdpa's dense [T, T] mask on packed rows is ~3x slower than flex/varlen on H200
         why_not_varlen = varlen_attention.unsupported(model_config, device)
