@@ -186,9 +186,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--memory", type=int, default=128, help="memagent layout: max memory tokens")
     p.add_argument("--final-len", type=int, default=96, help="memagent layout: max final-answer tokens")
     p.add_argument("--question-len", type=int, default=100, help="memagent layout: question + template tokens")
+    p.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="memagent layout: trajectories per question (consecutive); their first turns have the same prompt, "
+        "which the actor packs once (model.share_prompts); 1 = every prompt different, as in earlier reports",
+    )
+    p.add_argument("--no-share-prompts", action="store_true", help="the actor's share_prompts=False")
     args = p.parse_args(argv)
     if args.profile_rows is not None and args.profile_rows < 1:
         p.error(f"--profile-rows must be >= 1, got {args.profile_rows}")
+    if args.group < 1:
+        p.error(f"--group must be >= 1, got {args.group}")
     return args
 
 
@@ -361,6 +371,13 @@ def synthetic_batch(args, vocab_size: int, seed: int) -> DataProto:
     prompt_valid = (columns < plen) & (columns >= plen - prompt_lens.unsqueeze(1))
     response_valid = (columns >= plen) & (columns < plen + response_lens.unsqueeze(1))
     attention_mask = (prompt_valid | response_valid).long()
+    group = getattr(args, "group", 1)
+    if getattr(args, "layout", "synthetic") == "memagent" and group > 1:
+        # a question's trajectories start from the same first turn (problem + first chunk, no memory yet)
+        turns = args.chunks + 1
+        for first in range(0, args.conversations, group):
+            for trajectory in range(first + 1, min(first + group, args.conversations)):
+                input_ids[trajectory * turns, :plen] = input_ids[first * turns, :plen]
     input_ids = input_ids * attention_mask  # pad id 0
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     responses = input_ids[:, plen:]
@@ -454,6 +471,7 @@ def main(argv=None) -> dict:
         ppo_max_token_len_per_gpu=args.token_budget,
         log_prob_max_token_len_per_gpu=args.log_prob_token_budget,
         use_remove_padding=not args.no_remove_padding,
+        share_prompts=not args.no_share_prompts,
         use_kl_loss=True,
         kl_loss_coef=0.001,
         kl_loss_type="low_var_kl",
@@ -521,6 +539,10 @@ def main(argv=None) -> dict:
         "reshard_after_forward": not args.no_reshard_after_forward,
         "rows_per_gpu": int(batches[0].batch["input_ids"].shape[0]),
         "layout": args.layout,
+        "group": args.group,
+        "share_prompts": actor.share_prompts,  # asked for and possible with this attention
+        # prompt tokens one update call did not compute again (rank 0; model.share_prompts)
+        "shared_prompt_tokens": metrics.get("actor/shared_prompt_tokens"),
         "tokens_global_per_call": tokens,
         "token_budget": args.token_budget,
         **check,

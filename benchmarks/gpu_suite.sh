@@ -70,6 +70,14 @@ if want update_attn; then
     # the fastest measured: liger with checkpointing off (62 GiB at 1.5B; the start-up hint says when it fits)
     run update_liger_nockpt ${UPDATE/--grad-ckpt/} --attn torch_varlen --liger on \
         --out "$OUT/update_policy_varlen_liger_nockpt.json"
+    # 4 questions x 8 trajectories: each question's first turns share their prompt (model.share_prompts packs it
+    # once; flex_attention takes the mask), against flex unshared and torch_varlen (sharing impossible) side by side
+    run update_shared ${UPDATE/--grad-ckpt/} --group 8 --attn flex_attention --liger on \
+        --out "$OUT/update_policy_flex_liger_nockpt_shared.json"
+    run update_unshared ${UPDATE/--grad-ckpt/} --group 8 --no-share-prompts --attn flex_attention --liger on \
+        --out "$OUT/update_policy_flex_liger_nockpt_unshared.json"
+    run update_varlen_group8 ${UPDATE/--grad-ckpt/} --group 8 --attn torch_varlen --liger on \
+        --out "$OUT/update_policy_varlen_liger_nockpt_group8.json"
 fi
 if want train_step; then
     run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \

@@ -217,3 +217,24 @@ def test_bench_liger_flag_is_the_trainers_choice_by_default(monkeypatch, tiny_mo
     assert resolve_liger(parse_args(["--model-path", str(tiny_model_path)]), cuda) is False  # its config.json too
     monkeypatch.setattr(liger, "liger_model_types", lambda: frozenset({"qwen2"}))
     assert resolve_liger(parse_args(["--model-path", str(tiny_model_path)]), cuda) is True
+
+
+def test_memagent_groups_share_their_first_turn_prompts():
+    """``--group N``: a question's N trajectories start from the same first-turn prompt (what the actor packs once);
+    the other turns and the other questions' prompts differ."""
+    from argparse import Namespace
+
+    from bench_update_policy import parse_args, synthetic_batch
+
+    from verl.workers.actor.shared_prompts import prompt_groups
+
+    args = Namespace(
+        layout="memagent", conversations=5, chunks=2, chunk=64, memory=16, final_len=8, question_len=10, group=2
+    )
+    batch = synthetic_batch(args, vocab_size=1000, seed=3)
+    groups = prompt_groups(batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["responses"].shape[1])
+    shared = [rows for rows in groups if len(rows) > 1]
+    assert shared == [[0, 3], [6, 9]]  # turn 1 of trajectories 0+1 and 2+3 (3 turns each); trajectory 4 alone
+    assert len(groups) == 15 - 2
+    with pytest.raises(SystemExit):
+        parse_args(["--group", "0"])
