@@ -28,6 +28,9 @@ Two layouts, same numbers (tested to 1e-5 in float32):
   specialisation (CPU, torch 2.13, 8 lengths: 2 graphs instead of 3; 4 instead of 6 while transformers compiled
   the mask too; ``tests/test_flex_attention_shapes.py``, ``benchmarks/bench_flex_shapes.py``). The padding adds
   fewer than 256 tokens per micro-batch.
+* **packed, shared prompts** (``share_prompts``, ``shared_prompts.py``): rows of the micro-batch with identical
+  prompts hold the prompt once, each response placed after it with position_ids continuing from the prompt and a
+  mask letting it see the prompt and itself (flex_attention on CUDA, sdpa, eager); same numbers, fewer tokens.
 * **packed, torch_varlen** (opt-in ``attn_implementation``; CUDA, torch >= 2.10): PyTorch's FA2 variable-length
   kernels (``torch.nn.attention.varlen.varlen_attn``) with no mask, no compile and no flash-attn package
   (``varlen_attention.py``). ``pack_rows`` computes the sequence boundaries (``cu_seq_lens``, ``max_length``)

@@ -25,6 +25,11 @@ transformers returns a 4-D mask (a tensor or a ``BlockMask``) passed as ``attent
 forward uses a ``BlockMask`` as the block mask; ``packed_attention_mask`` returns the mask only for models where
 that is the whole story: ``flex_attention`` and no sliding-window layers (those get a different mask per layer
 type, which transformers still builds).
+
+Rows sharing a prompt (``shared_prompts.py``) have a different mask: a response attends to its own segment and to
+its group's prompt segment, which is not contiguous with it. ``shared_prompt_block_mask`` evaluates that element
+mask a few query blocks at a time and reduces it to partial/full blocks (equal to ``create_block_mask``, still no
+compile); ``shared_prompt_dense_mask`` is the same mask for sdpa (boolean) and eager (additive).
 """
 
 from __future__ import annotations
