@@ -91,8 +91,8 @@ def test_layout_by_hand():
     ids, mask, positions = shared_batch([[7, 8, 9], [5, 6], [7, 8, 9]], [[11, 12], [21], [31, 32, 33]])
     layout = shared_prompt_layout(ids, mask, R)
     #                 prompt     | row 0 resp | row 2 resp    | row 1 (prompt + response)
-    assert layout.input_ids.tolist() == [7, 8, 9, 11, 12, 31, 32, 33, 5, 6, 21]
-    assert layout.position_ids.tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 2]
+    assert layout.input_ids[0].tolist() == [7, 8, 9, 11, 12, 31, 32, 33, 5, 6, 21]
+    assert layout.position_ids[0].tolist() == [0, 1, 2, 3, 4, 3, 4, 5, 0, 1, 2]
     assert layout.segment_ids.tolist() == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 3]
     assert layout.prefix_ids.tolist() == [0, 0, 0, 0, 0, 0, 0, 0, 3, 3, 3]
     # targets in row-major order: row 0 (11, 12), row 1 (21), row 2 (31, 32, 33)
@@ -114,14 +114,14 @@ def test_a_row_with_an_empty_prompt_has_no_predictor_for_its_first_token():
     ids, mask, _ = shared_batch([[4, 4], [], [4, 4]], [[1], [2, 3], [5]])
     layout = shared_prompt_layout(ids, mask, R)
     assert layout.target_mask.sum(dim=1).tolist() == [1, 1, 1]
-    assert layout.input_ids.tolist() == [4, 4, 1, 5, 2, 3]
+    assert layout.input_ids[0].tolist() == [4, 4, 1, 5, 2, 3]
     assert layout.label_index.tolist() == [2, 5, 3] and layout.predictor_index.tolist() == [1, 4, 1]
 
 
 def test_a_row_without_response_tokens_shares_its_prompt_and_has_no_targets():
     ids, mask, positions = shared_batch([[4, 5, 6], [4, 5, 6], [9]], [[], [1, 2], [3]])
     layout = shared_prompt_layout(ids, mask, R)
-    assert layout.input_ids.tolist() == [4, 5, 6, 1, 2, 9, 3]
+    assert layout.input_ids[0].tolist() == [4, 5, 6, 1, 2, 9, 3]
     assert layout.segment_ids.tolist() == [0, 0, 0, 2, 2, 3, 3]  # segment 1: the empty response
     assert layout.prefix_ids.tolist() == [0, 0, 0, 0, 0, 3, 3]
     assert layout.target_mask.sum(dim=1).tolist() == [0, 2, 1]
@@ -209,7 +209,7 @@ def flex_model(tiny_model_path):
 def test_shared_prompt_log_probs_equal_the_padded_forward(sdpa_model, eager_model):
     for seed in range(2):
         batch = random_shared_batch(seed, vocab=sdpa_model.config.vocab_size)
-        reference, _ = forward_response_log_probs(sdpa_model, *batch, R)
+        reference, reference_entropy = forward_response_log_probs(sdpa_model, *batch, R, calculate_entropy=True)
         assert (reference != 0).sum() > 20
         for model, multiple in ((sdpa_model, 1), (eager_model, 8)):
             for fused in (False, True):
@@ -223,6 +223,7 @@ def test_shared_prompt_log_probs_equal_the_padded_forward(sdpa_model, eager_mode
                     calculate_entropy=True,
                 )
                 torch.testing.assert_close(log_probs, reference, rtol=0, atol=1e-5)
+                torch.testing.assert_close(entropy, reference_entropy, rtol=0, atol=1e-5)
             plan = host_plan(*batch, R, True, True, multiple, torch.device("cpu"), share_prompts=True)
             assert plan.packed.tokens_saved == 2 * 40 + 3 * 57 + 1 * 9
             log_probs, _ = forward_response_log_probs(

@@ -172,13 +172,7 @@ class DataParallelPPOActor(DataParallelComponent):
         return [[order[i] for i in part] for part in self._micro_batch_rows(seqlens, False, micro_batch_size, 0)]
 
     def _host_plan(self, host: TensorDict) -> HostPlan:
-        plan = self._plan_layout(host)
-        if plan.packed is not None:
-            self.shared_prompt_tokens += plan.packed.tokens_saved
-        return plan
-
-    def _plan_layout(self, host: TensorDict) -> HostPlan:
-        return host_plan(
+        plan = host_plan(
             host["input_ids"],
             host["attention_mask"],
             host["position_ids"],
@@ -189,6 +183,9 @@ class DataParallelPPOActor(DataParallelComponent):
             device=self.device,
             share_prompts=self.share_prompts,
         )
+        if plan.packed is not None:
+            self.shared_prompt_tokens += plan.packed.tokens_saved
+        return plan
 
     def _forward(
         self,

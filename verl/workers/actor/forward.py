@@ -70,7 +70,8 @@ from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from verl.workers.actor import varlen_attention
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask, supports_shared_prompts
-from verl.workers.actor.shared_prompts import SharedLayout, shared_prompt_layout
+from verl.workers.actor.packed_rows import PackedRows, host_to_device, padded_packed_length
+from verl.workers.actor.shared_prompts import shared_prompt_layout
 
 __all__ = [
     "supports_logits_to_keep",
@@ -81,6 +82,7 @@ __all__ = [
     "HostPlan",
     "host_plan",
     "host_to_device",
+    "padded_packed_length",
     "forward_response_log_probs",
 ]
 
@@ -107,67 +109,6 @@ def packed_length_multiple(model: nn.Module) -> int:
     from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE
 
     return int(_DEFAULT_SPARSE_BLOCK_SIZE)
-
-
-@dataclass
-class PackedRows:
-    """Valid tokens of ``b`` rows laid out as one sequence.
-
-    ``input_ids``/``position_ids``: ``[1, T]``; ``predictor_index``: ``[K]`` packed positions whose logits
-    predict a response token; ``label_index``: ``[K]`` packed positions of those tokens (``predictor + 1``);
-    ``target_mask``: ``[b, R]`` bool, True where a log-prob is produced (row-major order matches ``K``).
-    ``num_padding``: tokens appended after the valid ones (``length_multiple``); never indexed by the above.
-    ``target_index``: ``[K]`` flat (row-major) positions of the True entries of ``target_mask``, or None.
-    ``cu_seq_lens``: ``[N + 1]`` int32 offsets of the ``N`` sequences (non-empty rows, then the padding one) and
-    ``max_length`` the longest, a host int: the boundaries ``torch_varlen`` attention takes (``varlen_attention``).
-    ``segment_ids``/``prefix_ids``: ``[T]``, set when rows share a prompt (``shared_prompts.py``; then
-    ``cu_seq_lens`` is None and ``predictor_index`` is not ``label_index - 1`` everywhere); ``tokens_saved``:
-    prompt tokens not repeated.
-    """
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    predictor_index: torch.Tensor
-    label_index: torch.Tensor
-    target_mask: torch.Tensor
-    num_padding: int = 0
-    target_index: Optional[torch.Tensor] = None
-    cu_seq_lens: Optional[torch.Tensor] = None
-    max_length: int = 0
-    segment_ids: Optional[torch.Tensor] = None
-    prefix_ids: Optional[torch.Tensor] = None
-    tokens_saved: int = 0
-
-    def to(self, device: torch.device) -> PackedRows:
-        """The same rows on ``device`` (see ``host_to_device``)."""
-        moved = {
-            name: host_to_device(getattr(self, name), device)
-            for name in ("input_ids", "position_ids", "predictor_index", "label_index", "target_mask")
-        }
-        index, cu_seq_lens, segment_ids, prefix_ids = (
-            None if tensor is None else host_to_device(tensor, device)
-            for tensor in (self.target_index, self.cu_seq_lens, self.segment_ids, self.prefix_ids)
-        )
-        return PackedRows(
-            **moved,
-            num_padding=self.num_padding,
-            target_index=index,
-            cu_seq_lens=cu_seq_lens,
-            max_length=self.max_length,
-            segment_ids=segment_ids,
-            prefix_ids=prefix_ids,
-            tokens_saved=self.tokens_saved,
-        )
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device copy that does not wait for the device: from pinned memory, non-blocking (a copy from
-    pageable memory synchronises the CUDA stream first)."""
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 @dataclass
@@ -207,14 +148,6 @@ def host_plan(
     return HostPlan()
 
 
-def padded_packed_length(total: int, length_multiple: int) -> int:
-    """``total`` rounded up to a multiple of ``length_multiple`` and, when that is > 1, to at least two multiples
-    (one flex block is a separate compile: torch specialises sizes 0 and 1, here the number of blocks)."""
-    if length_multiple <= 1:
-        return total
-    return max(-(-total // length_multiple), 2) * length_multiple
-
-
 def pack_rows(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -243,9 +176,10 @@ def pack_rows(
     if not torch.equal(packed_positions, expected.to(packed_positions.dtype)):
         return None
     if share_prompts:
-        layout = shared_prompt_layout(input_ids, attention_mask, response_length)  # built on the host
-        if layout is not None:
-            return _with_padding(layout, packed_positions.dtype, length_multiple).to(input_ids.device)
+        shared = shared_prompt_layout(input_ids, attention_mask, response_length, length_multiple)  # on the host
+        if shared is not None:
+            shared.position_ids = shared.position_ids.to(packed_positions.dtype)
+            return shared.to(input_ids.device)
     flat_index = torch.full_like(input_ids, -1)
     flat_index[valid] = torch.arange(total, device=input_ids.device)
     response_flat = flat_index[:, -response_length:]
@@ -269,30 +203,6 @@ def pack_rows(
         num_padding=num_padding,
         cu_seq_lens=varlen_attention.cu_seq_lens_from_lengths(sequence_lengths),
         max_length=int(sequence_lengths.max()),
-    )
-
-
-def _with_padding(layout: SharedLayout, position_dtype: torch.dtype, length_multiple: int) -> PackedRows:
-    """``PackedRows`` of a shared-prompt layout, with ``pack_rows``' trailing padding as one more segment."""
-    total = layout.input_ids.numel()
-    num_padding = padded_packed_length(total, length_multiple) - total
-    ids, positions = layout.input_ids, layout.position_ids.to(position_dtype)
-    segment_ids, prefix_ids = layout.segment_ids, layout.prefix_ids
-    if num_padding:
-        pad_segment = segment_ids.new_full((num_padding,), int(segment_ids[-1]) + 1)
-        ids = torch.cat([ids, ids.new_zeros(num_padding)])
-        positions = torch.cat([positions, torch.arange(num_padding, dtype=position_dtype)])
-        segment_ids, prefix_ids = torch.cat([segment_ids, pad_segment]), torch.cat([prefix_ids, pad_segment])
-    return PackedRows(
-        input_ids=ids.unsqueeze(0),
-        position_ids=positions.unsqueeze(0),
-        predictor_index=layout.predictor_index,
-        label_index=layout.label_index,
-        target_mask=layout.target_mask,
-        num_padding=num_padding,
-        segment_ids=segment_ids,
-        prefix_ids=prefix_ids,
-        tokens_saved=layout.tokens_saved,
     )
 
 

@@ -97,12 +97,18 @@ def packed_block_mask(position_ids: torch.Tensor, block_size: int = _DEFAULT_SPA
     if block_size == 1:
         full = full | diagonal
     partial = (touches | diagonal) & ~full
-    kv_num_blocks, kv_indices = _ordered(partial[:, None])
-    full_kv_num_blocks, full_kv_indices = _ordered(full[:, None])
 
     def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (docs[batch_idx, q_idx] == docs[batch_idx, kv_idx])
 
+    return _from_block_grids(partial, full, block_size, mask_mod, length)
+
+
+def _from_block_grids(partial: torch.Tensor, full: torch.Tensor, block_size: int, mask_mod, length: int) -> BlockMask:
+    """The ``BlockMask`` of ``[B, n (q), n (kv)]`` grids of partial and full blocks (disjoint), the element mask
+    ``mask_mod`` and ``length`` tokens, laid out as ``create_block_mask`` does (``_ordered``)."""
+    kv_num_blocks, kv_indices = _ordered(partial[:, None])
+    full_kv_num_blocks, full_kv_indices = _ordered(full[:, None])
     return BlockMask.from_kv_blocks(
         kv_num_blocks,
         kv_indices,
@@ -150,21 +156,11 @@ def shared_prompt_block_mask(
         full_rows.append(grid.all(dim=3).all(dim=1))
     full = torch.cat(full_rows)
     partial = torch.cat(partial_rows) & ~full
-    kv_num_blocks, kv_indices = _ordered(partial[None, None])
-    full_kv_num_blocks, full_kv_indices = _ordered(full[None, None])
 
     def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
         return _shared_prompt_allowed(q_idx, kv_idx, segment_ids, prefix_ids)
 
-    return BlockMask.from_kv_blocks(
-        kv_num_blocks,
-        kv_indices,
-        full_kv_num_blocks,
-        full_kv_indices,
-        BLOCK_SIZE=block_size,
-        mask_mod=mask_mod,
-        seq_lengths=(length, length),
-    )
+    return _from_block_grids(partial[None], full[None], block_size, mask_mod, length)
 
 
 def shared_prompt_dense_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor, additive: bool) -> torch.Tensor:

@@ -27,12 +27,13 @@ Variable-length kernels (flash_attention_2, torch_varlen) take sequence boundari
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-__all__ = ["SharedLayout", "prompt_groups", "micro_batch_units", "shared_prompt_layout"]
+from verl.workers.actor.packed_rows import PackedRows, padded_packed_length
+
+__all__ = ["prompt_groups", "micro_batch_units", "shared_prompt_layout"]
 
 
 def _prompt_tokens(input_ids: torch.Tensor, valid: torch.Tensor, row: int, prompt_width: int) -> torch.Tensor:
@@ -83,54 +84,33 @@ def micro_batch_units(
     return units, lengths
 
 
-@dataclass
-class SharedLayout:
-    """Packed tokens of a micro-batch with shared prompts (``[T]`` each, ``T`` the valid tokens minus the repeats).
-
-    ``segment_ids``: the segment (a row's prompt+response, a shared prompt, or one response of a group) of every
-    token, non-decreasing; ``prefix_ids``: the segment each token may attend to besides its own (a response's
-    shared prompt; else its own segment). ``predictor_index``/``label_index``/``target_mask``: as
-    ``forward.PackedRows``. ``tokens_saved``: prompt tokens not repeated."""
-
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    segment_ids: torch.Tensor
-    prefix_ids: torch.Tensor
-    predictor_index: torch.Tensor
-    label_index: torch.Tensor
-    target_mask: torch.Tensor
-    tokens_saved: int
-
-
 def shared_prompt_layout(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
-) -> Optional[SharedLayout]:
-    """The shared-prompt layout of a ``[b, S]`` micro-batch (host tensors whose valid position_ids the caller has
-    checked to count 0, 1, ... per row), or None when no two rows share a prompt."""
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int, length_multiple: int = 1
+) -> Optional[PackedRows]:
+    """The shared-prompt layout of a ``[b, S]`` micro-batch on the host (its valid position_ids checked by the caller
+    to count 0, 1, ... per row), or None when no two rows share a prompt. ``segment_ids``: the segment (a row's
+    prompt + response, a shared prompt, or one response of a group) of every token, non-decreasing; ``prefix_ids``:
+    the segment each token may attend to besides its own (a response's shared prompt, else its own). Padding up to
+    ``length_multiple`` (``padded_packed_length``) is one more segment, as in ``forward.pack_rows``."""
     groups = prompt_groups(input_ids, attention_mask, response_length)
     if all(len(rows) == 1 for rows in groups):
         return None
-    input_ids, valid = input_ids.cpu(), attention_mask.bool().cpu()  # built on the host (the caller moves it)
+    input_ids, valid = input_ids.cpu(), attention_mask.bool().cpu()
     width = input_ids.shape[1] - response_length
     num_rows = input_ids.shape[0]
-    pieces: list[torch.Tensor] = []
+    pieces: list[torch.Tensor] = []  # token pieces in packed order, each one segment
     positions: list[torch.Tensor] = []
-    segments: list[int] = []  # (segment id, prefix id, length) per piece, flattened below
-    prefixes: list[int] = []
-    piece_lengths: list[int] = []
+    prefixes: list[int] = []  # the prefix segment of each piece
     response_start = [0] * num_rows  # packed position of each row's first response token
     first_predictor = [-1] * num_rows  # packed position predicting it (-1: none, an empty prompt)
-    cursor = segment = saved = 0
+    cursor = saved = 0
 
     def place(tokens: torch.Tensor, start_position: int, prefix: int) -> None:
-        nonlocal cursor, segment
+        nonlocal cursor
         pieces.append(tokens)
         positions.append(torch.arange(start_position, start_position + tokens.numel()))
-        segments.append(segment)
         prefixes.append(prefix)
-        piece_lengths.append(tokens.numel())
         cursor += tokens.numel()
-        segment += 1
 
     for rows in groups:
         prompt = _prompt_tokens(input_ids, valid, rows[0], width)
@@ -138,29 +118,33 @@ def shared_prompt_layout(
         if len(rows) == 1:
             row = rows[0]
             response_start[row], first_predictor[row] = cursor + p, (cursor + p - 1 if p else -1)
-            place(torch.cat([prompt, input_ids[row, width:][valid[row, width:]]]), 0, segment)
+            place(torch.cat([prompt, input_ids[row, width:][valid[row, width:]]]), 0, len(pieces))
             continue
-        prompt_segment, prompt_last = segment, cursor + p - 1
-        place(prompt, 0, segment)
+        prompt_segment, prompt_last = len(pieces), cursor + p - 1
+        place(prompt, 0, prompt_segment)
         saved += (len(rows) - 1) * p
         for row in rows:
             response_start[row], first_predictor[row] = cursor, prompt_last
             place(input_ids[row, width:][valid[row, width:]], p, prompt_segment)
 
-    lengths = torch.tensor(piece_lengths)
+    num_padding = padded_packed_length(cursor, length_multiple) - cursor
+    if num_padding:
+        place(input_ids.new_zeros(num_padding), 0, len(pieces))
+    lengths = torch.tensor([piece.numel() for piece in pieces])
     response_valid = valid[:, width:]
     j = response_valid.long().cumsum(dim=1) - 1  # index of each valid response token within its response
     label = torch.tensor(response_start).unsqueeze(1) + j
     first = torch.tensor(first_predictor).unsqueeze(1)
     target_mask = response_valid & ((j > 0) | (first >= 0))
     predictor = torch.where(j == 0, first.expand_as(label), label - 1)
-    return SharedLayout(
-        input_ids=torch.cat(pieces),
-        position_ids=torch.cat(positions).to(torch.long),
-        segment_ids=torch.repeat_interleave(torch.tensor(segments), lengths),
-        prefix_ids=torch.repeat_interleave(torch.tensor(prefixes), lengths),
+    return PackedRows(
+        input_ids=torch.cat(pieces).unsqueeze(0),
+        position_ids=torch.cat(positions).unsqueeze(0),
         predictor_index=predictor[target_mask],
         label_index=label[target_mask],
         target_mask=target_mask,
+        num_padding=num_padding,
+        segment_ids=torch.repeat_interleave(torch.arange(len(pieces)), lengths),
+        prefix_ids=torch.repeat_interleave(torch.tensor(prefixes), lengths),
         tokens_saved=saved,
     )
