@@ -368,6 +368,10 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
                 "step": int(h["step"]),
                 **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
                 "wait_rollout_ahead": float(h.get("timing_s/wait_rollout_ahead", 0.0)),
+                # how long the rollout ahead had been done when the training passes were (the other side's wait)
+                "rollout_ahead_idle": float(h.get("timing_s/rollout_ahead_idle", 0.0)),
+                # the SMs kept for the engine during this step's training passes (rollout.balance_reserved_sms)
+                "engine_reserved_sms": h.get("perf/engine_reserved_sms"),
                 # seconds (and fraction) of the actor update during which the worker was generating (rank 0)
                 "update_gen_overlap_s": float(h.get("perf/update_generation_overlap_s", 0.0)),
                 "update_gen_overlap_frac": float(h.get("perf/update_generation_overlap_frac", 0.0)),

@@ -121,6 +121,17 @@ if want train_step; then
             algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=32 \
             actor_rollout_ref.model.attn_implementation=$2 actor_rollout_ref.model.share_prompts=$3
     done
+    # the split moved by the trainer each step (rollout.balance_reserved_sms) from 16 and from 48, against 24 fixed,
+    # 6 steps each (fourteenth run, fixed: 16 -> the training waited 4.7-5.9 s for the rollout, 32/48 -> the rollout
+    # finished first; steps 34.9-42.7 s)
+    for variant in "balanced_from16 16 True" "balanced_from48 48 True" "fixed24 24 False"; do
+        set -- $variant
+        run train_step_1p5b_$1 $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 6 --overlap on \
+            --out "$OUT/train_step_qwen2.5-1.5b_bypass_shared_$1.json" -- $BIG_OVERRIDES \
+            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
+            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$2 \
+            actor_rollout_ref.rollout.balance_reserved_sms=$3 actor_rollout_ref.model.attn_implementation=flex_attention
+    done
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \

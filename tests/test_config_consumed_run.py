@@ -193,6 +193,16 @@ def test_run_sets_engine_reserved_sms_to_0_with_a_warning_where_nothing_runs_bes
     )
 
 
+def test_run_turns_balance_reserved_sms_off_with_a_warning_where_nothing_runs_beside_training(recorded_run, caplog):
+    with caplog.at_level("WARNING", logger="verl.trainer.main_ppo"):
+        seen = recorded_run("actor_rollout_ref.rollout.balance_reserved_sms=True")
+    assert seen["cfg"].actor_rollout_ref.rollout.balance_reserved_sms is False
+    assert (
+        "actor_rollout_ref.rollout.balance_reserved_sms=True has no effect: trainer.rollout_overlap is off"
+        in caplog.text
+    )
+
+
 def test_engine_reserved_sms_stands_only_beside_training_in_the_workers_process_on_a_gpu():
     from verl.workers.config.rollout import resolve_engine_reserved_sms as resolve
 

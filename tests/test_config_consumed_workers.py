@@ -275,6 +275,9 @@ def test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope(actor_b
     assert not sms.busy()
     with worker.rollout_guard.generating():
         assert sms.busy()
+    # balance_reserved_sms: the trainer moves the worker's split (the one its models' scopes are) between steps
+    assert worker.shift_engine_reserved_sms(8) == 32 and sms.reserved == 32
+    assert worker.shift_engine_reserved_sms(-40) == 0 and sms.reserved == 0  # clamped at 0
 
 
 def test_engine_stream_off_cuda_warns_that_it_does_nothing(actor_build, monkeypatch, caplog):

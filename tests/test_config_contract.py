@@ -215,6 +215,11 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         f"{W}::test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope",
         f"{R}::test_run_sets_engine_reserved_sms_to_0_with_a_warning_where_nothing_runs_beside_training",
     ),
+    f"{RO}.balance_reserved_sms": (
+        "tests/test_rollout_overlap.py::test_balance_reserved_sms_moves_the_split_towards_the_slower_side",
+        f"{W}::test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope",
+        f"{R}::test_run_turns_balance_reserved_sms_off_with_a_warning_where_nothing_runs_beside_training",
+    ),
     f"{RO}.gil_switch_interval_ms": (f"{W}::test_gil_switch_interval_is_set_for_the_worker_process",),
     f"{RO}.engine_process": (
         f"{W}::test_engine_process_child_builds_the_engine_in_a_child_process",

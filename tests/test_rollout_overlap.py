@@ -265,3 +265,102 @@ def test_weight_sync_waits_for_the_rollout_running_ahead():
     second = trainer.step_rollout("batch 2", make)
     assert (second.result, second.policy_version, second.ahead) == ("batch 2", 0, True)
     assert trainer.rollout_metrics(second, timing)["rollout/staleness"] == 1.0
+
+
+def test_rollout_ahead_says_how_long_it_has_been_finished():
+    release = threading.Event()
+
+    def make(questions, step):
+        assert release.wait(10)
+        return questions, {}, {}
+
+    ahead, questions = RolloutAhead(enabled=True), [1]
+    assert ahead.idle_s() == 0.0  # none launched
+    ahead.launch(make, questions, 0, step=1)
+    assert ahead.idle_s() == 0.0  # still running
+    release.set()
+    ahead.wait()
+    import time
+
+    time.sleep(0.2)
+    assert 0.2 <= ahead.idle_s() < 5.0
+    ahead.take(questions)
+    assert ahead.idle_s() == 0.0
+    ahead.close()
+
+
+def _balancing_trainer(*overrides: str):
+    """A TrainerCore over two fake ranks whose shift_engine_reserved_sms moves real TrainingSMs (no device)."""
+    import types
+
+    from verl.trainer.ppo.trainer_core import TrainerCore
+    from verl.workers.training_sms import TrainingSMs
+
+    config = compose_config(["trainer.rollout_overlap=True", *overrides])
+    ranks = [TrainingSMs(int(config.actor_rollout_ref.rollout.engine_reserved_sms), None) for _ in range(2)]
+    shifts = []
+
+    def shift(delta):
+        shifts.append(delta)
+        return [r.shift(delta) for r in ranks]
+
+    wg = types.SimpleNamespace(sync_rollout_weights=lambda: None, shift_engine_reserved_sms=shift)
+    trainer = TrainerCore(config, None, wg, None, None)
+    trainer.global_step = 1
+    trainer.step_rollout("batch 1", lambda q, step: (q, {}, {}))
+    return trainer, ranks, shifts
+
+
+def _overlapped_step(trainer, rollout_s: float, training_s: float) -> tuple[dict, dict]:
+    """One step: the next rollout runs ``rollout_s`` in the background while the training passes take
+    ``training_s``; returns (timing, metrics) of the weight sync."""
+    import time
+
+    def make(questions, step):
+        time.sleep(rollout_s)
+        return questions, {}, {}
+
+    upcoming = f"batch {trainer.global_step + 1}"
+    assert trainer.launch_next_rollout(upcoming, make)
+    t0 = time.perf_counter()
+    time.sleep(training_s)
+    timing = {"update_actor": time.perf_counter() - t0}
+    trainer.policy_version = trainer.global_step
+    metrics = trainer.sync_rollout_weights(timing)
+    trainer.global_step += 1
+    trainer.step_rollout(upcoming, make)
+    return timing, metrics
+
+
+def test_balance_reserved_sms_moves_the_split_towards_the_slower_side():
+    """``rollout.balance_reserved_sms``: a step whose training waited for the rollout gives the engine 8 SMs more;
+    one whose rollout waited for the training gives them back; ``perf/engine_reserved_sms`` is each step's split."""
+    trainer, ranks, shifts = _balancing_trainer(
+        "actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"
+    )
+    timing, metrics = _overlapped_step(trainer, rollout_s=0.6, training_s=0.05)  # the engine is slower
+    assert timing["wait_rollout_ahead"] > 0.4 and timing["rollout_ahead_idle"] == 0.0
+    assert metrics == {"perf/engine_reserved_sms": 16.0} and shifts == [8]
+    assert trainer.engine_reserved_sms == 24 and [r.reserved for r in ranks] == [24, 24]
+    timing, metrics = _overlapped_step(trainer, rollout_s=0.0, training_s=0.6)  # the training is slower
+    assert timing["rollout_ahead_idle"] > 0.4 and timing["wait_rollout_ahead"] < 0.1
+    assert metrics == {"perf/engine_reserved_sms": 24.0} and shifts == [8, -8]
+    assert trainer.engine_reserved_sms == 16 and [r.reserved for r in ranks] == [16, 16]
+
+
+def test_without_balancing_the_split_stays_and_is_logged_where_one_is_kept():
+    trainer, ranks, shifts = _balancing_trainer("actor_rollout_ref.rollout.engine_reserved_sms=16")
+    _, metrics = _overlapped_step(trainer, rollout_s=0.5, training_s=0.0)
+    assert metrics == {"perf/engine_reserved_sms": 16.0} and shifts == [] and ranks[0].reserved == 16
+    trainer, _, shifts = _balancing_trainer()
+    timing, metrics = _overlapped_step(trainer, rollout_s=0.5, training_s=0.0)
+    assert metrics == {} and shifts == [] and timing["wait_rollout_ahead"] > 0.3  # no split kept, none moved
+
+
+def test_ranks_that_disagree_on_the_split_are_an_error():
+    trainer, ranks, _ = _balancing_trainer(
+        "actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"
+    )
+    ranks[1].reserved = 8
+    with pytest.raises(RuntimeError, match=r"engine_reserved_sms disagree after a shift by 8: \{(24, 16|16, 24)\}"):
+        _overlapped_step(trainer, rollout_s=0.6, training_s=0.0)

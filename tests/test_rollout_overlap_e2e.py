@@ -66,6 +66,8 @@ def test_overlap_trains_on_rollouts_one_step_stale(runs):
     assert [on[s]["rollout/policy_version"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     # steps 1 and 2 waited for the next step's rollout before their weight sync; the last step has no next one
     assert [("timing_s/wait_rollout_ahead" in on[s]) for s in (1, 2, 3)] == [True, True, False]
+    assert [("timing_s/rollout_ahead_idle" in on[s]) for s in (1, 2, 3)] == [True, True, False]
+    assert "perf/engine_reserved_sms" not in on[1]  # no SMs kept (CPU), none logged
     # the numbers agree: the engine sampled step 1 with the actor's weights, steps 2 and 3 with the previous ones
     assert on[1]["rollout/logprob_abs_diff_max"] < 1e-3
     for s in (2, 3):

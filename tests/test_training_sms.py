@@ -1,9 +1,10 @@
 """``actor_rollout_ref.rollout.engine_reserved_sms``: the training passes' SMs (verl/workers/training_sms.py).
 
-CPU: the SM count arithmetic, refusals naming the key, the scope a no-op off CUDA. GPU (``gpu``): inside the scope
+CPU: the SM count arithmetic, refusals naming the key, the scope a no-op off CUDA; ``rollout.balance_reserved_sms``'s
+rule and shifts. GPU (``gpu``): inside the scope
 the kernels run on the green context's stream with the results of the whole GPU, and a compute-bound loop on 8 SMs
-takes several times as long as on all of them (the partition is real); the caller's stream waits for the scope's
-work on exit.
+takes several times as long as on all of them (the partition is real), faster once shifted to 16; the caller's
+stream waits for the scope's work on exit.
 """
 
 from __future__ import annotations
@@ -37,6 +38,34 @@ def test_too_many_reserved_sms_are_refused_naming_the_key_and_the_limit():
         training_sm_count(132, -1)
     with pytest.raises(ValueError, match=r"engine_reserved_sms must be >= 0, got -8"):
         TrainingSMs(-8, None)
+
+
+def test_balance_moves_one_group_towards_the_side_that_finished_last():
+    from verl.workers.training_sms import BALANCE_TOLERANCE, balance_shift
+
+    assert BALANCE_TOLERANCE == 0.05
+    # the fourteenth GPU run's steps: 16 SMs kept, the training waited 5.9 s for the rollout in a 36.5 s step
+    assert balance_shift(5.91, 0.0, 5.75 + 24.8 + 5.91) == 8
+    assert balance_shift(0.0, 3.0, 37.0) == -8  # the rollout had been done 3 s when the training was
+    assert balance_shift(1.0, 0.0, 37.0) == 0 and balance_shift(0.0, 1.8, 37.0) == 0  # within 5% (1.85 s)
+    assert balance_shift(1.9, 0.0, 37.0) == 8 and balance_shift(0.0, 1.9, 37.0) == -8
+    assert balance_shift(2.0, 0.0, 10.0, tolerance=0.25) == 0 and balance_shift(2.0, 0.0, 10.0, granularity=4) == 4
+    assert balance_shift(0.0, 0.0, 0.0) == 0
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        balance_shift(-1.0, 0.0, 10.0)
+
+
+def test_shifting_the_split_clamps_at_zero_and_drops_the_built_context():
+    sms = TrainingSMs(16, None)
+    assert sms.shift(8) == 24 and sms.reserved == 24
+    assert sms.shift(0) == 24
+    assert sms.shift(-16) == 8 and sms.shift(-16) == 0 and not sms.enabled
+    assert sms.shift(8) == 8  # back from 0: the partition applies again where there is a device
+    sms._context, sms._stream, sms.num_sms = "built", None, 120
+    sms.shift(0)
+    assert sms._context == "built" and sms.num_sms == 120  # unchanged split: the context stays
+    sms.shift(8)
+    assert sms._context is None and sms.num_sms is None  # the next partitioned pass builds the new size
 
 
 def test_the_scope_does_nothing_off_cuda_or_with_nothing_reserved():
@@ -98,6 +127,13 @@ def test_on_a_gpu_the_training_passes_run_on_the_partition_only():
     torch.testing.assert_close(out, expected)
     # 8 of 132 SMs: a GEMM-bound loop takes many times as long (not exactly total / 8: clocks, tile shapes)
     assert narrow > 4 * whole, (narrow, whole)
+    # balance_reserved_sms moves the split: the next pass runs in a new green context of the new size
+    assert few.shift(SM_GRANULARITY) == total - SM_GRANULARITY  # at most total - 8 kept
+    assert few.shift(-SM_GRANULARITY) == total - 2 * SM_GRANULARITY and few.num_sms is None
+    wider, out = seconds(few)
+    assert few.num_sms == 2 * SM_GRANULARITY and wider < 0.75 * narrow, (wider, narrow)
+    torch.testing.assert_close(out, expected)
+    few.shift(SM_GRANULARITY)
     # no generation in flight: the pass runs on the whole device, at the whole device's speed
     idle = TrainingSMs(total - SM_GRANULARITY, device, busy=lambda: False)
     idle_seconds, _ = seconds(idle)

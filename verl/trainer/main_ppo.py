@@ -14,7 +14,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.config import CustomRewardFunctionConfig, PPOConfig, TrainerConfig, from_config
-from verl.workers.config.rollout import resolve_engine_reserved_sms, resolve_engine_stream
+from verl.workers.config.rollout import (
+    engine_sms_not_applicable,
+    resolve_engine_reserved_sms,
+    resolve_engine_stream,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +130,13 @@ def run(cfg: DictConfig) -> list[dict]:
                 why_not,
             )
         cfg.actor_rollout_ref.rollout.engine_reserved_sms = reserved
+        if rollout.balance_reserved_sms:
+            why_not = engine_sms_not_applicable(
+                conf.trainer.rollout_overlap, rollout.name == "vllm" and device == "cuda", rollout.engine_process
+            )
+            if why_not is not None:
+                logger.warning("actor_rollout_ref.rollout.balance_reserved_sms=True has no effect: %s", why_not)
+                cfg.actor_rollout_ref.rollout.balance_reserved_sms = False
         if use_critic:
             cfg.critic.optim.total_training_steps = int(total_steps)
 

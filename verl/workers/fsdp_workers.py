@@ -387,6 +387,12 @@ class ActorRolloutRefWorker(TrainingWorker):
         with self.rollout_guard.changing("sync_rollout_weights"), self.phase_peaks.phase("sync"):
             return self._sync_weights()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group=TRAIN_GROUP)
+    def shift_engine_reserved_sms(self, delta: int) -> int:
+        """``rollout.balance_reserved_sms``: keep ``delta`` SMs more (fewer, when negative) for the engine from the
+        next training pass on; returns the count now kept (:meth:`TrainingSMs.shift`)."""
+        return self.training_sms.shift(delta)
+
     def _sync_weights(self) -> float:
         import time
 

@@ -14,6 +14,10 @@ generation is in flight (``busy``): once the rollout running ahead is done, the 
 again. Inside :meth:`TrainingSMs.scope` the training thread's current stream is the green context's stream, ordered
 after the caller's stream on entry and before it on exit (each side waits for the other's queued work, so memory
 the caching allocator hands out again on either stream is never still in use on the other).
+
+With ``rollout.balance_reserved_sms`` the trainer moves the split between steps (:func:`balance_shift`,
+:meth:`TrainingSMs.shift`): by one partition group towards the side that finished last, so the rollout running ahead
+and the training passes of a step end together.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SM_GRANULARITY", "TrainingSMs", "training_sm_count"]
+__all__ = ["BALANCE_TOLERANCE", "SM_GRANULARITY", "TrainingSMs", "balance_shift", "training_sm_count"]
 
 # CUDA partitions SMs for green contexts in groups of this many (compute capability 9.x: 8; smaller on older
 # devices, where rounding to 8 only gives the training passes a few SMs fewer than asked)
 SM_GRANULARITY = 8
+# balance_shift leaves the split alone while the side that finished first waited at most this share of the step
+BALANCE_TOLERANCE = 0.05
 
 
 def training_sm_count(total: int, reserved: int, granularity: int = SM_GRANULARITY) -> int:
@@ -48,6 +54,35 @@ def training_sm_count(total: int, reserved: int, granularity: int = SM_GRANULARI
             f"{total - granularity})"
         )
     return count
+
+
+def balance_shift(
+    waited_for_rollout_s: float,
+    rollout_idle_s: float,
+    step_s: float,
+    tolerance: float = BALANCE_TOLERANCE,
+    granularity: int = SM_GRANULARITY,
+) -> int:
+    """How to move ``engine_reserved_sms`` after a step whose next rollout ran beside its training passes.
+
+    ``waited_for_rollout_s``: how long the step, its training done, waited for the rollout running ahead (the engine
+    was the slower side); ``rollout_idle_s``: how long that rollout had been finished when the training passes were
+    done (the training was the slower side, on its share of the SMs until then). Returns ``+granularity`` (keep one
+    group more for the engine) when the first exceeds ``tolerance * step_s``, ``-granularity`` when the second does,
+    else 0.
+
+    Example: 5.9 s waited in a 36.9 s step -> +8; 3 s idle in a 37 s step -> -8; 1 s either way -> 0.
+    """
+    if waited_for_rollout_s < 0 or rollout_idle_s < 0 or step_s < 0:
+        raise ValueError(
+            f"balance_shift takes seconds >= 0, got waited {waited_for_rollout_s}, idle {rollout_idle_s}, step {step_s}"
+        )
+    limit = tolerance * step_s
+    if waited_for_rollout_s > limit and waited_for_rollout_s >= rollout_idle_s:
+        return granularity
+    if rollout_idle_s > limit:
+        return -granularity
+    return 0
 
 
 def _green_context_class() -> Any:
@@ -104,6 +139,22 @@ class TrainingSMs:
             total - self.num_sms,
             self.reserved,
         )
+
+    def shift(self, delta: int) -> int:
+        """Keep ``delta`` SMs more (or fewer, ``delta < 0``) for the engine from the next pass on; returns the new
+        ``reserved``, clamped to ``[0, total - SM_GRANULARITY]`` (the device's SM count, where known). A change drops
+        the green context: the next partitioned pass builds one of the new size (and empties the caching allocator's
+        unused blocks, the old stream's among them)."""
+        new = max(0, self.reserved + int(delta))
+        if self.device is not None:
+            total = torch.cuda.get_device_properties(self.device).multi_processor_count
+            new = min(new, total - SM_GRANULARITY)
+        if new != self.reserved:
+            if self._stream is not None:
+                self._stream.synchronize()  # nothing left queued in the context about to be dropped
+            self.reserved = new
+            self._context, self._stream, self.num_sms = None, None, None
+        return self.reserved
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:

@@ -39,6 +39,9 @@ class LocalWorkerGroup:
     def sync_rollout_weights(self):
         return self.worker.sync_rollout_weights()
 
+    def shift_engine_reserved_sms(self, delta):
+        return [self.worker.shift_engine_reserved_sms(delta)]
+
     def save_checkpoint(self, path):
         self.worker.save_checkpoint(path)
 

@@ -122,7 +122,7 @@ class MultiConvTrainer(TrainerCore):
             with timer("update_actor", timing):
                 metrics.update(self.wg.update_actor(conv))  # globally reduced metrics
             self.policy_version = self.global_step
-            self.sync_rollout_weights(timing)  # after the rollout running ahead has finished
+            metrics.update(self.sync_rollout_weights(timing))  # after the rollout running ahead has finished
         metrics.update(compute_data_metrics(conv, sample_index=sample_index, final_mask=final_mask))
         metrics.update(compute_timing_metrics(conv, timing))
         metrics.update(compute_throughout_metrics(conv, timing, n_gpus=max(int(self.wg.world_size), 1)))

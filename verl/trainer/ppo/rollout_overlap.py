@@ -62,6 +62,7 @@ class RolloutAhead:
         self._questions: Any = None
         self._future: Future | None = None
         self._launched_version: int | None = None
+        self._finished_at: float | None = None  # time.perf_counter() when the launched rollout returned
 
     @property
     def running(self) -> bool:
@@ -74,9 +75,21 @@ class RolloutAhead:
             return False
         if self._future is not None:
             raise RuntimeError("trainer.rollout_overlap: a rollout is already running ahead; take it first")
-        self._questions, self._launched_version = questions, policy_version
-        self._future = self._pool.submit(make_rollout, fn, questions, policy_version, True, **kwargs)
+        self._questions, self._launched_version, self._finished_at = questions, policy_version, None
+        self._future = self._pool.submit(self._run, fn, questions, policy_version, **kwargs)
         return True
+
+    def _run(self, fn: RolloutFn, questions: Any, policy_version: int, **kwargs: Any) -> Rollout:
+        rollout = make_rollout(fn, questions, policy_version, True, **kwargs)
+        self._finished_at = time.perf_counter()
+        return rollout
+
+    def idle_s(self) -> float:
+        """Seconds since the launched rollout finished (0 while it runs, or when none was launched): how long it has
+        been waiting for the step that will take it."""
+        if self._future is None or self._finished_at is None:
+            return 0.0
+        return time.perf_counter() - self._finished_at
 
     def wait(self) -> float:
         """Block until the launched rollout (if any) has finished; seconds waited. Raises the rollout's error."""

@@ -197,7 +197,7 @@ class SingleTurnPPOTrainer(TrainerCore):
                 with timer("update_actor", timing):
                     metrics.update(self.wg.update_actor(batch))  # globally reduced metrics
                 self.policy_version = self.global_step
-                self.sync_rollout_weights(timing)  # after the rollout running ahead has finished
+                metrics.update(self.sync_rollout_weights(timing))  # after the rollout running ahead has finished
             else:
                 self.ahead.wait()
                 self.wg.wake_up_rollout()  # weights unchanged: only re-allocate what sleep_rollout freed

@@ -27,6 +27,7 @@ from verl.trainer.config.algorithm import rollout_is_on
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
+from verl.workers.training_sms import balance_shift
 
 __all__ = [
     "TrainerCore",
@@ -204,6 +205,8 @@ class TrainerCore:
         self.use_rollout_is = rollout_is_on(algo.rollout_is, self.conf.trainer.rollout_overlap, algo.bypass_mode)
         self.policy_version: int | None = None  # the actor's weights: the step whose update made them
         self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
+        # SMs kept for the engine while a rollout runs beside the training passes (moved by balance_reserved_sms)
+        self.engine_reserved_sms = int(self.conf.actor_rollout_ref.rollout.engine_reserved_sms)
 
     # ---------------------------------------------------------------- rollout parameters
     def sampling(self, validate: bool, step: int | None = None) -> dict[str, Any]:
@@ -240,15 +243,39 @@ class TrainerCore:
             timing[name] = timing.get(name, 0.0) + seconds
         return {**rollout.metrics, **staleness_metrics(rollout, self.policy_version)}
 
-    def sync_rollout_weights(self, timing: dict[str, float]) -> None:
+    def sync_rollout_weights(self, timing: dict[str, float]) -> dict[str, float]:
         """After the actor update: wait for a rollout running ahead (it must finish on the old weights), then push
-        the actor's weights into the engine."""
-        if self.ahead.running:  # timing_s/wait_rollout_ahead: how long the step waited for it
+        the actor's weights into the engine. With a rollout ahead, ``timing_s/rollout_ahead_idle`` is how long it had
+        been finished when the training passes were done (``timing_s/wait_rollout_ahead``: how long they waited for
+        it); returns the SM split's metrics (:meth:`balance_engine_sms`)."""
+        metrics: dict[str, float] = {}
+        if self.ahead.running:
+            timing["rollout_ahead_idle"] = self.ahead.idle_s()
             with timer("wait_rollout_ahead", timing):
                 self.ahead.wait()
+            metrics = self.balance_engine_sms(timing)
         with timer("sync_weights", timing):
             self.wg.sync_rollout_weights()
         self.rollout_version = self.policy_version
+        return metrics
+
+    def balance_engine_sms(self, timing: dict[str, float]) -> dict[str, float]:
+        """``perf/engine_reserved_sms`` (the split this step's training passes ran with, where one is kept) and,
+        with ``rollout.balance_reserved_sms``, the split moved by one partition group towards the side of the step
+        that finished last (:func:`~verl.workers.training_sms.balance_shift`) for the next step."""
+        if not (self.engine_reserved_sms or self.conf.actor_rollout_ref.rollout.balance_reserved_sms):
+            return {}
+        metrics = {"perf/engine_reserved_sms": float(self.engine_reserved_sms)}
+        if self.conf.actor_rollout_ref.rollout.balance_reserved_sms:
+            waited, idle = timing["wait_rollout_ahead"], timing["rollout_ahead_idle"]
+            passes = sum(timing.get(name, 0.0) for name in ("old_log_prob", "ref", "values", "update_critic"))
+            delta = balance_shift(waited, idle, passes + timing.get("update_actor", 0.0) + waited)
+            if delta:
+                counts = set(self.wg.shift_engine_reserved_sms(delta))
+                if len(counts) != 1:
+                    raise RuntimeError(f"the workers' engine_reserved_sms disagree after a shift by {delta}: {counts}")
+                self.engine_reserved_sms = counts.pop()
+        return metrics
 
     def old_log_probs(self, data: DataProto, timing: dict[str, float]) -> DataProto:
         """``data`` with PPO's ``old_log_probs``: recomputed by the actor (``timing_s/old_log_prob``), or with

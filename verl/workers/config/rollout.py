@@ -14,6 +14,7 @@ __all__ = [
     "ROLLOUT_MODES",
     "resolve_engine_stream",
     "resolve_engine_reserved_sms",
+    "engine_sms_not_applicable",
 ]
 
 # Rollout engines (verl.workers.rollout.base.get_rollout_engine).
@@ -34,22 +35,29 @@ def resolve_engine_stream(value: Optional[str], rollout_overlap: bool, uses_vllm
     return "high_priority" if rollout_overlap and uses_vllm_on_gpu else "shared"
 
 
+def engine_sms_not_applicable(rollout_overlap: bool, uses_vllm_on_gpu: bool, engine_process: str) -> Optional[str]:
+    """Why SMs cannot be kept for the engine (``rollout.engine_reserved_sms``, ``rollout.balance_reserved_sms``),
+    None when they can: that needs an engine running beside training in the training process's CUDA context, i.e.
+    ``trainer.rollout_overlap``, vLLM on a GPU and ``engine_process=worker`` (kernels of another process, the
+    ``child`` engine, do not share the SMs with this one's: the GPU time-slices between processes)."""
+    if not rollout_overlap:
+        return "trainer.rollout_overlap is off (no generation runs beside training)"
+    if not uses_vllm_on_gpu:
+        return "it applies to vLLM on CUDA"
+    if engine_process != "worker":
+        return f"rollout.engine_process={engine_process} (the engine's process does not share the training SMs)"
+    return None
+
+
 def resolve_engine_reserved_sms(
     value: int, rollout_overlap: bool, uses_vllm_on_gpu: bool, engine_process: str
 ) -> tuple[int, Optional[str]]:
-    """``rollout.engine_reserved_sms`` as the workers get it, and why it was set to 0 (None when it stands): SMs
-    are kept for an engine that runs beside training in the training process's CUDA context, i.e. with
-    ``trainer.rollout_overlap``, vLLM on a GPU and ``engine_process=worker`` (kernels of another process, the
-    ``child`` engine, do not share the SMs with this one's: the GPU time-slices between processes)."""
+    """``rollout.engine_reserved_sms`` as the workers get it, and why it was set to 0 (None when it stands; see
+    :func:`engine_sms_not_applicable`)."""
     if value <= 0:
         return value, None
-    if not rollout_overlap:
-        return 0, "trainer.rollout_overlap is off (no generation runs beside training)"
-    if not uses_vllm_on_gpu:
-        return 0, "it applies to vLLM on CUDA"
-    if engine_process != "worker":
-        return 0, f"rollout.engine_process={engine_process} (the engine's process does not share the training SMs)"
-    return value, None
+    why_not = engine_sms_not_applicable(rollout_overlap, uses_vllm_on_gpu, engine_process)
+    return (value, None) if why_not is None else (0, why_not)
 
 
 def _check_sampling(c: Checks) -> None:
@@ -133,6 +141,9 @@ class RolloutConfig(BaseConfig):
     # With trainer.rollout_overlap, vLLM on CUDA in the worker's process: SMs kept free of the training passes for the
     # engine (the trainer's kernels run in a CUDA green context of the others; verl/workers/training_sms.py); 0 = off.
     engine_reserved_sms: int = 0
+    # With engine_reserved_sms kept: after each step move it by 8 SMs towards the side that finished last (the
+    # training waited for the rollout ahead: more for the engine; the rollout waited for the training: fewer).
+    balance_reserved_sms: bool = False
     # Python's thread switch interval in the worker process (ms); null = Python's default (5 ms).
     gil_switch_interval_ms: Optional[float] = None
     # Where the engine runs: worker (a thread of the worker's process) | child (its own process on the worker's
