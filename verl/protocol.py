@@ -21,6 +21,9 @@ from verl, all deliberate:
 ``concat`` merges ``meta_info`` as verl does: ``meta_info["metrics"]`` of all parts are gathered into one
 dict of lists, and any other key present in several parts must hold equal values (``MetaInfoConflictError``,
 which is both a ``ValueError`` and an ``AssertionError`` so code written against either keeps working).
+
+The parts' values, keys and ``meta_info`` rules live in ``verl/protocol_values.py``, functions over whole DataProtos
+(padding, collate, folding) in ``verl/protocol_ops.py``; both are re-exported here under upstream's names.
 """
 
 from __future__ import annotations
@@ -35,6 +38,20 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+from verl.protocol_values import (
+    MetaInfoConflictError,
+    arrays_equal,
+    as_key_list,
+    as_non_tensor_array,
+    build_tensordict,
+    check_keys_present,
+    list_of_dict_to_dict_of_list,
+    merge_meta_infos,
+    missing_key_error,
+    union_tensor_dict,
+    values_equal,
+)
 
 __all__ = [
     "DataProto",
@@ -59,149 +76,6 @@ PADDING_FLAG_KEY = "is_padding"
 PAD_ZEROED_MASK_KEYS = ("response_mask", "loss_mask")
 # meta_info key set by ``from_dict(auto_padding=True)`` (verl's name); also enabled by env VERL_AUTO_PADDING=1.
 AUTO_PADDING_KEY = "_verl_auto_padding"
-
-
-class MetaInfoConflictError(ValueError, AssertionError):
-    """Two DataProtos to be concatenated hold different values under the same ``meta_info`` key."""
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _to_object_array(values: Sequence[Any]) -> np.ndarray:
-    """Return a 1-D object array with one element per item of ``values``.
-
-    Filled element by element so that a list of equal-length lists stays a 1-D array of lists
-    (``np.array`` would build a 2-D array instead).
-    """
-    array = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        array[i] = value
-    return array
-
-
-def _as_non_tensor_array(key: str, value: Any) -> np.ndarray:
-    """Convert a non-tensor column to a numpy array (lists/tuples become 1-D object arrays)."""
-    if isinstance(value, np.ndarray):
-        if value.ndim == 0:
-            raise ValueError(f"non_tensor_batch['{key}'] is a 0-dim array; it needs one entry per row")
-        return value
-    if isinstance(value, (list, tuple)):
-        return _to_object_array(value)
-    raise TypeError(f"non_tensor_batch['{key}'] must be a numpy array or a list, got {type(value).__name__}")
-
-
-def _build_tensordict(tensors: dict[str, torch.Tensor]) -> TensorDict:
-    """Build a TensorDict with batch_size [N] from tensors that all have N rows (named errors otherwise)."""
-    first_key, num_rows = None, None
-    for key, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"batch['{key}'] must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.ndim == 0:
-            raise ValueError(f"batch['{key}'] is a 0-dim tensor; every tensor needs a leading row dimension")
-        if num_rows is None:
-            first_key, num_rows = key, tensor.shape[0]
-        elif tensor.shape[0] != num_rows:
-            raise ValueError(f"batch['{key}'] has {tensor.shape[0]} rows but batch['{first_key}'] has {num_rows} rows")
-    return TensorDict(dict(tensors), batch_size=[num_rows or 0])
-
-
-def _values_equal(a: Any, b: Any) -> bool:
-    """Equality for meta_info values and object-array elements (tensors, arrays, NaN-aware floats)."""
-    if a is b:
-        return True
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return _arrays_equal(np.asarray(a), np.asarray(b))
-    if isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b):
-        return True
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_values_equal(x, y) for x, y in zip(a, b))
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):
-        return False
-
-
-def _arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Shape- and element-wise equality of two numpy arrays, including object arrays."""
-    if a.shape != b.shape:
-        return False
-    if a.dtype != object and b.dtype != object:
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc" and b.dtype.kind in "fc"))
-    return all(_values_equal(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1)))
-
-
-def _missing_key_error(kind: str, missing: str, available: Sequence[str]) -> KeyError:
-    return KeyError(f"{kind} key '{missing}' not found; available {kind} keys: {sorted(available)}")
-
-
-def _check_keys_present(kind: str, wanted: Sequence[str] | None, available: Sequence[str]) -> None:
-    for key in wanted or ():
-        if key not in available:
-            raise _missing_key_error(kind, key, available)
-
-
-def _as_key_list(keys: str | Sequence[str] | None) -> list[str]:
-    if keys is None:
-        return []
-    if isinstance(keys, str):
-        return [keys]
-    return list(keys)
-
-
-def list_of_dict_to_dict_of_list(list_of_dict: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """``[{"a": 1}, {"a": 2}] -> {"a": [1, 2]}``; every dict needs the keys of the first (KeyError otherwise)."""
-    if not list_of_dict:
-        return {}
-    keys = list(list_of_dict[0])
-    output: dict[str, list[Any]] = {key: [] for key in keys}
-    for i, item in enumerate(list_of_dict):
-        if set(item) != set(keys):
-            raise KeyError(f"dict {i} has keys {sorted(item)} but dict 0 has {sorted(keys)}")
-        for key in keys:
-            output[key].append(item[key])
-    return output
-
-
-def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> TensorDict:
-    """Add the keys of ``tensor_dict2`` to ``tensor_dict1`` (in place); shared keys must hold equal tensors."""
-    if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(
-            f"union_tensor_dict: batch sizes differ ({list(tensor_dict1.batch_size)} vs {list(tensor_dict2.batch_size)})"
-        )
-    for key, value in tensor_dict2.items():
-        if key in tensor_dict1.keys():
-            if not torch.equal(tensor_dict1[key], value):
-                raise ValueError(f"union_tensor_dict: '{key}' differs between the two TensorDicts")
-        else:
-            tensor_dict1[key] = value
-    return tensor_dict1
-
-
-def _merge_meta_infos(meta_infos: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """verl's concat rule: ``metrics`` gathered into a dict of lists; other shared keys must agree."""
-    merged: dict[str, Any] = {}
-    metrics: list[dict[str, Any]] = []
-    for i, meta in enumerate(meta_infos):
-        for key, value in meta.items():
-            if key == "metrics":
-                if value is not None:
-                    metrics.extend(value if isinstance(value, list) else [value])
-            elif key in merged and not _values_equal(merged[key], value):
-                raise MetaInfoConflictError(
-                    f"Conflicting values for meta_info key '{key}': {merged[key]!r} (earlier part) vs {value!r} (part {i})"
-                )
-            else:
-                merged.setdefault(key, value)
-    if metrics:
-        merged["metrics"] = list_of_dict_to_dict_of_list(metrics)
-    return merged
 
 
 def _describe(value: Any) -> str:
@@ -241,10 +115,10 @@ class DataProto:
 
     def __post_init__(self) -> None:
         if isinstance(self.batch, dict):
-            self.batch = _build_tensordict(self.batch) if self.batch else None
+            self.batch = build_tensordict(self.batch) if self.batch else None
         if self.non_tensor_batch is None:
             self.non_tensor_batch = {}
-        self.non_tensor_batch = {k: _as_non_tensor_array(k, v) for k, v in self.non_tensor_batch.items()}
+        self.non_tensor_batch = {k: as_non_tensor_array(k, v) for k, v in self.non_tensor_batch.items()}
         if self.meta_info is None:
             self.meta_info = {}
         self.check_consistency()
@@ -266,7 +140,7 @@ class DataProto:
         """
         if num_batch_dims != 1:
             raise ValueError(f"DataProto.from_dict: only num_batch_dims=1 is supported, got {num_batch_dims}")
-        batch = _build_tensordict(tensors) if tensors else None
+        batch = build_tensordict(tensors) if tensors else None
         meta = dict(meta_info or {})
         if auto_padding:
             meta[AUTO_PADDING_KEY] = True
@@ -401,9 +275,9 @@ class DataProto:
         with ``deepcopy`` tensors are cloned and non-tensors/meta_info deep-copied.
         """
         batch_available = list(self.batch.keys()) if self.batch is not None else []
-        _check_keys_present("batch", batch_keys, batch_available)
-        _check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
-        _check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
+        check_keys_present("batch", batch_keys, batch_available)
+        check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
+        check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
         batch = None
         if self.batch is not None:
             batch = self.batch.select(*(batch_available if batch_keys is None else batch_keys))
@@ -426,11 +300,11 @@ class DataProto:
         All keys are checked before anything is removed, so a KeyError leaves ``self`` unchanged.
         The returned DataProto keeps the row count even when it gets no tensors.
         """
-        batch_keys, non_tensor_batch_keys = _as_key_list(batch_keys), _as_key_list(non_tensor_batch_keys)
-        meta_info_keys = _as_key_list(meta_info_keys)
-        _check_keys_present("batch", batch_keys, list(self.batch.keys()) if self.batch is not None else [])
-        _check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
-        _check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
+        batch_keys, non_tensor_batch_keys = as_key_list(batch_keys), as_key_list(non_tensor_batch_keys)
+        meta_info_keys = as_key_list(meta_info_keys)
+        check_keys_present("batch", batch_keys, list(self.batch.keys()) if self.batch is not None else [])
+        check_keys_present("non_tensor_batch", non_tensor_batch_keys, list(self.non_tensor_batch))
+        check_keys_present("meta_info", meta_info_keys, list(self.meta_info))
         batch = None
         if self.batch is not None:
             batch = TensorDict({k: self.batch.pop(k) for k in batch_keys}, batch_size=self.batch.batch_size)
@@ -442,7 +316,7 @@ class DataProto:
         self, old_keys: str | Sequence[str] | None = None, new_keys: str | Sequence[str] | None = None
     ) -> DataProto:
         """Rename tensor keys (or non-tensor keys) in place and return ``self``."""
-        old_keys, new_keys = _as_key_list(old_keys), _as_key_list(new_keys)
+        old_keys, new_keys = as_key_list(old_keys), as_key_list(new_keys)
         if len(old_keys) != len(new_keys):
             raise ValueError(f"rename got {len(old_keys)} old keys {old_keys} but {len(new_keys)} new keys {new_keys}")
         batch_available = list(self.batch.keys()) if self.batch is not None else []
@@ -456,9 +330,7 @@ class DataProto:
                     raise ValueError(f"cannot rename non_tensor_batch['{old}'] to '{new}': key '{new}' already exists")
                 self.non_tensor_batch[new] = self.non_tensor_batch.pop(old)
             else:
-                raise _missing_key_error(
-                    "batch or non_tensor_batch", old, batch_available + list(self.non_tensor_batch)
-                )
+                raise missing_key_error("batch or non_tensor_batch", old, batch_available + list(self.non_tensor_batch))
             batch_available = list(self.batch.keys()) if self.batch is not None else []
         return self
 
@@ -479,10 +351,10 @@ class DataProto:
                 if key in self.batch.keys() and not torch.equal(self.batch[key], value):
                     raise ValueError(f"cannot union: batch['{key}'] differs between the two DataProtos")
         for key, value in other.non_tensor_batch.items():
-            if key in self.non_tensor_batch and not _arrays_equal(self.non_tensor_batch[key], value):
+            if key in self.non_tensor_batch and not arrays_equal(self.non_tensor_batch[key], value):
                 raise ValueError(f"cannot union: non_tensor_batch['{key}'] differs between the two DataProtos")
         for key, value in other.meta_info.items():
-            if key in self.meta_info and not _values_equal(self.meta_info[key], value):
+            if key in self.meta_info and not values_equal(self.meta_info[key], value):
                 raise ValueError(f"cannot union: meta_info['{key}'] differs ({self.meta_info[key]!r} vs {value!r})")
         if other.batch is not None:
             if self.batch is None:
@@ -535,7 +407,7 @@ class DataProto:
                     f"but part 0 has {sorted(first_nt_keys)}"
                 )
         non_tensor = {k: np.concatenate([part.non_tensor_batch[k] for part in data], axis=0) for k in first_nt_keys}
-        meta = _merge_meta_infos([part.meta_info for part in data])
+        meta = merge_meta_infos([part.meta_info for part in data])
         return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     # ---------------------------------------------------------------- splitting / repeating

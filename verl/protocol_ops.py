@@ -11,15 +11,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.protocol import (
-    PAD_ZEROED_MASK_KEYS,
-    PADDING_FLAG_KEY,
-    DataProto,
-    DataProtoItem,
-    _arrays_equal,
-    _to_object_array,
-    list_of_dict_to_dict_of_list,
-)
+from verl.protocol import PAD_ZEROED_MASK_KEYS, PADDING_FLAG_KEY, DataProto, DataProtoItem
+from verl.protocol_values import arrays_equal, list_of_dict_to_dict_of_list, to_object_array
 
 __all__ = [
     "pad_dataproto_to_divisor",
@@ -99,7 +92,7 @@ def collate_fn(items: Sequence[DataProtoItem]) -> DataProto:
         raise ValueError("collate_fn needs at least one DataProtoItem")
     batch = torch.stack([item.batch for item in items]).contiguous() if items[0].batch is not None else None
     columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in items])
-    return DataProto(batch=batch, non_tensor_batch={k: _to_object_array(v) for k, v in columns.items()})
+    return DataProto(batch=batch, non_tensor_batch={k: to_object_array(v) for k, v in columns.items()})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -142,7 +135,7 @@ def union_numpy_dict(dict1: dict[str, np.ndarray], dict2: dict[str, np.ndarray])
         if key in dict1:
             if not (isinstance(dict1[key], np.ndarray) and isinstance(value, np.ndarray)):
                 raise TypeError(f"union_numpy_dict: '{key}' must be a numpy array in both dicts")
-            if not _arrays_equal(dict1[key], value):
+            if not arrays_equal(dict1[key], value):
                 raise ValueError(f"union_numpy_dict: '{key}' differs between the two dicts")
         dict1[key] = value
     return dict1

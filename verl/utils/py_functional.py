@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl.protocol import _values_equal
+from verl.protocol_values import values_equal
 
 __all__ = ["union_two_dict", "append_to_dict"]
 
@@ -12,7 +12,7 @@ def union_two_dict(dict1: dict, dict2: dict) -> dict:
     (compared as ``DataProto`` compares meta_info: ``torch.equal``, NaN-aware arrays, ``==``), else ``ValueError``
     naming the key (upstream asserts)."""
     for key, value in dict2.items():
-        if key in dict1 and not _values_equal(dict1[key], value):
+        if key in dict1 and not values_equal(dict1[key], value):
             raise ValueError(f"union_two_dict: '{key}' differs ({dict1[key]!r} vs {value!r})")
         dict1[key] = value
     return dict1
