@@ -348,7 +348,7 @@ def print_report(report: dict) -> None:
             f", host RSS peak {r['host_peak_rss_gib']} GiB"
         )
     if "overlap_steps" in report:
-        print("\n" + overlap_table(report))
+        print("\n" + overlap_table(report) + balance_table(report["overlap_steps"]))
     if not report["complete"]:
         print(f"\nincomplete: {report.get('error', 'a run stopped before its last step')}")
 
@@ -490,7 +490,13 @@ def train_step_table(report: dict) -> str:
             f"; MFU: the training passes' 6/2/2 x {report['num_params'] / 1e6:,.0f}M params x tokens over the step "
             f"(update MFU: over the update) at {report['peak_flops'] / 1e12:.0f} TFLOP/s"
         )
-    return head + "\n\n" + bc.markdown_table(headers, rows) + generation_table(report["steps"])
+    return (
+        head
+        + "\n\n"
+        + bc.markdown_table(headers, rows)
+        + generation_table(report["steps"])
+        + balance_table(report["steps"])
+    )
 
 
 def generation_table(steps: list[dict]) -> str:
@@ -517,6 +523,20 @@ def generation_table(steps: list[dict]) -> str:
         "\n\nGeneration (rank 0's worker, since its previous update; one-step-off: the rollout running ahead)\n\n"
         + table
     )
+
+
+def balance_table(steps: list[dict]) -> str:
+    """One-step-off: which side of each step finished last (empty without a rollout running ahead): how long the
+    training passes, done, waited for the rollout ahead, how long that rollout had been done when they were, and the
+    SMs kept for the engine meanwhile (``rollout.engine_reserved_sms`` / ``balance_reserved_sms``)."""
+    rows = [r for r in steps if r.get("wait_rollout_ahead") or r.get("rollout_ahead_idle")]
+    if not rows:
+        return ""
+    table = bc.markdown_table(
+        ["step", "SMs kept for the engine", "training waited for the rollout", "rollout waited for the training"],
+        [[r["step"], r.get("engine_reserved_sms"), r["wait_rollout_ahead"], r["rollout_ahead_idle"]] for r in rows],
+    )
+    return "\n\nOne-step-off balance (seconds)\n\n" + table
 
 
 def percent(value: float | None) -> str:

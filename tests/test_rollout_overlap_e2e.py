@@ -197,6 +197,10 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
     printed = capsys.readouterr().out
     assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
+    # which side of each overlapped step finished last: steps 1-2 had a rollout ahead, step 3 none
+    ahead = report["overlap_steps"]
+    assert [r["wait_rollout_ahead"] + r["rollout_ahead_idle"] > 0 for r in ahead] == [True, True, False]
+    assert printed.count("One-step-off balance (seconds)") == 1  # the synchronous run has none
     assert report["complete"] is True and "error" not in report
     # every step of both runs was logged beside --out as it ended; the report rebuilt from that log is the same
     log_dir = tmp_path / "train_step.steps"
