@@ -534,7 +534,15 @@ def balance_table(steps: list[dict]) -> str:
         return ""
     table = bc.markdown_table(
         ["step", "SMs kept for the engine", "training waited for the rollout", "rollout waited for the training"],
-        [[r["step"], r.get("engine_reserved_sms"), r["wait_rollout_ahead"], r["rollout_ahead_idle"]] for r in rows],
+        [
+            [
+                r["step"],
+                r.get("engine_reserved_sms"),
+                r.get("wait_rollout_ahead", 0.0),
+                r.get("rollout_ahead_idle", 0.0),
+            ]
+            for r in rows  # reports from before rollout_ahead_idle existed have none
+        ],
     )
     return "\n\nOne-step-off balance (seconds)\n\n" + table
 

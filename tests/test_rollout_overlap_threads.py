@@ -82,6 +82,7 @@ def test_trainer_builds_the_threaded_worker_only_with_the_overlap():
         "compute_ref_log_prob",
         "update_actor",
         "sync_rollout_weights",
+        "shift_engine_reserved_sms",  # rollout.balance_reserved_sms: the training passes' SMs, between steps
         "save_checkpoint",
         "load_checkpoint",
     }
