@@ -13,7 +13,8 @@
 #                 torch_varlen + compile_layers, torch_varlen + liger, torch_varlen + checkpointing every 2nd layer,
 #                 liger without checkpointing (bench_update_policy.py; MFU per pass; liger off unless named)
 #   train_step    the 1.5B step by phase, synchronous vs one-step-off (bench_train_step.py --overlap both), with
-#                 checkpointing on and off
+#                 checkpointing on and off; one-step-off by SMs kept for the engine, prompts shared or not, and the
+#                 split balanced by the trainer (rollout.balance_reserved_sms) against a fixed one
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
 #                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
