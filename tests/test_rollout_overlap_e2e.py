@@ -152,6 +152,31 @@ def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, t
     assert hist[-1]["trajectory/num_conv/min"] >= 4 and hist[-1]["rollout/is_weight_mean"] != 1.0
 
 
+def test_the_memory_trainer_balances_the_sm_split_from_each_steps_timings(tiny_model_path, tmp_path, monkeypatch):
+    """``rollout.balance_reserved_sms`` through the real trainer and in-process worker: main_ppo's check that the
+    split can apply (vLLM on a GPU beside training) is bypassed, as the split itself only acts on a GPU; each step
+    with a rollout ahead logs the split it ran with, and the next step's is the previous one moved by
+    ``balance_shift`` of the step's own logged timings."""
+    from verl.workers.training_sms import balance_shift
+
+    monkeypatch.setattr(main_ppo, "engine_sms_not_applicable", lambda *args: None)
+    monkeypatch.setattr(main_ppo, "resolve_engine_reserved_sms", lambda value, *args, **kwargs: (value, None))
+    extra = [
+        *QUIET,
+        "trainer.rollout_overlap=True",
+        "algorithm.bypass_mode=True",
+        "actor_rollout_ref.rollout.engine_reserved_sms=16",
+        "actor_rollout_ref.rollout.balance_reserved_sms=True",
+    ]
+    hist = {h["step"]: h for h in main_ppo.run(_cfg(tmp_path, tiny_model_path, str(tmp_path / "b"), 3, extra=extra))}
+    assert [("perf/engine_reserved_sms" in hist[s]) for s in (1, 2, 3)] == [True, True, False]  # 3: none ahead
+    assert hist[1]["perf/engine_reserved_sms"] == 16.0
+    h = hist[1]
+    waited, idle = h["timing_s/wait_rollout_ahead"], h["timing_s/rollout_ahead_idle"]
+    shift = balance_shift(waited, idle, h["timing_s/ref"] + h["timing_s/update_actor"] + waited)
+    assert hist[2]["perf/engine_reserved_sms"] == 16.0 + shift
+
+
 def test_overlap_with_the_single_turn_trainer(tiny_model_path, tmp_path):
     hist = main_ppo.run(
         single_turn_cfg(
