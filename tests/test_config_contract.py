@@ -217,7 +217,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     ),
     f"{RO}.balance_reserved_sms": (
         "tests/test_rollout_overlap.py::test_balance_reserved_sms_moves_the_split_towards_the_slower_side",
-        f"{OVERLAP}_e2e.py::test_the_memory_trainer_balances_the_sm_split_from_each_steps_timings",
+        "tests/test_rollout_overlap_e2e.py::test_the_memory_trainer_balances_the_sm_split_from_each_steps_timings",
         f"{W}::test_engine_reserved_sms_reaches_the_actor_and_ref_micro_batch_scope",
         f"{R}::test_run_turns_balance_reserved_sms_off_with_a_warning_where_nothing_runs_beside_training",
     ),
