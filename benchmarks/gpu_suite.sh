@@ -102,36 +102,38 @@ if want train_step; then
         --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass.json" -- $BIG_OVERRIDES \
         actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
         actor_rollout_ref.model.enable_gradient_checkpointing=False algorithm.bypass_mode=True
-    # one-step-off with 32 of the GPU's SMs kept free of the training passes for the engine thread
-    # (rollout.engine_reserved_sms; the split measured by the engine_process section's engine_sms_1p5b), then the
-    # same with none kept, side by side (twelfth run: 37.1-38.4 s vs 39.8 s)
+    # the 1.5B one-step-off step, bypass mode, no checkpointing, gmu 0.35: one_step_off NAME STEPS REPORT OVERRIDE...
+    one_step_off() {
+        local name=$1 steps=$2 report=$3
+        shift 3
+        run "$name" $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps "$steps" --overlap on --out "$OUT/$report" \
+            -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.35 \
+            actor_rollout_ref.model.enable_gradient_checkpointing=False algorithm.bypass_mode=True "$@"
+    }
+    # 32 of the GPU's SMs kept free of the training passes for the engine thread (rollout.engine_reserved_sms; the
+    # split measured by the engine_process section's engine_sms_1p5b), then none kept, side by side (twelfth run:
+    # 37.1-38.4 s vs 39.8 s)
     for sms in 32 0; do
-        run train_step_1p5b_bypass_sms$sms $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
-            --out "$OUT/train_step_qwen2.5-1.5b_nockpt_bypass_sms$sms.json" -- $BIG_OVERRIDES \
-            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
-            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$sms
+        one_step_off train_step_1p5b_bypass_sms$sms 4 train_step_qwen2.5-1.5b_nockpt_bypass_sms$sms.json \
+            actor_rollout_ref.rollout.engine_reserved_sms=$sms
     done
     # rows sharing a prompt packed with it once (model.share_prompts, the default, where null attention picks
     # flex_attention), against the same step unshared on flex_attention and on torch_varlen, side by side (thirteenth
     # run: 34.1 / 36.2 s vs 37.6-38.5 s; the update alone 15.8 s vs 19.1 s and 17.4 s)
     for variant in "shared flex_attention True" "unshared_flex flex_attention False" "unshared_varlen torch_varlen False"; do
         set -- $variant
-        run train_step_1p5b_$1 $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 4 --overlap on \
-            --out "$OUT/train_step_qwen2.5-1.5b_bypass_sms32_$1.json" -- $BIG_OVERRIDES \
-            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
-            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=32 \
-            actor_rollout_ref.model.attn_implementation=$2 actor_rollout_ref.model.share_prompts=$3
+        one_step_off train_step_1p5b_$1 4 train_step_qwen2.5-1.5b_bypass_sms32_$1.json \
+            actor_rollout_ref.rollout.engine_reserved_sms=32 actor_rollout_ref.model.attn_implementation=$2 \
+            actor_rollout_ref.model.share_prompts=$3
     done
     # the split moved by the trainer each step (rollout.balance_reserved_sms) from 16 and from 48, against 24 fixed,
     # 6 steps each (fourteenth run, fixed: 16 -> the training waited 4.7-5.9 s for the rollout, 32/48 -> the rollout
     # finished first; steps 34.9-42.7 s)
     for variant in "balanced_from16 16 True" "balanced_from48 48 True" "fixed24 24 False"; do
         set -- $variant
-        run train_step_1p5b_$1 $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 6 --overlap on \
-            --out "$OUT/train_step_qwen2.5-1.5b_bypass_shared_$1.json" -- $BIG_OVERRIDES \
-            actor_rollout_ref.rollout.gpu_memory_utilization=0.35 actor_rollout_ref.model.enable_gradient_checkpointing=False \
-            algorithm.bypass_mode=True actor_rollout_ref.rollout.engine_reserved_sms=$2 \
-            actor_rollout_ref.rollout.balance_reserved_sms=$3 actor_rollout_ref.model.attn_implementation=flex_attention
+        one_step_off train_step_1p5b_$1 6 train_step_qwen2.5-1.5b_bypass_shared_$1.json \
+            actor_rollout_ref.rollout.engine_reserved_sms=$2 actor_rollout_ref.rollout.balance_reserved_sms=$3 \
+            actor_rollout_ref.model.attn_implementation=flex_attention
     done
 fi
 if want small_step; then

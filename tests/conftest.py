@@ -20,6 +20,30 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_cached(tmp_path_factory.mktemp("tiny_model"))
 
 
+def _tiny_eval_model(path: Path, attn_implementation: str):
+    from verl.utils.model_loading import load_causal_lm
+
+    return load_causal_lm(path, dtype="float32", attn_implementation=attn_implementation).eval()
+
+
+@pytest.fixture(scope="session")
+def sdpa_model(tiny_model_path: Path):
+    """The tiny model in float32 with sdpa attention, in eval mode; shared: tests must not train or change it."""
+    return _tiny_eval_model(tiny_model_path, "sdpa")
+
+
+@pytest.fixture(scope="session")
+def eager_model(tiny_model_path: Path):
+    """As ``sdpa_model``, with eager attention."""
+    return _tiny_eval_model(tiny_model_path, "eager")
+
+
+@pytest.fixture(scope="session")
+def flex_model(tiny_model_path: Path):
+    """As ``sdpa_model``, with flex_attention."""
+    return _tiny_eval_model(tiny_model_path, "flex_attention")
+
+
 @pytest.fixture(scope="session")
 def varied_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with its projection weights x8, saved as a folder: a random-init tiny model with tied

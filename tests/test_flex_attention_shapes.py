@@ -55,11 +55,6 @@ def test_pack_rows_pads_with_one_extra_sequence():
     assert unpadded.num_padding == 0 and unpadded.input_ids.shape == (1, 6)
 
 
-@pytest.fixture(scope="module")
-def sdpa_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa").eval()
-
-
 def test_packed_length_multiple(sdpa_model, tiny_model_path):
     flex = load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="flex_attention")
     assert packed_length_multiple(flex) == 128

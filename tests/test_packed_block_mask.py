@@ -175,16 +175,6 @@ def test_builds_without_host_synchronisation():
 
 
 # ---------------------------------------------------------------------------------------------- on the model
-@pytest.fixture(scope="module")
-def sdpa_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa").eval()
-
-
-@pytest.fixture(scope="module")
-def flex_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="flex_attention").eval()
-
-
 def test_packed_attention_mask_only_for_flex_without_sliding_windows(sdpa_model, flex_model):
     from transformers import MistralConfig, Qwen2Config
 

@@ -190,21 +190,6 @@ def test_only_masked_attention_implementations_share_prompts(sdpa_model, flex_mo
 
 
 # ------------------------------------------------------------------------------------------- the model
-@pytest.fixture(scope="module")
-def sdpa_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="sdpa").eval()
-
-
-@pytest.fixture(scope="module")
-def eager_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="eager").eval()
-
-
-@pytest.fixture(scope="module")
-def flex_model(tiny_model_path):
-    return load_causal_lm(tiny_model_path, dtype="float32", attn_implementation="flex_attention").eval()
-
-
 @torch.no_grad()
 def test_shared_prompt_log_probs_equal_the_padded_forward(sdpa_model, eager_model):
     for seed in range(2):

@@ -62,6 +62,7 @@ class RolloutAhead:
         self._questions: Any = None
         self._future: Future | None = None
         self._launched_version: int | None = None
+        self._launched_at = 0.0  # time.perf_counter() when the rollout was launched
         self._finished_at: float | None = None  # time.perf_counter() when the launched rollout returned
 
     @property
@@ -76,6 +77,7 @@ class RolloutAhead:
         if self._future is not None:
             raise RuntimeError("trainer.rollout_overlap: a rollout is already running ahead; take it first")
         self._questions, self._launched_version, self._finished_at = questions, policy_version, None
+        self._launched_at = time.perf_counter()
         self._future = self._pool.submit(self._run, fn, questions, policy_version, **kwargs)
         return True
 
@@ -83,6 +85,11 @@ class RolloutAhead:
         rollout = make_rollout(fn, questions, policy_version, True, **kwargs)
         self._finished_at = time.perf_counter()
         return rollout
+
+    def launched_s(self) -> float:
+        """Seconds since the rollout not taken yet was launched (0 when there is none): the part of the step it ran
+        beside, once waited for."""
+        return 0.0 if self._future is None else time.perf_counter() - self._launched_at
 
     def idle_s(self) -> float:
         """Seconds since the launched rollout finished (0 while it runs, or when none was launched): how long it has

@@ -253,28 +253,27 @@ class TrainerCore:
             timing["rollout_ahead_idle"] = self.ahead.idle_s()
             with timer("wait_rollout_ahead", timing):
                 self.ahead.wait()
-            metrics = self.balance_engine_sms(timing)
+            metrics = self.balance_engine_sms(timing["wait_rollout_ahead"], timing["rollout_ahead_idle"])
         with timer("sync_weights", timing):
             self.wg.sync_rollout_weights()
         self.rollout_version = self.policy_version
         return metrics
 
-    def balance_engine_sms(self, timing: dict[str, float]) -> dict[str, float]:
+    def balance_engine_sms(self, waited: float, idle: float) -> dict[str, float]:
         """``perf/engine_reserved_sms`` (the split this step's training passes ran with, where one is kept) and,
         with ``rollout.balance_reserved_sms``, the split moved by one partition group towards the side of the step
-        that finished last (:func:`~verl.workers.training_sms.balance_shift`) for the next step."""
-        if not (self.engine_reserved_sms or self.conf.actor_rollout_ref.rollout.balance_reserved_sms):
+        that finished last (:func:`~verl.workers.training_sms.balance_shift` of ``waited`` for the rollout ahead, of
+        its ``idle`` time, over the part of the step it ran beside) for the next step."""
+        balance = self.conf.actor_rollout_ref.rollout.balance_reserved_sms
+        if not (self.engine_reserved_sms or balance):
             return {}
         metrics = {"perf/engine_reserved_sms": float(self.engine_reserved_sms)}
-        if self.conf.actor_rollout_ref.rollout.balance_reserved_sms:
-            waited, idle = timing["wait_rollout_ahead"], timing["rollout_ahead_idle"]
-            passes = sum(timing.get(name, 0.0) for name in ("old_log_prob", "ref", "values", "update_critic"))
-            delta = balance_shift(waited, idle, passes + timing.get("update_actor", 0.0) + waited)
-            if delta:
-                counts = set(self.wg.shift_engine_reserved_sms(delta))
-                if len(counts) != 1:
-                    raise RuntimeError(f"the workers' engine_reserved_sms disagree after a shift by {delta}: {counts}")
-                self.engine_reserved_sms = counts.pop()
+        delta = balance_shift(waited, idle, self.ahead.launched_s()) if balance else 0
+        if delta:
+            counts = set(self.wg.shift_engine_reserved_sms(delta))
+            if len(counts) != 1:
+                raise RuntimeError(f"the workers' engine_reserved_sms disagree after a shift by {delta}: {counts}")
+            self.engine_reserved_sms = counts.pop()
         return metrics
 
     def old_log_probs(self, data: DataProto, timing: dict[str, float]) -> DataProto:
