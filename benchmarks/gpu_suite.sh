@@ -135,6 +135,11 @@ if want train_step; then
             actor_rollout_ref.rollout.engine_reserved_sms=$2 actor_rollout_ref.rollout.balance_reserved_sms=$3 \
             actor_rollout_ref.model.attn_implementation=flex_attention
     done
+    # the balanced split with an fp8 KV cache for the engine (rollout.engine_kwargs.kv_cache_dtype=fp8: a decode step
+    # reads half the ~6 GB of KV cache; a quality trade-off, so opt-in only), from 24 SMs, 6 steps
+    one_step_off train_step_1p5b_balanced_fp8kv 6 train_step_qwen2.5-1.5b_bypass_shared_balanced_fp8kv.json \
+        actor_rollout_ref.rollout.engine_reserved_sms=24 actor_rollout_ref.rollout.balance_reserved_sms=True \
+        actor_rollout_ref.model.attn_implementation=flex_attention +actor_rollout_ref.rollout.engine_kwargs.kv_cache_dtype=fp8
 fi
 if want small_step; then
     run train_step_135m_packed $STEP --shape smollm2-135m $SMALL_SIZES --steps 3 --out "$OUT/train_step_135m_packed.json" \

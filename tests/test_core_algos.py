@@ -370,6 +370,23 @@ def test_policy_loss_dual_clip():
     close(lower_c10, 0.0)
 
 
+def test_policy_loss_multiplies_turn_weights_and_rollout_is_weights():
+    """``weights`` (turn weighting) and ``rollout_is_weights`` (TIS) both scale each token's loss: their product,
+    neither replacing the other (trajectory turn weighting with one-step-off training uses both)."""
+    old, new, adv = policy_inputs([1.1, 0.9, 1.05], [1.0, -2.0, 0.5])
+    mask = torch.ones(1, 3)
+    turn = torch.tensor([[2.0, 1.0, 0.5]])
+    tis = torch.tensor([[1.0, 0.5, 2.0]])
+    per_token = [-1.1, 2 * 0.9, -0.5 * 1.05]  # -A * ratio, no token clipped
+    for kwargs, factors in (
+        ({"weights": turn}, [2.0, 1.0, 0.5]),
+        ({"rollout_is_weights": tis}, [1.0, 0.5, 2.0]),
+        ({"weights": turn, "rollout_is_weights": tis}, [2.0, 0.5, 1.0]),
+    ):
+        loss, *_ = compute_policy_loss(old, new, adv, mask, cliprange=0.2, **kwargs)
+        close(loss, sum(v * f for v, f in zip(per_token, factors)) / 3)
+
+
 def test_policy_loss_ratio_clamp_and_argument_errors():
     old = torch.zeros(1, 1)
     new = torch.full((1, 1), 50.0)  # log-ratio clamped to 20 -> finite ratio exp(20)

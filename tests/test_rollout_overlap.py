@@ -49,6 +49,9 @@ def test_truncated_is_weights_match_hand_computed_values():
     assert m["rollout/is_weight_min"] == pytest.approx(math.exp(-1.0), abs=1e-6)
     assert m["rollout/is_weight_max"] == pytest.approx(2.0)
     assert m["rollout/is_truncated_frac"] == pytest.approx(1 / 5)
+    # a ratio exactly at the cap (old == rollout, cap 1) is not truncated
+    at_cap = rollout_is_metrics(torch.ones(1, 2), rollout[:1, :2], rollout[:1, :2], mask[:1, :2], 1.0)
+    assert at_cap["rollout/is_truncated_frac"] == 0.0
     with pytest.raises(ValueError, match="rollout_is_threshold must be > 0"):
         compute_rollout_is_weights(old, rollout, mask, threshold=0.0)
 

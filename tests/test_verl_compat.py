@@ -223,6 +223,22 @@ def test_policy_loss_upstream_vanilla_form():
     assert float(weighted) == pytest.approx(-1.3 * 2 / 2)
 
 
+def test_policy_loss_upstream_vanilla_form_reads_clip_ratio_c_from_the_config():
+    """The dual-clip bound comes from the actor config's ``clip_ratio_c`` (3.0 only when it is unset)."""
+    from types import SimpleNamespace
+
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+    old, new = torch.zeros(1, 1), torch.log(torch.tensor([[5.0]]))  # ratio 5
+    adv, mask = torch.tensor([[-2.0]]), torch.ones(1, 1)
+    # A = -2, ratio 5: PPO-clipped loss max(10, 2.4) = 10; dual clip min(10, -A * c)
+    for c, expected in ((2.0, 4.0), (4.0, 8.0), (None, 6.0)):
+        cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=c)
+        loss, metrics = compute_policy_loss_vanilla(old, new, adv, mask, "token-mean", cfg)
+        assert float(loss) == pytest.approx(expected), c
+        assert metrics["actor/pg_clipfrac_lower"] == 1.0
+
+
 # ------------------------------------------------------------------ utils
 
 
