@@ -411,6 +411,16 @@ def test_entropy_only_when_its_coefficient_or_calculate_entropy_asks(base_model,
     assert calls == [(True, True)] * 3
     assert metrics_bonus["actor/entropy"] == pytest.approx(metrics_on["actor/entropy"], abs=1e-6)
     assert loss_bonus == pytest.approx(loss_on, abs=1e-6)  # the reported loss terms exclude the bonus
+    # the bonus is subtracted: its gradient is the plain one minus 0.01 x the gradient of the token-mean entropy
+    model = copy.deepcopy(base_model)
+    b = data.batch
+    logits = model(
+        input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"], use_cache=False
+    ).logits[:, -b["responses"].shape[1] - 1 : -1]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    (-(log_probs.exp() * log_probs).sum(-1)[mask].mean()).backward()
+    for g_bonus, g_on, p in zip(_loss_and_grads(base_model, data, entropy_coeff=0.01)[1], grads_on, model.parameters()):
+        torch.testing.assert_close(g_bonus, g_on - 0.01 * p.grad, atol=1e-6, rtol=0)
 
 
 def test_padding_rows_are_dropped(base_model):

@@ -78,6 +78,10 @@ def test_last_boxed_only_string_forms() -> None:
     assert last_boxed_only_string(None) is None
     # The space form wins even over a later brace form (original behaviour).
     assert last_boxed_only_string("\\boxed London$ then \\boxed{Paris}") == "\\boxed London"
+    # of several space forms the last one
+    assert last_boxed_only_string("\\boxed London$ and \\boxed Paris$ end") == "\\boxed Paris"
+    # a stray } before the first { drives the depth to -1 and is skipped: the expression closes at depth 0
+    assert last_boxed_only_string("\\boxed}{{a}} x") == "\\boxed}{{a}"
 
 
 def test_remove_boxed_and_extract_boxed_answer() -> None:
@@ -262,6 +266,8 @@ def test_score_prediction_methods_and_gold_selection() -> None:
     quirk = lenient.score_prediction("Therefore, the answer is the.", "Paris")
     assert (quirk["pred"], quirk["em"], quirk["sub_em"], quirk["f1"]) == ("the", 0.0, 1.0, 0.0)
     assert lenient.score_prediction(None, "Paris")["sub_em"] == 0.0
+    # the answer is read after the reasoning block only: a phrase inside <think> alone gives no prediction
+    assert lenient.score_prediction("<think>the answer is London</think>I cannot tell.", "London")["pred"] is None
     assert lenient.score_prediction("   ", "Paris")["pred"] is None
     assert lenient.score_prediction("Therefore, the answer is Paris", [])["em"] == 0.0
     with pytest.raises(ValueError, match="unknown evaluation method 'nope'"):
