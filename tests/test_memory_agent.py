@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from recurrent.generation_manager import LLMGenerationManager
@@ -183,6 +184,22 @@ def test_concat_conversations_repads_turns_of_different_widths(tok):
     assert c.batch["responses"].tolist() == [[7, 0, 0], [8, 9, 10]]
     assert c.batch["position_ids"].tolist() == [[0, 0, 0, 1, 2, 2, 2], [0, 1, 2, 3, 4, 5, 6]]
     assert c.batch["response_mask"].tolist() == [[1, 0, 0], [1, 1, 1]]
+    # response-aligned tensors (the engine's log-probs) stay aligned with their tokens: padded on the right
+    a.batch["rollout_log_probs"] = torch.tensor([[-0.5]])
+    b.batch["rollout_log_probs"] = torch.tensor([[-0.1, -0.2, -0.3]])
+    c = concat_conversations([a, b], pad_id=0)
+    torch.testing.assert_close(c.batch["rollout_log_probs"], torch.tensor([[-0.5, 0.0, 0.0], [-0.1, -0.2, -0.3]]))
+
+
+def test_final_batch_orders_final_conversations_by_trajectory():
+    """Finals arriving out of trajectory order (async agents finish when they finish) come back as row i =
+    trajectory i; memory turns are left out."""
+    conv = DataProto.from_dict(tensors={"row": torch.arange(5)})
+    final_mask = torch.tensor([True, False, True, True, False])
+    sample_index = torch.tensor([2, 0, 0, 1, 1])
+    assert final_batch(conv, final_mask, sample_index).batch["row"].tolist() == [2, 3, 0]
+    with pytest.raises(ValueError, match="more than one final conversation"):
+        final_batch(conv, torch.tensor([True, True, False, False, False]), torch.tensor([0, 0, 1, 1, 1]))
 
 
 def test_register_resolution(tmp_path):

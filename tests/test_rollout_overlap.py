@@ -368,3 +368,13 @@ def test_ranks_that_disagree_on_the_split_are_an_error():
     ranks[1].reserved = 8
     with pytest.raises(RuntimeError, match=r"engine_reserved_sms disagree after a shift by 8: \{(24, 16|16, 24)\}"):
         _overlapped_step(trainer, rollout_s=0.6, training_s=0.0)
+
+
+def test_scores_at_last_token_put_each_rows_score_on_its_last_response_token():
+    """The last masked position, not the mask's length: a response mask may have holes (an agent's tool output
+    inside its response is masked out)."""
+    from verl.trainer.ppo.trainer_core import scores_at_last_token
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]])
+    out = scores_at_last_token(torch.tensor([1.0, 0.5, 2.0]), mask)
+    assert out.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0]]

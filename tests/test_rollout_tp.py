@@ -130,6 +130,9 @@ def test_rollout_client_dispatches_by_tp_group():
     assert sent == [[[10], [20]], [[10], [20]], [[30]], [[30]]]
     assert seeds == [[100, 101], [100, 101], [102], [102]] and len(params) == 4
     assert [o[0].token_ids for o in out] == [[110], [121], [132]]
+    # the next call (the next turn) gets seeds of its own: turns do not replay the same random numbers
+    client.generate_batch(prompts, SamplingParams(seed=100))
+    assert wg.calls[-1][2] == [[1_000_103, 1_000_104], [1_000_103, 1_000_104], [1_000_105], [1_000_105]]
     # no seed: the driver draws one per request, the same for the ranks of a group
     client.generate_batch(prompts, SamplingParams())
     seeds = wg.calls[-1][2]
