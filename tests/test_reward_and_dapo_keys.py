@@ -112,6 +112,7 @@ GROUPS = {
 def _dapo_trainer(*overrides):
     """A MultiConvTrainer whose rollout is scripted by GROUPS (one conversation per trajectory)."""
     from verl.trainer.ppo.ray_trainer import MultiConvTrainer
+    from verl.utils.conversation_batch import build_conversation_batch
 
     trainer = object.__new__(MultiConvTrainer)
     cfg = compose_config(
@@ -135,7 +136,10 @@ def _dapo_trainer(*overrides):
         slot = [i % n for i in range(len(pids))]
         lengths = [GROUPS[p]["length"][s] for p, s in zip(pids, slot)]
         mask = torch.tensor([[1] * k + [0] * (8 - k) for k in lengths])
-        conv = DataProto.from_dict({"responses": mask.clone(), "response_mask": mask}, meta_info={"pad_token_id": 0})
+        conv = DataProto.from_dict(
+            build_conversation_batch([[5]] * len(pids), [[1] * k for k in lengths], 0, response_width=8),
+            meta_info={"pad_token_id": 0},
+        )
         finals = DataProto.from_dict({"responses": mask.clone(), "response_mask": mask})
         finals.meta_info["reward_extra_info"] = {"acc": [GROUPS[p]["acc"][s] for p, s in zip(pids, slot)]}
         scores = torch.tensor([GROUPS[p]["score"][s] for p, s in zip(pids, slot)])
@@ -165,6 +169,22 @@ def test_filter_groups_metric_picks_what_must_vary():
     assert _kept(_dapo_trainer("data.train_batch_size=2", "algorithm.filter_groups.metric=acc"), [0, 1])[0] == [0]
     with pytest.raises(KeyError, match=r"algorithm.filter_groups.metric='pass'.*they have: acc"):
         _kept(_dapo_trainer("data.train_batch_size=2", "algorithm.filter_groups.metric=pass"), [0, 1])
+
+
+def test_dynamic_sampling_draws_generation_batches_until_enough_groups_vary():
+    """max_num_gen_batches=0 is no limit: batches are drawn until train_batch_size groups survive (counted in
+    train/num_gen_batches); a limit of 1 stops after the first batch with what it kept."""
+    more = iter([_prompts([2, 3])])
+    for limit, want in ((0, ([1, 2, 3], 2)), (1, ([1], 1))):
+        trainer = _dapo_trainer(
+            "data.train_batch_size=3",
+            "algorithm.filter_groups.metric=score",
+            f"algorithm.filter_groups.max_num_gen_batches={limit}",
+        )
+        metrics = {}
+        traj, *_ = trainer.collect_rollouts(_prompts([0, 1]), 2, lambda: next(more), {}, metrics)
+        kept = sorted(set(traj.non_tensor_batch["pid"].tolist()))
+        assert (kept, metrics["train/num_gen_batches"]) == want, limit
 
 
 def test_gen_batch_size_draws_more_prompts_than_the_step_trains_on(tmp_path):

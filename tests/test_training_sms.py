@@ -10,6 +10,7 @@ stream waits for the scope's work on exit.
 from __future__ import annotations
 
 import time
+import types
 
 import pytest
 import torch
@@ -51,6 +52,8 @@ def test_balance_moves_one_group_towards_the_side_that_finished_last():
     assert balance_shift(1.9, 0.0, 37.0) == 8 and balance_shift(0.0, 1.9, 37.0) == -8
     assert balance_shift(2.0, 0.0, 10.0, tolerance=0.25) == 0 and balance_shift(2.0, 0.0, 10.0, granularity=4) == 4
     assert balance_shift(0.0, 0.0, 0.0) == 0
+    # both past the tolerance (not one step's timings, but the rule is total): the longer wait decides
+    assert balance_shift(3.0, 4.0, 37.0) == -8 and balance_shift(4.0, 3.0, 37.0) == 8
     with pytest.raises(ValueError, match="seconds >= 0"):
         balance_shift(-1.0, 0.0, 10.0)
 
@@ -66,6 +69,15 @@ def test_shifting_the_split_clamps_at_zero_and_drops_the_built_context():
     assert sms._context == "built" and sms.num_sms == 120  # unchanged split: the context stays
     sms.shift(8)
     assert sms._context is None and sms.num_sms is None  # the next partitioned pass builds the new size
+
+
+def test_shifting_the_split_on_a_device_keeps_one_group_for_the_training(monkeypatch):
+    """On a device of 132 SMs the engine keeps at most 124: the training passes keep one group of 8."""
+    props = types.SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    sms = TrainingSMs(112, 0)
+    assert sms.shift(8) == 120 and sms.shift(8) == 124 and sms.shift(8) == 124
+    assert sms.shift(-8) == 116
 
 
 def test_the_scope_does_nothing_off_cuda_or_with_nothing_reserved():
