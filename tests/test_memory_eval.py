@@ -253,6 +253,12 @@ def test_score_response_lenient_vs_strict_by_hand():
     assert (s["pred"], s["sub_em"], s["strict_boxed"]) == (None, 0, 1)
     s = score_response("Therefore, the answer is abc and xyz", ["ABC", "xyz", "qq"], "openai")
     assert s["string_match_all"] == pytest.approx(2 / 3)
+    # the lenient QA metrics take the best gold answer, not the first one (docs/spec.md#bug-first-gold-only)
+    s = score_response("Therefore, the answer is Rome.", ["Paris", "Rome"], "recurrent")
+    assert (s["em"], s["sub_em"], s["f1"]) == (1, 1, 1)
+    # string_match_all reads the extracted prediction; in_response the whole response
+    s = score_response("Paris is big. Therefore, the answer is Rome.", ["Paris"], "recurrent")
+    assert (s["pred"], s["string_match_all"], s["in_response"]) == ("Rome", 0, 1)
 
 
 def test_format_free_score_reads_the_whole_response():

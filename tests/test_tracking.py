@@ -294,6 +294,17 @@ def test_data_metrics_single_turn_defaults_and_critic() -> None:
     assert metrics["critic/vf_explained_var"] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_pass_at_n_counts_full_scores_only() -> None:
+    """critic/pass@n and trajectory/pass_rate count scores of exactly 1 (a partial credit of 0.5 is no pass)."""
+    batch = make_batch()
+    partial = batch.batch["token_level_scores"].clone()
+    partial[partial == 1.0] = 0.5
+    batch.batch["token_level_scores"] = partial
+    metrics = compute_data_metrics(batch, sample_index=SAMPLE_INDEX, final_mask=np.array(FINAL_MASK))
+    assert metrics["critic/pass@n"] == 0.0 and metrics["trajectory/pass_rate"] == 0.0
+    assert metrics["critic/score/mean"] == pytest.approx(0.375)
+
+
 def test_data_metrics_length_mismatch_is_named() -> None:
     with pytest.raises(ValueError, match="sample_index has 3 entries but the batch has 4 rows"):
         compute_data_metrics(make_batch(), sample_index=[0, 0, 1])
@@ -337,6 +348,21 @@ def test_validation_metrics_grouped_by_sample_uid() -> None:
             "val-core/squad/reward/best@4": 0.0,
             "val-aux/squad/reward/worst@4": 0.0,
             "val-aux/squad/reward/std@4": 0.0,
+        }
+    )
+
+
+def test_validation_metrics_core_is_the_largest_group_size() -> None:
+    """A question sampled fewer times (a group of 1 beside groups of 2) reports under val-aux: val-core holds the
+    mean and best at the largest n only."""
+    metrics = process_validation_metrics(["d"] * 3, ["u", "u", "v"], {"reward": [1.0, 0.0, 1.0]})
+    assert metrics == pytest.approx(
+        {
+            "val-core/d/reward/mean@2": 0.5,
+            "val-core/d/reward/best@2": 1.0,
+            "val-aux/d/reward/worst@2": 0.0,
+            "val-aux/d/reward/std@2": 0.5,
+            "val-aux/d/reward/mean@1": 1.0,
         }
     )
 
