@@ -327,6 +327,19 @@ def test_pad_keeps_attention_mask_and_handles_more_padding_than_rows():
     assert padded.non_tensor_batch["uid"].tolist() == ["a", "b", "a", "b", "a"]
 
 
+def test_unpad_keeps_the_padding_flag_of_padding_that_remains_and_checks_the_size():
+    """Padded twice, unpadded once: the first padding's rows are still there, and so is their flag."""
+    data = make_batch(3)
+    once, first = pad_dataproto_to_divisor(data, 4)
+    twice, second = pad_dataproto_to_divisor(once, 3)
+    assert (first, second) == (1, 2)
+    back = unpad_dataproto(twice, second)
+    assert back.batch["is_padding"].tolist() == [False, False, False, True]
+    assert "is_padding" not in unpad_dataproto(back, first).batch.keys()
+    with pytest.raises(ValueError, match=r"pad_size must be in \[0, 4\] for a DataProto with 4 rows, got 5"):
+        unpad_dataproto(back, 5)
+
+
 def test_pad_size_zero_returns_input_unchanged():
     data = make_batch(4)
     padded, pad_size = pad_dataproto_to_divisor(data, 2)

@@ -49,6 +49,15 @@ def test_tied_weights_once_in_the_engine_dtype(model):
     assert rollout_weight_bytes(model, torch.bfloat16) * 2 == fp32_bytes
 
 
+def test_only_floating_point_tensors_take_the_engine_dtype():
+    """An integer buffer in the state dict (a step counter, an index table) is sent as it is, not cast."""
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("table", torch.arange(3, dtype=torch.long))
+    tensors = dict(_flatten(iter_rollout_weights(module, dtype=torch.bfloat16)))
+    assert tensors["weight"].dtype == torch.bfloat16 and tensors["table"].dtype == torch.long
+    assert tensors["table"].tolist() == [0, 1, 2]
+
+
 def test_buckets_respect_the_size_and_keep_order(model):
     buckets = list(iter_rollout_weights(model, bucket_bytes=1 << 14))
     assert len(buckets) > 1
