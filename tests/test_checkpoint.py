@@ -198,6 +198,13 @@ def test_sampler_state_resumes_mid_epoch():
         ResumableSampler(12, batch_size=2, shuffle=True, seed=2).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset_len: saved 12, now 14"):
         ResumableSampler(14, batch_size=2, shuffle=True, seed=1).load_state_dict(state)
+    # a saved state at the end of an epoch resumes at the start of the next one
+    exhausted = ResumableSampler(12, batch_size=2, shuffle=True, seed=1)
+    exhausted.load_state_dict({"epoch": 0, "position": 6})
+    assert (exhausted.epoch, exhausted.position) == (1, 0) and list(exhausted) == sampler.epoch_batches(1)
+    for bad in ({"epoch": 0, "position": 7}, {"epoch": 0, "position": -1}, {"epoch": -1, "position": 0}):
+        with pytest.raises(ValueError, match=r"invalid sampler state .*\(batches per epoch: 6\)"):
+            ResumableSampler(12, batch_size=2, shuffle=True, seed=1).load_state_dict(bad)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
