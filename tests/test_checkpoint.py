@@ -47,7 +47,7 @@ def _step_dirs(root: Path) -> list[str]:
 # ----------------------------------------------------------------------------------------- CheckpointManager
 def test_save_writes_complete_checkpoint_and_latest_file(tmp_path):
     manager = CheckpointManager(tmp_path / "ckpts", fsync=True)
-    final = manager.save(10, _writer("ten"), world_size=2, metadata={"note": "x"})
+    final = manager.save(10, _writer("ten"), world_size=2, metadata={"note": "x", "step": 99})  # step: the real one
     assert final == tmp_path / "ckpts" / "global_step_10"
     assert (final / "payload.txt").read_text() == "ten"
     meta = read_checkpoint_meta(final)
