@@ -174,15 +174,15 @@ def test_filter_groups_metric_picks_what_must_vary():
 def test_dynamic_sampling_draws_generation_batches_until_enough_groups_vary():
     """max_num_gen_batches=0 is no limit: batches are drawn until train_batch_size groups survive (counted in
     train/num_gen_batches); a limit of 1 stops after the first batch with what it kept."""
-    more = iter([_prompts([2, 3])])
     for limit, want in ((0, ([1, 2, 3], 2)), (1, ([1], 1))):
+        more = iter([_prompts([2, 3])])  # one more generation batch on offer
         trainer = _dapo_trainer(
             "data.train_batch_size=3",
             "algorithm.filter_groups.metric=score",
             f"algorithm.filter_groups.max_num_gen_batches={limit}",
         )
         metrics = {}
-        traj, *_ = trainer.collect_rollouts(_prompts([0, 1]), 2, lambda: next(more), {}, metrics)
+        traj, *_ = trainer.collect_rollouts(_prompts([0, 1]), 2, more.__next__, {}, metrics)
         kept = sorted(set(traj.non_tensor_batch["pid"].tolist()))
         assert (kept, metrics["train/num_gen_batches"]) == want, limit
 

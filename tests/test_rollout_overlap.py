@@ -12,6 +12,7 @@ import copy
 import math
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -239,7 +240,6 @@ def test_memory_estimate_keeps_the_engine_awake_during_the_update_with_overlap(t
 
 def test_weight_sync_waits_for_the_rollout_running_ahead():
     """The engine's weights change only after the rollout launched on them has finished; versions follow."""
-    import time
     import types
 
     from verl.trainer.ppo.trainer_core import TrainerCore
@@ -276,8 +276,6 @@ def test_rollout_ahead_says_how_long_it_has_run_and_been_finished():
     def make(questions, step):
         assert release.wait(10)
         return questions, {}, {}
-
-    import time
 
     ahead, questions = RolloutAhead(enabled=True), [1]
     assert ahead.idle_s() == 0.0 and ahead.launched_s() == 0.0  # none launched
@@ -319,7 +317,6 @@ def _balancing_trainer(*overrides: str):
 def _overlapped_step(trainer, rollout_s: float, training_s: float) -> tuple[dict, dict]:
     """One step: the next rollout runs ``rollout_s`` in the background while the training passes take
     ``training_s``; returns (timing, metrics) of the weight sync."""
-    import time
 
     def make(questions, step):
         time.sleep(rollout_s)
