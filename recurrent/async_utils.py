@@ -339,7 +339,10 @@ class ChatCompletionProxy:
             outputs = await self.replicas[replica].generate(prompt.ids, params, completion_id)
         finally:
             self._router.release(replica)
-        choices = [self._choice(i, o, prompt.ids, params, completion_id, want_logprobs) for i, o in enumerate(outputs)]
+        choices = [
+            self._choice(i, o, prompt.ids, params, completion_id, want_logprobs, prompt_text=prompt.text)
+            for i, o in enumerate(outputs)
+        ]
         usage = {
             "prompt_tokens": len(prompt.ids),
             "completion_tokens": sum(len(o.token_ids) for o in outputs),
@@ -363,6 +366,7 @@ class ChatCompletionProxy:
         params: SamplingParams,
         completion_id: str,
         want_logprobs: bool,
+        prompt_text: str | None = None,
     ):
         from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
         from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
@@ -394,6 +398,7 @@ class ChatCompletionProxy:
                 content_len=content_len,
                 stop_text=stop_text,
                 visible=visible,
+                prompt_text=prompt_text,
             ),
         )
         logprobs = None

@@ -475,3 +475,21 @@ def test_reports_record_the_optional_gpu_kernels_they_ran_with(monkeypatch):
     env = bc.environment()
     assert env["liger_kernel"] == "0.8.5" and env["flash_attn"] is None
     assert env["torch"] == torch.__version__
+
+
+def test_workflow_host_benchmark_times_the_three_workflows_and_the_async_rows_agree(tmp_path):
+    import bench_workflow_host
+
+    out = tmp_path / "workflow_host.json"
+    report = bench_workflow_host.main(
+        ["--batch", "4", "--chunk", "48", "--chunks", "3", "--memory", "12", "--repeats", "1", "--out", str(out)]
+    )
+    results = report["results"]
+    assert set(results) == {"sync", "async", "async_encode_again"}
+    # 3 memory updates + 1 final answer per trajectory, whichever workflow
+    assert {r["conversations"] for r in results.values()} == {4 * (3 + 1)}
+    assert all(len(r["seconds"]) == 1 and r["median_s"] > 0 for r in results.values())
+    assert results["async_encode_again"]["speedup_vs_async_encode_again"] == 1.0
+    # reusing the engine's prompt ids builds the very same training rows as encoding the prompts again
+    assert report["async_rows_identical"] is True
+    assert json.loads(out.read_text())["results"]["sync"]["conversations"] == 16

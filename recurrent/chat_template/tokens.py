@@ -33,7 +33,8 @@ class EngineTurn:
 
     ``token_ids[:content_len]`` decode to ``text``; the rest (0 or 1 token) is the end token the
     engine stopped on (EOS or a stop token id). ``stop_text`` is the matched stop string (if any);
-    ``visible`` is the OpenAI ``content`` (text before the stop string).
+    ``visible`` is the OpenAI ``content`` (text before the stop string). ``prompt_text``: the rendered text
+    ``prompt_ids`` are the encoding of, in one piece (:attr:`TokenizedConversation.text`), when known.
     """
 
     prompt_ids: list[int]
@@ -44,6 +45,7 @@ class EngineTurn:
     content_len: int
     stop_text: str | None = None
     visible: str = ""
+    prompt_text: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -64,6 +66,8 @@ class TokenizedConversation:
 
     ``response_start`` is the index of the first assistant token of the first generated turn (so
     ``ids[:response_start]`` is the first prompt); ``log_probs`` is 0.0 where the engine gave none.
+    ``text``: the rendered text when ``ids`` are its encoding in one piece (a conversation without assistant
+    messages, e.g. a first prompt), else None.
     """
 
     ids: list[int]
@@ -74,6 +78,7 @@ class TokenizedConversation:
     retokenized_turns: int = 0
     prompt_mismatches: int = 0
     finish_reasons: list[str] = field(default_factory=list)
+    text: str | None = None
 
 
 Lookup = Callable[[dict[str, Any]], EngineTurn | None]
@@ -142,7 +147,10 @@ def tokenize_conversation(
     for k, (start, end) in enumerate(spans):
         i = assistant_idx[k]
         msg, turn = normalized[i], engine[i]
-        add(_encode(tokenizer, text[pos:start]), 0)
+        if pos == 0 and turn is not None and turn.prompt_text is not None and text[:start] == turn.prompt_text:
+            add(list(turn.prompt_ids), 0)  # the engine's prompt: this very text, encoded in one piece
+        else:
+            add(_encode(tokenizer, text[pos:start]), 0)
         if i == first_response:
             out.response_start = len(out.ids)
         if turn is not None:
@@ -182,4 +190,6 @@ def tokenize_conversation(
         add(_encode(tokenizer, text[pos:]), 0)
     if out.response_start < 0:
         out.response_start = len(out.ids)
+    if not spans:
+        out.text = text
     return out
