@@ -94,7 +94,8 @@ def test_a_prompt_rendered_from_other_text_is_encoded_and_counted_as_a_mismatch(
 
 
 def test_the_proxy_records_the_prompt_text_of_one_piece_prompts_only(tok):
-    proxy = ChatCompletionProxy(EchoEngine(tok), tok)
+    counting = CountingTokenizer(tok)
+    proxy = ChatCompletionProxy(EchoEngine(tok), counting)
     try:
         first = [{"role": "user", "content": "Read this."}]
         choice = proxy.run(proxy.chat(first, request_id="s")).choices[0]
@@ -109,5 +110,7 @@ def test_the_proxy_records_the_prompt_text_of_one_piece_prompts_only(tok):
         whole = proxy.tokenize(second + [msg(proxy.run(proxy.chat(second, request_id="t")).choices[0])])
         assert whole.ids[: whole.response_start] == record.prompt_ids
         assert (whole.engine_turns, whole.retokenized_turns, whole.prompt_mismatches) == (2, 0, 0)
+        # the first prompt's text was encoded once, for the engine; the shipped template renders it alike for training
+        assert counting.encoded.count(record.prompt_text) == 1
     finally:
         proxy.close()
