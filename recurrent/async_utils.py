@@ -199,6 +199,12 @@ class ChatCompletionProxy:
         self._awake = True
         self._wake_lock: asyncio.Lock | None = None
         self.requests_per_replica = [0] * len(self.replicas)
+        # chat requests on their way to a replica (waking it, rendering and tokenising the prompt): a replica that
+        # takes whole batches holds its next call until they arrive, so that a turn goes out in one call
+        self._preparing = 0
+        for replica in self.replicas:
+            if isinstance(replica, BatchingReplica) and replica.hold is None:
+                replica.hold = lambda: self._preparing > 0
         self._anonymous_calls = 0
         self.server = None  # a ChatServer when one is started for this proxy
 
@@ -322,9 +328,13 @@ class ChatCompletionProxy:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
         params, want_logprobs = sampling_from_openai(sampling, self.default_max_tokens)
-        if not self._awake:
-            await self._set_awake(True)
-        prompt = await self.in_thread(self.tokenize, messages, True, tools)
+        self._preparing += 1
+        try:
+            if not self._awake:
+                await self._set_awake(True)
+            prompt = await self.in_thread(self.tokenize, messages, True, tools)
+        finally:
+            self._preparing -= 1
         replica, turn = self._router.acquire(request_id)
         if params.seed is not None:  # distinct, reproducible seeds per session turn (per call without an id)
             if request_id is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
@@ -55,15 +56,32 @@ class BatchingReplica(Replica):
     sent together, one call per distinct sampling setting, as soon as the previous call returned.
 
     ``submit(prompts, params_dict, seeds_or_None)`` returns an awaitable of one output list per prompt.
+
+    A call returns when all its answers are done, and requests that arrive meanwhile wait for it: a turn whose
+    requests reach the replica a few at a time (each prompt is rendered and tokenised in a thread pool first) would
+    go out as two calls, one after the other, each as long as the turn's longest answer. So while ``hold()`` is
+    true (the chat proxy sets it: requests are still being prepared) the next call waits, at most
+    ``max_hold_s``, for them to arrive.
     """
 
-    def __init__(self, submit: Any, name: str = "batching", wake: Any = None, sleep: Any = None):
+    def __init__(
+        self,
+        submit: Any,
+        name: str = "batching",
+        wake: Any = None,
+        sleep: Any = None,
+        hold: Callable[[], bool] | None = None,
+        max_hold_s: float = 2.0,
+    ):
         self._submit = submit
         self.name = name
         self._wake, self._sleep = wake, sleep
+        self.hold = hold
+        self.max_hold_s = max_hold_s
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._draining = False
         self.calls = 0  # batched calls sent (for tests and stats)
+        self.call_sizes: list[int] = []  # requests per call, in order
 
     async def generate(self, prompt_ids, params, request_id=None):
         future = asyncio.get_running_loop().create_future()
@@ -78,6 +96,7 @@ class BatchingReplica(Replica):
 
         try:
             while self._pending:
+                await self._wait_for_requests_in_preparation()
                 batch, self._pending = self._pending, []
                 groups: dict[str, list[tuple[list[int], SamplingParams, asyncio.Future]]] = {}
                 for item in batch:
@@ -87,6 +106,14 @@ class BatchingReplica(Replica):
         finally:
             self._draining = False
 
+    async def _wait_for_requests_in_preparation(self) -> None:
+        if self.hold is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_hold_s
+        while self.hold() and loop.time() < deadline:
+            await asyncio.sleep(0.001)
+
     async def _send(self, items) -> None:
         from dataclasses import asdict
 
@@ -94,6 +121,7 @@ class BatchingReplica(Replica):
         params.pop("seed", None)
         seeds = [it[1].seed for it in items]
         self.calls += 1
+        self.call_sizes.append(len(items))
         try:
             results = await self._submit(
                 [it[0] for it in items], params, None if all(s is None for s in seeds) else seeds

@@ -493,3 +493,39 @@ def test_workflow_host_benchmark_times_the_three_workflows_and_the_async_rows_ag
     # reusing the engine's prompt ids builds the very same training rows as encoding the prompts again
     assert report["async_rows_identical"] is True
     assert json.loads(out.read_text())["results"]["sync"]["conversations"] == 16
+
+
+def test_turn_scheduling_helpers_add_the_stop_ids_and_choose_the_replica_hold():
+    import asyncio
+
+    import bench_turn_scheduling as bts
+    from transformers import AutoTokenizer
+
+    from recurrent.async_utils import ChatCompletionProxy
+    from verl.workers.rollout.base import FixedWeightsEngine, GenerationOutput, SamplingParams
+
+    seen = []
+
+    class Recording(FixedWeightsEngine):
+        async def generate(self, prompt_ids, params, request_id=None):
+            seen.append(params.stop_token_ids)
+            return [GenerationOutput([5], None, "stop")]
+
+        def generate_requests(self, prompts, params):
+            seen.extend(p.stop_token_ids for p in params)
+            return [[GenerationOutput([5], None, "stop")] for _ in prompts]
+
+    stopping = bts.stopping_engine(Recording(), [11, 12])
+    asyncio.run(stopping.generate([1, 2], SamplingParams(max_tokens=3)))
+    stopping.generate_requests([[1], [2]], [SamplingParams(max_tokens=3)] * 2)
+    assert seen == [[11, 12]] * 3 and stopping.requests == 3
+    # the replica the proxy holds while it prepares requests, and the one that never holds
+    held, never = bts.batching_replica(stopping), bts.batching_replica(stopping, hold=False)
+    assert held.hold is None and never.hold() is False
+    tok = AutoTokenizer.from_pretrained(bc.tiny_model_path())
+    for replica in (held, never):
+        proxy = ChatCompletionProxy(replica, tok)
+        proxy.close()
+    assert held.hold is not None and never.hold() is False
+    out = asyncio.run(held.generate([3], SamplingParams(max_tokens=2, seed=4)))
+    assert out[0].token_ids == [5] and held.call_sizes == [1]
