@@ -16,7 +16,10 @@ roughly geometric, capped at ``--memory`` tokens. Then:
   uses for a Ray worker rank): a call returns when all its answers are done, and requests that arrive meanwhile wait
   for it; the replica holds a call while the proxy still prepares requests, so a turn goes out in one call;
 * ``batched_calls_no_hold``: the same replica without that hold (as before it had one): a turn's requests, which
-  reach the replica a few at a time after their prompts are tokenised, went out as two calls one after the other.
+  reach the replica a few at a time after their prompts are tokenised, went out as two calls one after the other;
+* ``request_calls``: the async agent over a replica that sends each request as a call of its own, ``--batch`` at
+  once (``RequestReplica``, what ``rollout.async_free_running_calls`` gives a Ray rank; here each call runs in a
+  thread, as in a worker's concurrency group): free-running turns over batch calls.
 
 Reported per setting: the rollout's wall seconds, the engine steps it took, the generated tokens (the same work
 within sampling noise) and tokens per second; ``steps`` is what a GPU run scales with (a small model's decode step
@@ -41,7 +44,7 @@ import bench_common as bc
 import numpy as np
 import torch
 
-SETTINGS = ("lockstep", "free_running", "batched_calls", "batched_calls_no_hold")
+SETTINGS = ("lockstep", "free_running", "batched_calls", "batched_calls_no_hold", "request_calls")
 
 
 def stopping_engine(engine: Any, stop_ids: list[int]) -> Any:
@@ -79,6 +82,24 @@ def batching_replica(engine: Any, hold: bool = True) -> Any:
         return asyncio.to_thread(engine.generate_requests, prompts, per_request)
 
     return BatchingReplica(submit, "batched", hold=None if hold else (lambda: False))
+
+
+def request_replica(engine: Any, max_in_flight: int) -> Any:
+    """A :class:`recurrent.replicas.RequestReplica` over ``engine``: one request per call, each in a thread of a pool
+    of ``max_in_flight`` (as a Ray worker's concurrency group of that many threads)."""
+    import concurrent.futures
+
+    from recurrent.replicas import RequestReplica
+    from verl.workers.rollout.base import SamplingParams
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_in_flight, thread_name_prefix="rank-call")
+
+    def submit(prompts, params, seeds):
+        sp = SamplingParams.from_dict(params)
+        per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
+        return asyncio.get_running_loop().run_in_executor(pool, engine.generate_requests, prompts, per_request)
+
+    return RequestReplica(submit, max_in_flight, "requests")
 
 
 def frequent_ids(engine: Any, vocab: int, count: int, avoid: set[int]) -> list[int]:
@@ -185,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             if setting == "free_running":
                 replica = EngineReplica(stopping)
+            elif setting == "request_calls":
+                replica = request_replica(stopping, args.batch)
             else:
                 replica = batching[setting] = batching_replica(stopping, hold=setting == "batched_calls")
             proxy = ChatCompletionProxy(replica, tok, eos_token_ids=[tok.eos_token_id, *stop_ids])

@@ -102,12 +102,15 @@ class AsyncLLMGenerationManager:
         timing["mt_engine"] += time.perf_counter() - t0
         try:
             self.agent.start(gen_batch, timing)
+            calls_before = self._replica_calls()
             t0 = time.perf_counter()
             results = self.proxy.run(self._rollout_all(gen_batch, timing))
             timing["mt_rollout"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             out = self._gather(gen_batch, results, timing)
             timing["mt_gather"] += time.perf_counter() - t0
+            # calls made to replicas that take batches (Ray ranks): one per request when free-running
+            out[0].meta_info["metrics"]["async/replica_calls"] = float(self._replica_calls() - calls_before)
         finally:
             try:
                 self.agent.end()
@@ -120,6 +123,9 @@ class AsyncLLMGenerationManager:
             for k, v in timing.items():
                 timing_raw[k] = timing_raw.get(k, 0.0) + v
         return out
+
+    def _replica_calls(self) -> int:
+        return sum(int(getattr(replica, "calls", 0)) for replica in self.proxy.replicas)
 
     def shutdown(self) -> None:
         """Close the proxy (its loop, thread pool and HTTP server)."""
@@ -289,7 +295,8 @@ def build_async_manager(
     (sleep engines after each rollout; True, but never with ``trainer.rollout_overlap``: a rollout running ahead
     ends during the actor update, and the engine stays awake through it), ``chat_scheduler`` (null or a ChatCompletionProxy
     subclass path), ``response_length`` (default max tokens), ``async_http_server`` (False: also
-    serve the proxy on a loopback port, URL in ``manager.proxy.server.url``).
+    serve the proxy on a loopback port, URL in ``manager.proxy.server.url``), ``async_free_running_calls`` (0: Ray
+    ranks take batched calls; k > 0: one call per request, up to k in flight per rank).
     """
     from omegaconf import OmegaConf
 
@@ -321,6 +328,7 @@ def build_async_manager(
         chat_template=rc.chat_template,
         model_name=model_name,
         default_max_tokens=rc.response_length,
+        free_running_calls=rc.async_free_running_calls,
     )
     if recurrent_config is None:
         name = config.recurrent.enable

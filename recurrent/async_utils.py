@@ -157,6 +157,8 @@ class ChatCompletionProxy:
         default_max_tokens: used when a request gives neither ``max_completion_tokens`` nor ``max_tokens``.
         eos_token_ids: ids that end a turn (stripped from ``content``); default: the replicas' and
             the tokenizer's EOS ids.
+        free_running_calls: for the ranks of a Ray worker group: 0 = batched calls, k > 0 = one call per request,
+            up to k in flight per rank (:func:`recurrent.replicas.ray_rank_replicas`).
     """
 
     def __init__(
@@ -171,8 +173,9 @@ class ChatCompletionProxy:
         max_records: int = 200_000,
         tokenize_threads: int = 4,
         eos_token_ids: Sequence[int] | None = None,
+        free_running_calls: int = 0,
     ):
-        self.replicas: list[Replica] = replicas_from(rollout)
+        self.replicas: list[Replica] = replicas_from(rollout, free_running_calls)
         if not self.replicas:
             raise ValueError("ChatCompletionProxy needs at least one rollout replica")
         self.tokenizer = tokenizer

@@ -12,7 +12,15 @@ from typing import Any
 
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
 
-__all__ = ["BatchingReplica", "EngineReplica", "Replica", "Router", "ray_rank_replicas", "replicas_from"]
+__all__ = [
+    "BatchingReplica",
+    "EngineReplica",
+    "Replica",
+    "RequestReplica",
+    "Router",
+    "ray_rank_replicas",
+    "replicas_from",
+]
 
 
 class Replica:
@@ -145,9 +153,52 @@ class BatchingReplica(Replica):
             await self._sleep()
 
 
-def ray_rank_replicas(wg: Any) -> list[Replica]:
-    """One :class:`BatchingReplica` per rank of a Ray worker group whose role has
-    ``generate(prompts, params_dict, seeds)`` (and optionally ``wake_up_rollout``/``sleep_rollout``)."""
+class RequestReplica(Replica):
+    """A backend that takes whole batches, sent one request per call, up to ``max_in_flight`` calls at once: each
+    answer comes back as soon as it is done, so a trajectory's next turn does not wait for other trajectories'
+    answers (free-running; ``actor_rollout_ref.rollout.async_free_running_calls``). The backend must run that many
+    calls at once (a worker with as many threads for ``generate``); the engine batches them.
+
+    ``submit(prompts, params_dict, seeds_or_None)`` as for :class:`BatchingReplica`.
+    """
+
+    def __init__(self, submit: Any, max_in_flight: int, name: str = "request", wake: Any = None, sleep: Any = None):
+        if max_in_flight < 1:
+            raise ValueError(f"RequestReplica needs max_in_flight >= 1, got {max_in_flight}")
+        self._submit = submit
+        self.max_in_flight = max_in_flight
+        self.name = name
+        self._wake, self._sleep = wake, sleep
+        self._slots: asyncio.Semaphore | None = None  # made on the loop that first uses it
+        self.calls = 0
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        from dataclasses import asdict
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_in_flight)
+        sent = asdict(params)
+        seed = sent.pop("seed", None)
+        async with self._slots:
+            self.calls += 1
+            results = await self._submit([list(prompt_ids)], sent, None if seed is None else [seed])
+        if len(results) != 1:
+            raise RuntimeError(f"replica {self.name} returned {len(results)} results for 1 prompt")
+        return results[0]
+
+    async def wake_up(self) -> None:
+        if self._wake is not None:
+            await self._wake()
+
+    async def sleep(self) -> None:
+        if self._sleep is not None:
+            await self._sleep()
+
+
+def ray_rank_replicas(wg: Any, free_running_calls: int = 0) -> list[Replica]:
+    """One replica per rank of a Ray worker group whose role has ``generate(prompts, params_dict, seeds)`` (and
+    optionally ``wake_up_rollout``/``sleep_rollout``): a :class:`BatchingReplica`, or with ``free_running_calls = k
+    > 0`` a :class:`RequestReplica` with up to ``k`` calls in flight."""
     has_wake, has_sleep = hasattr(wg, "wake_up_rollout"), hasattr(wg, "sleep_rollout")
     if hasattr(wg, "call_rank"):  # in the method's concurrency group (the rollout thread, trainer.rollout_overlap)
         call = wg.call_rank
@@ -169,28 +220,31 @@ def ray_rank_replicas(wg: Any) -> list[Replica]:
         async def sleep(rank=rank):
             await call(rank, "sleep_rollout")
 
-        replicas.append(
-            BatchingReplica(submit, f"rank{rank}", wake if has_wake else None, sleep if has_sleep else None)
-        )
+        hooks = (wake if has_wake else None, sleep if has_sleep else None)
+        if free_running_calls > 0:
+            replicas.append(RequestReplica(submit, free_running_calls, f"rank{rank}", *hooks))
+        else:
+            replicas.append(BatchingReplica(submit, f"rank{rank}", *hooks))
     return replicas
 
 
-def replicas_from(rollout: Any) -> list[Replica]:
+def replicas_from(rollout: Any, free_running_calls: int = 0) -> list[Replica]:
     """Replicas for an engine, a list of them, replicas, the trainer's ``RolloutClient`` (``.wg``),
-    an in-process worker group (``.worker.rollout``) or a Ray worker group (``.workers``)."""
+    an in-process worker group (``.worker.rollout``) or a Ray worker group (``.workers``; ``free_running_calls``:
+    :func:`ray_rank_replicas`)."""
     if isinstance(rollout, Replica):
         return [rollout]
     if isinstance(rollout, RolloutEngine):
         return [EngineReplica(rollout)]
     if isinstance(rollout, (list, tuple)):
-        return [r for item in rollout for r in replicas_from(item)]
+        return [r for item in rollout for r in replicas_from(item, free_running_calls)]
     if hasattr(rollout, "wg"):
-        return replicas_from(rollout.wg)
+        return replicas_from(rollout.wg, free_running_calls)
     worker = getattr(rollout, "worker", None)
     if worker is not None and getattr(worker, "rollout", None) is not None:
         return [EngineReplica(worker.rollout)]
     if hasattr(rollout, "workers"):
-        return ray_rank_replicas(rollout)
+        return ray_rank_replicas(rollout, free_running_calls)
     raise TypeError(
         f"cannot use {type(rollout).__name__} as a rollout for async mode: expected a RolloutEngine, a Replica, "
         "a list of them, a RolloutClient or a worker group"

@@ -529,3 +529,7 @@ def test_turn_scheduling_helpers_add_the_stop_ids_and_choose_the_replica_hold():
     assert held.hold is not None and never.hold() is False
     out = asyncio.run(held.generate([3], SamplingParams(max_tokens=2, seed=4)))
     assert out[0].token_ids == [5] and held.call_sizes == [1]
+    # one call per request, in a thread each
+    per_request = bts.request_replica(stopping, 2)
+    out = asyncio.run(per_request.generate([3], SamplingParams(max_tokens=2, seed=4)))
+    assert out[0].token_ids == [5] and per_request.calls == 1 and seen[-1] == [11, 12]

@@ -242,6 +242,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{RO}.async_drop_failed_samples": (ASYNC_BUILD,),
     f"{RO}.async_max_concurrency": (ASYNC,),
     f"{RO}.async_http_server": (ASYNC,),
+    f"{RO}.async_free_running_calls": (
+        "tests/test_async_free_running.py::test_the_trainer_gives_the_rollout_thread_k_threads_in_async_mode_only",
+        "tests/test_trainer_e2e.py::test_async_memory_agent_training_step[free_running]",
+    ),
     f"{RO}.val_kwargs.top_k": (SAMPLING,),
     f"{RO}.val_kwargs.top_p": (SAMPLING,),
     f"{RO}.val_kwargs.temperature": (SAMPLING,),

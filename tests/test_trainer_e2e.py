@@ -242,9 +242,11 @@ def test_trainer_on_gpus_fsdp2_nccl(tiny_model_path, tmp_path, ray_cluster):
     assert (tmp_path / "g" / "global_step_2" / "COMPLETE").exists()
 
 
-def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):
+@pytest.mark.parametrize("free_running_calls", [0, 8], ids=["batched_calls", "free_running"])
+def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs, free_running_calls):
     """actor_rollout_ref.rollout.mode=async: the memory agent as one coroutine per sample, served by
-    the engines of 2 Ray worker processes (least-loaded routing, sticky sessions)."""
+    the engines of 2 Ray worker processes (least-loaded routing, sticky sessions); with
+    ``rollout.async_free_running_calls`` each request is a call of its own, 8 at once per worker."""
     hist = main_ppo.run(
         _cfg(
             tmp_path,
@@ -253,6 +255,7 @@ def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):
             1,
             extra=[
                 "actor_rollout_ref.rollout.mode=async",
+                f"actor_rollout_ref.rollout.async_free_running_calls={free_running_calls}",
                 "trainer.n_gpus_per_node=2",
                 "trainer.val_before_train=False",
                 "trainer.save_freq=-1",
@@ -263,6 +266,10 @@ def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs):
     h = {x["step"]: x for x in hist}[1]
     assert h["trajectory/num_conv/min"] >= 4  # >= 3 memory turns + the final answer, as in sync mode
     assert h["actor/grad_norm"] == h["actor/grad_norm"] and "actor/pg_loss" in h
+    if free_running_calls:  # a call per chat request: one per conversation of the memory agent
+        assert h["async/replica_calls"] == h["async/engine_turns"]
+    else:  # a rank's requests of a turn in one call
+        assert h["async/replica_calls"] < h["async/engine_turns"] / 2
 
 
 def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):

@@ -17,7 +17,9 @@ The driver talks to a group of these through ``verl.single_controller`` (see ``r
 the ``train`` thread, so the next step's generation and this step's update run at the same time in one process.
 The engine is only driven from the rollout thread (its own scheduler thread does the work), the FSDP model and its
 collectives only from the train thread; :class:`~verl.workers.rollout.guard.RolloutGuard` refuses a weight sync,
-sleep or wake-up while a generation is in flight. Without the overlap the worker runs one call at a time.
+sleep or wake-up while a generation is in flight. In async mode with ``rollout.async_free_running_calls = k > 0``
+the ``rollout`` group has ``k`` threads: ``k`` single-request ``generate`` calls at once, which the engine batches.
+Without either the worker runs one call at a time.
 """
 
 from __future__ import annotations

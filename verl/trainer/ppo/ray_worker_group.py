@@ -5,23 +5,47 @@ command runs on a CPU box (gloo) and on GPU nodes (NCCL, FSDP2).
 
 With ``trainer.rollout_overlap`` every worker process gets two Ray concurrency groups, ``rollout`` and ``train``
 (one thread each, ``OVERLAP_CONCURRENCY_GROUPS``): the next step's generation runs in one while this step's
-log-probs and update run in the other. Without it a worker runs one call at a time.
+log-probs and update run in the other. With ``actor_rollout_ref.rollout.mode=async`` and
+``rollout.async_free_running_calls = k > 0`` the ``rollout`` group has ``k`` threads, so that ``k`` single-request
+``generate`` calls run at once (free-running async turns). Otherwise a worker runs one call at a time.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+import logging
+
+from omegaconf import DictConfig, OmegaConf
 
 from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
 from verl.trainer.config import TrainerConfig
-from verl.workers.fsdp_workers import OVERLAP_CONCURRENCY_GROUPS, ActorRolloutRefWorker
+from verl.workers.config import RolloutConfig
+from verl.workers.fsdp_workers import OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP, ActorRolloutRefWorker
+
+logger = logging.getLogger(__name__)
 
 
 def actor_rollout_ref_class(cfg: DictConfig, device: str) -> RayClassWithInitArgs:
-    """The actor/rollout/ref worker of ``cfg``, with the rollout and train threads when ``trainer.rollout_overlap``."""
+    """The actor/rollout/ref worker of ``cfg``, with the rollout and train threads when ``trainer.rollout_overlap``
+    (the rollout group with ``rollout.async_free_running_calls`` threads in async mode, when set)."""
     worker = RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device)
-    if TrainerConfig.from_config(cfg.trainer).rollout_overlap:
-        worker.update_options({"concurrency_groups": dict(OVERLAP_CONCURRENCY_GROUPS)})
+    rc = RolloutConfig.from_config(cfg.actor_rollout_ref.rollout)
+    calls = rc.async_free_running_calls if rc.mode == "async" else 0
+    trainer = TrainerConfig.from_config(cfg.trainer)
+    if trainer.rollout_overlap or calls > 0:
+        worker.update_options({"concurrency_groups": {**OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP: max(1, calls)}})
+    if calls > 0:
+        ranks = max(1, int(trainer.nnodes) * int(trainer.n_gpus_per_node))
+        per_rank = -(-int(OmegaConf.select(cfg, "data.train_batch_size", default=1)) * int(rc.n) // ranks)
+        if calls < per_rank:
+            logger.warning(
+                "actor_rollout_ref.rollout.async_free_running_calls=%d is below the %d trajectories each rank serves "
+                "(data.train_batch_size x rollout.n / ranks): a rank's engine sees at most %d requests at a time; set "
+                "it to %d or more",
+                calls,
+                per_rank,
+                calls,
+                per_rank,
+            )
     return worker
 
 

@@ -181,6 +181,9 @@ class RolloutConfig(BaseConfig):
     async_max_concurrency: Optional[int] = None
     # Async mode: also serve the chat proxy as /v1/chat/completions on a loopback port.
     async_http_server: bool = False
+    # Async mode over Ray worker ranks: 0 = batched calls (a turn's requests on a rank return together); k > 0 =
+    # one call per request, up to k in flight per rank (free-running turns).
+    async_free_running_calls: int = 0
     # Sampling used for validation rollouts.
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
@@ -198,6 +201,7 @@ class RolloutConfig(BaseConfig):
         c.integer("max_num_seqs", 1)
         c.integer("tensor_model_parallel_size", 1)
         c.integer("async_max_concurrency", 1, allow_none=True)
+        c.integer("async_free_running_calls", 0)
         c.integer("log_prob_max_token_len_per_gpu", 1, allow_none=True)
         c.number("gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]")
         if "sleep_level" not in c.bad and self.sleep_level not in (1, 2):
