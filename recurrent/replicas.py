@@ -59,7 +59,25 @@ class EngineReplica(Replica):
         await asyncio.to_thread(self.engine.sleep)
 
 
-class BatchingReplica(Replica):
+class _CallingReplica(Replica):
+    """A replica whose backend is called with batches (``submit``), with optional async ``wake``/``sleep`` hooks."""
+
+    def __init__(self, submit: Any, name: str, wake: Any = None, sleep: Any = None):
+        self._submit = submit
+        self.name = name
+        self._wake, self._sleep = wake, sleep
+        self.calls = 0  # calls sent (for tests and metrics)
+
+    async def wake_up(self) -> None:
+        if self._wake is not None:
+            await self._wake()
+
+    async def sleep(self) -> None:
+        if self._sleep is not None:
+            await self._sleep()
+
+
+class BatchingReplica(_CallingReplica):
     """A backend that takes whole batches (a worker-group rank): concurrent requests are queued and
     sent together, one call per distinct sampling setting, as soon as the previous call returned.
 
@@ -81,14 +99,11 @@ class BatchingReplica(Replica):
         hold: Callable[[], bool] | None = None,
         max_hold_s: float = 2.0,
     ):
-        self._submit = submit
-        self.name = name
-        self._wake, self._sleep = wake, sleep
+        super().__init__(submit, name, wake, sleep)
         self.hold = hold
         self.max_hold_s = max_hold_s
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future]] = []
         self._draining = False
-        self.calls = 0  # batched calls sent (for tests and stats)
         self.call_sizes: list[int] = []  # requests per call, in order
 
     async def generate(self, prompt_ids, params, request_id=None):
@@ -144,16 +159,8 @@ class BatchingReplica(Replica):
                 if not fut.done():
                     fut.set_exception(exc)
 
-    async def wake_up(self) -> None:
-        if self._wake is not None:
-            await self._wake()
 
-    async def sleep(self) -> None:
-        if self._sleep is not None:
-            await self._sleep()
-
-
-class RequestReplica(Replica):
+class RequestReplica(_CallingReplica):
     """A backend that takes whole batches, sent one request per call, up to ``max_in_flight`` calls at once: each
     answer comes back as soon as it is done, so a trajectory's next turn does not wait for other trajectories'
     answers (free-running; ``actor_rollout_ref.rollout.async_free_running_calls``). The backend must run that many
@@ -165,12 +172,9 @@ class RequestReplica(Replica):
     def __init__(self, submit: Any, max_in_flight: int, name: str = "request", wake: Any = None, sleep: Any = None):
         if max_in_flight < 1:
             raise ValueError(f"RequestReplica needs max_in_flight >= 1, got {max_in_flight}")
-        self._submit = submit
+        super().__init__(submit, name, wake, sleep)
         self.max_in_flight = max_in_flight
-        self.name = name
-        self._wake, self._sleep = wake, sleep
         self._slots: asyncio.Semaphore | None = None  # made on the loop that first uses it
-        self.calls = 0
 
     async def generate(self, prompt_ids, params, request_id=None):
         from dataclasses import asdict
@@ -185,14 +189,6 @@ class RequestReplica(Replica):
         if len(results) != 1:
             raise RuntimeError(f"replica {self.name} returned {len(results)} results for 1 prompt")
         return results[0]
-
-    async def wake_up(self) -> None:
-        if self._wake is not None:
-            await self._wake()
-
-    async def sleep(self) -> None:
-        if self._sleep is not None:
-            await self._sleep()
 
 
 def ray_rank_replicas(wg: Any, free_running_calls: int = 0) -> list[Replica]:
