@@ -18,7 +18,8 @@
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
 #                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
-#                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py)
+#                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py); the memory
+#                 agent's turns lock-step vs free-running with answers of varied length (bench_turn_scheduling.py)
 #   engine_process  generation beside training, the engine in the training process vs in its own, 135M and 1.5B;
 #                 at 1.5B with SMs kept free of the training loop for the engine (bench_engine_process.py)
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
@@ -205,6 +206,13 @@ if want vllm_step; then
     run vllm_step_1p5b python3 benchmarks/bench_vllm_step.py --shape qwen2.5-1.5b --device cuda --batch 32 \
         --prompt-len 6000 --new-tokens 1024 --repeats 1 --settings default engine_thread \
         engine_thread_training_sampling engine_thread_training_fp8_kv --out "$OUT/vllm_step_1p5b.json"
+    # the memory agent's turns with answers of varied length (each stops on one of the model's 64 most frequent ids):
+    # lock step vs free-running (in-process, and one call per request as rollout.async_free_running_calls gives a
+    # Ray rank) vs batched calls, at the miniature's sizes with its 1,024-token limit (the shape has the tiny
+    # tokenizer: sampled ids beyond its 2,048 decode to nothing in the async agents' text, so their prompts are
+    # shorter than lock step's; compare the engine steps)
+    run turn_scheduling_135m python3 benchmarks/bench_turn_scheduling.py --shape smollm2-135m --device cuda \
+        --batch 128 --chunk 512 --chunks 8 --memory 1024 --stop-ids 64 --repeats 2 --out "$OUT/turn_scheduling_135m.json"
 fi
 if want engine_process; then
     # generation beside training with the engine in the training process (a thread) and in its own process
