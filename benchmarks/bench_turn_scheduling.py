@@ -70,16 +70,34 @@ def stopping_engine(engine: Any, stop_ids: list[int]) -> Any:
     return _Stopping()
 
 
+def rank_call(engine: Any, prompts: list[list[int]], params: dict, seeds: list[int] | None) -> list:
+    """What a worker rank's ``generate(prompts, params_dict, seeds)`` does with ``engine``: a seed per request."""
+    from verl.workers.rollout.base import SamplingParams
+
+    sp = SamplingParams.from_dict(params)
+    per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
+    return engine.generate_requests(prompts, per_request)
+
+
+class OneRank:
+    """A worker group of one rank over ``engine``, for the trainer's ``RolloutClient`` (its seeds per request)."""
+
+    world_size = 1
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+
+    def generate(self, prompts: list, params: list, seeds: list) -> list:
+        return [rank_call(self.engine, prompts[0], params[0], seeds[0])]
+
+
 def batching_replica(engine: Any, hold: bool = True) -> Any:
     """A :class:`recurrent.replicas.BatchingReplica` over ``engine``: whole batches, one call at a time (``hold``:
     the chat proxy holds a call while requests are being prepared; False: never)."""
     from recurrent.replicas import BatchingReplica
-    from verl.workers.rollout.base import SamplingParams
 
     def submit(prompts, params, seeds):
-        sp = SamplingParams.from_dict(params)
-        per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
-        return asyncio.to_thread(engine.generate_requests, prompts, per_request)
+        return asyncio.to_thread(rank_call, engine, prompts, params, seeds)
 
     return BatchingReplica(submit, "batched", hold=None if hold else (lambda: False))
 
@@ -90,14 +108,11 @@ def request_replica(engine: Any, max_in_flight: int) -> Any:
     import concurrent.futures
 
     from recurrent.replicas import RequestReplica
-    from verl.workers.rollout.base import SamplingParams
 
     pool = concurrent.futures.ThreadPoolExecutor(max_in_flight, thread_name_prefix="rank-call")
 
     def submit(prompts, params, seeds):
-        sp = SamplingParams.from_dict(params)
-        per_request = [sp] * len(prompts) if seeds is None else [replace(sp, seed=s) for s in seeds]
-        return asyncio.get_running_loop().run_in_executor(pool, engine.generate_requests, prompts, per_request)
+        return asyncio.get_running_loop().run_in_executor(pool, rank_call, engine, prompts, params, seeds)
 
     return RequestReplica(submit, max_in_flight, "requests")
 
@@ -128,8 +143,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4)
     p.add_argument("--out")
     args = p.parse_args(argv)
-    if args.device == "cpu":
-        torch.set_num_threads(max(1, torch.get_num_threads()))
 
     from bench_rollout import build_vllm_engine
     from transformers import AutoTokenizer
@@ -141,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     from recurrent.impls.memory import MemoryAgent, MemoryConfig
     from recurrent.replicas import EngineReplica
     from verl.protocol import DataProto
+    from verl.trainer.ppo.trainer_core import RolloutClient
 
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     model = bc.model_folder(args.model, args.shape, dtype)
@@ -168,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     docs = bc.random_prompts(args.batch, doc_len, vocab, avoid | set(stop_ids), seed=5)
     question = "What is the special magic number?"
+    question_ids = tok.encode(question, add_special_tokens=False)
 
     def gen_batch(sync: bool) -> Any:
         contexts = np.empty(args.batch, dtype=object)
@@ -177,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
         if sync:
             q = np.empty(args.batch, dtype=object)
             for i in range(args.batch):
-                q[i] = tok.encode(question, add_special_tokens=False)
+                q[i] = question_ids
             non_tensors["prompt_ids"] = q
         else:
             non_tensors["prompt"] = np.array([question] * args.batch, dtype=object)
@@ -192,17 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
     batching: dict[str, Any] = {}
     for setting in args.settings:
         if setting == "lockstep":
-
-            class _Batch:  # the sync manager's rollout: generate_batch with the stop ids, a seed per request (as
-                calls = 0  # the trainer's RolloutClient gives)
-
-                def generate_batch(self, prompts, params):
-                    base = params.seed + 1_000_003 * self.calls
-                    self.calls += 1
-                    per_request = [replace(params, seed=base + i) for i in range(len(prompts))]
-                    return stopping.generate_requests(prompts, per_request)
-
-            managers[setting] = LLMGenerationManager(tok, _Batch(), MemoryAgent(tok, cfg))
+            # the trainer's rollout client (a seed per request) over one rank
+            managers[setting] = LLMGenerationManager(tok, RolloutClient(OneRank(stopping)), MemoryAgent(tok, cfg))
         else:
             if setting == "free_running":
                 replica = EngineReplica(stopping)

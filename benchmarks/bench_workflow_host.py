@@ -111,8 +111,9 @@ def generation_batch(setting: str, docs: list[np.ndarray], tokenizer: Any, quest
     non_tensors: dict[str, np.ndarray] = {"context_ids": contexts}
     if setting == "sync":
         prompt_ids = np.empty(n, dtype=object)
+        question_ids = tokenizer.encode(question, add_special_tokens=False)  # the same question: encoded once
         for i in range(n):
-            prompt_ids[i] = tokenizer.encode(question, add_special_tokens=False)
+            prompt_ids[i] = question_ids
         non_tensors["prompt_ids"] = prompt_ids
     else:
         non_tensors["prompt"] = np.array([question] * n, dtype=object)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from verl.workers.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
@@ -115,8 +116,6 @@ class BatchingReplica(_CallingReplica):
         return await future
 
     async def _drain(self) -> None:
-        from dataclasses import asdict
-
         try:
             while self._pending:
                 await self._wait_for_requests_in_preparation()
@@ -138,8 +137,6 @@ class BatchingReplica(_CallingReplica):
             await asyncio.sleep(0.001)
 
     async def _send(self, items) -> None:
-        from dataclasses import asdict
-
         params = asdict(items[0][1])
         params.pop("seed", None)
         seeds = [it[1].seed for it in items]
@@ -177,8 +174,6 @@ class RequestReplica(_CallingReplica):
         self._slots: asyncio.Semaphore | None = None  # made on the loop that first uses it
 
     async def generate(self, prompt_ids, params, request_id=None):
-        from dataclasses import asdict
-
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_in_flight)
         sent = asdict(params)

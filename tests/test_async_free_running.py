@@ -117,6 +117,7 @@ def test_ray_ranks_run_the_requests_as_concurrent_single_calls(tok, ray_cluster)
 def test_the_trainer_gives_the_rollout_thread_k_threads_in_async_mode_only(caplog):
     from tests.test_config import compose_config
     from verl.trainer.ppo.ray_worker_group import actor_rollout_ref_class
+    from verl.workers.config.base import ConfigError
 
     key = "actor_rollout_ref.rollout.async_free_running_calls"
     # 8 questions x 4 samples over 2 ranks: 16 trajectories per rank
@@ -134,7 +135,7 @@ def test_the_trainer_gives_the_rollout_thread_k_threads_in_async_mode_only(caplo
     assert actor_rollout_ref_class(compose_config(both), "cpu").options["concurrency_groups"]["rollout"] == 3
     assert actor_rollout_ref_class(compose_config([f"{key}=16"]), "cpu").options == {}  # sync mode: no effect
     assert actor_rollout_ref_class(compose_config(["actor_rollout_ref.rollout.mode=async"]), "cpu").options == {}
-    with pytest.raises(Exception, match="async_free_running_calls"):
+    with pytest.raises(ConfigError, match="async_free_running_calls must be"):
         actor_rollout_ref_class(compose_config(["actor_rollout_ref.rollout.mode=async", f"{key}=-1"]), "cpu")
 
 

@@ -504,7 +504,7 @@ def test_turn_scheduling_helpers_add_the_stop_ids_and_choose_the_replica_hold():
     from recurrent.async_utils import ChatCompletionProxy
     from verl.workers.rollout.base import FixedWeightsEngine, GenerationOutput, SamplingParams
 
-    seen = []
+    seen, seeds = [], []
 
     class Recording(FixedWeightsEngine):
         async def generate(self, prompt_ids, params, request_id=None):
@@ -513,6 +513,7 @@ def test_turn_scheduling_helpers_add_the_stop_ids_and_choose_the_replica_hold():
 
         def generate_requests(self, prompts, params):
             seen.extend(p.stop_token_ids for p in params)
+            seeds.append([p.seed for p in params])
             return [[GenerationOutput([5], None, "stop")] for _ in prompts]
 
     stopping = bts.stopping_engine(Recording(), [11, 12])
@@ -533,3 +534,10 @@ def test_turn_scheduling_helpers_add_the_stop_ids_and_choose_the_replica_hold():
     per_request = bts.request_replica(stopping, 2)
     out = asyncio.run(per_request.generate([3], SamplingParams(max_tokens=2, seed=4)))
     assert out[0].token_ids == [5] and per_request.calls == 1 and seen[-1] == [11, 12]
+    # lock step: the trainer's rollout client over one rank, a seed per request and call
+    from verl.trainer.ppo.trainer_core import RolloutClient
+
+    client = RolloutClient(bts.OneRank(stopping))
+    for _ in range(2):
+        assert len(client.generate_batch([[1], [2], [3]], SamplingParams(max_tokens=2, seed=7))) == 3
+    assert seeds[-2:] == [[7, 8, 9], [1_000_010, 1_000_011, 1_000_012]]

@@ -148,7 +148,7 @@ def tokenize_conversation(
         i = assistant_idx[k]
         msg, turn = normalized[i], engine[i]
         if pos == 0 and turn is not None and turn.prompt_text is not None and text[:start] == turn.prompt_text:
-            add(list(turn.prompt_ids), 0)  # the engine's prompt: this very text, encoded in one piece
+            add(turn.prompt_ids, 0)  # the engine's prompt: this very text, encoded in one piece
         else:
             add(_encode(tokenizer, text[pos:start]), 0)
         if i == first_response:

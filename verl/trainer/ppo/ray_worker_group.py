@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePool
-from verl.trainer.config import TrainerConfig
+from verl.trainer.config import DataConfig, TrainerConfig
 from verl.workers.config import RolloutConfig
 from verl.workers.fsdp_workers import OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP, ActorRolloutRefWorker
 
@@ -34,8 +34,7 @@ def actor_rollout_ref_class(cfg: DictConfig, device: str) -> RayClassWithInitArg
     if trainer.rollout_overlap or calls > 0:
         worker.update_options({"concurrency_groups": {**OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP: max(1, calls)}})
     if calls > 0:
-        ranks = max(1, int(trainer.nnodes) * int(trainer.n_gpus_per_node))
-        per_rank = -(-int(OmegaConf.select(cfg, "data.train_batch_size", default=1)) * int(rc.n) // ranks)
+        per_rank = -(-DataConfig.from_config(cfg.data).train_batch_size * rc.n // trainer.world_size)
         if calls < per_rank:
             logger.warning(
                 "actor_rollout_ref.rollout.async_free_running_calls=%d is below the %d trajectories each rank serves "
