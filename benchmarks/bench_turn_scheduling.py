@@ -19,7 +19,11 @@ roughly geometric, capped at ``--memory`` tokens. Then:
   reach the replica a few at a time after their prompts are tokenised, went out as two calls one after the other;
 * ``request_calls``: the async agent over a replica that sends each request as a call of its own, ``--batch`` at
   once (``RequestReplica``, what ``rollout.async_free_running_calls`` gives a Ray rank; here each call runs in a
-  thread, as in a worker's concurrency group): free-running turns over batch calls.
+  thread, as in a worker's concurrency group): free-running turns over batch calls;
+* ``free_running_sync``: the sync agent (token-id prompts, as lock step) with free-running turns
+  (``FreeRunningGenerationManager``, ``rollout.free_running_turns``) over the in-process engine;
+* ``free_running_sync_calls``: the same over a replica sending each request as a call of its own (what
+  ``rollout.free_running_turns`` gives a Ray rank).
 
 Reported per setting: the rollout's wall seconds, the engine steps it took, the generated tokens (the same work
 within sampling noise) and tokens per second; ``steps`` is what a GPU run scales with (a small model's decode step
@@ -44,7 +48,16 @@ import bench_common as bc
 import numpy as np
 import torch
 
-SETTINGS = ("lockstep", "free_running", "batched_calls", "batched_calls_no_hold", "request_calls")
+SETTINGS = (
+    "lockstep",
+    "free_running",
+    "batched_calls",
+    "batched_calls_no_hold",
+    "request_calls",
+    "free_running_sync",
+    "free_running_sync_calls",
+)
+SYNC_SETTINGS = ("lockstep", "free_running_sync", "free_running_sync_calls")
 
 
 def stopping_engine(engine: Any, stop_ids: list[int]) -> Any:
@@ -149,6 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from recurrent.async_generation_manager import AsyncLLMGenerationManager
     from recurrent.async_utils import ChatCompletionProxy
+    from recurrent.free_running_manager import FreeRunningGenerationManager
     from recurrent.generation_manager import LLMGenerationManager
     from recurrent.impls.async_memory import AsyncMemoryAgent
     from recurrent.impls.memory import MemoryAgent, MemoryConfig
@@ -209,6 +223,11 @@ def main(argv: list[str] | None = None) -> dict:
         if setting == "lockstep":
             # the trainer's rollout client (a seed per request) over one rank
             managers[setting] = LLMGenerationManager(tok, RolloutClient(OneRank(stopping)), MemoryAgent(tok, cfg))
+        elif setting in SYNC_SETTINGS:
+            replica = (
+                EngineReplica(stopping) if setting == "free_running_sync" else request_replica(stopping, args.batch)
+            )
+            managers[setting] = FreeRunningGenerationManager(tok, replica, MemoryAgent(tok, cfg), args.batch)
         else:
             if setting == "free_running":
                 replica = EngineReplica(stopping)
@@ -228,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
             for setting, manager in managers.items():
                 steps0 = (engine.step_counters() or (0, 0.0))[0]
                 start = time.perf_counter()
-                conv, _, _ = manager.run_llm_loop(gen_batch(setting == "lockstep"), {})
+                conv, _, _ = manager.run_llm_loop(gen_batch(setting in SYNC_SETTINGS), {})
                 wall = time.perf_counter() - start
                 steps = (engine.step_counters() or (0, 0.0))[0] - steps0
                 tokens = int(conv.batch["response_mask"].sum())
@@ -242,6 +261,9 @@ def main(argv: list[str] | None = None) -> dict:
     finally:
         for proxy in proxies:
             proxy.close()
+        for manager in managers.values():
+            if isinstance(manager, FreeRunningGenerationManager):
+                manager.shutdown()  # its event loop thread
         engine.shutdown()
 
     results = {}

@@ -74,12 +74,35 @@ class RAgent(ABC):
     def done(self) -> bool:
         """True once the final turn has been generated."""
 
+    def free_running_loops(self, gen_batch: DataProto) -> list[Any] | None:
+        """Free-running turns (``actor_rollout_ref.rollout.free_running_turns``,
+        :mod:`recurrent.free_running_manager`): one state machine per trajectory of ``gen_batch``, in row order,
+        each with ``done``, ``next_request()`` (a :class:`~recurrent.memory_loop.MemoryRequest` of token ids) and
+        ``take(response)``, as :class:`~recurrent.memory_loop.MemoryLoop`; ``take`` receives
+        :meth:`response_of`'s value. None (this default): the agent runs in lock step only."""
+        return None
+
+    def response_of(self, token_ids: list[int], request: Any) -> Any:
+        """What a free-running trajectory's state machine takes for the engine's ``token_ids`` answering
+        ``request`` (default: the ids as they are)."""
+        return list(token_ids)
+
     def end(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(final_mask [C] bool, sample_index [C] long)`` and reset per-batch state."""
         final_mask = torch.cat(self.final_mask_list).bool()
         sample_index = torch.cat(self.sample_index_list).long()
         self.final_mask_list, self.sample_index_list = [], []
         return final_mask, sample_index
+
+
+def require_free_running(agent_cls: type) -> None:
+    """Raise ``ValueError`` (naming ``actor_rollout_ref.rollout.free_running_turns``) unless ``agent_cls``
+    implements :meth:`RAgent.free_running_loops`."""
+    if getattr(agent_cls, "free_running_loops", RAgent.free_running_loops) is RAgent.free_running_loops:
+        raise ValueError(
+            "actor_rollout_ref.rollout.free_running_turns=True needs a sync agent with free_running_loops(); "
+            f"{agent_cls.__name__} runs in lock step only: set it to False"
+        )
 
 
 @dataclass

@@ -3,7 +3,9 @@
 ``build_workflow(config, tokenizer)`` resolves the active ``recurrent.<name>`` section (``recurrent.enable``),
 loads its register (sync ``path``/``name`` or, with ``actor_rollout_ref.rollout.mode=async``,
 ``async_path``/``async_name``), builds the workflow config, the datasets, and the rollout: the sync
-:class:`recurrent.generation_manager.LLMGenerationManager` around the register's agent, or the async manager.
+:class:`recurrent.generation_manager.LLMGenerationManager` around the register's agent (lock step), the
+:class:`recurrent.free_running_manager.FreeRunningGenerationManager` with ``rollout.free_running_turns``, or the async
+manager.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recurrent.interface import load_register
+from recurrent.interface import load_register, require_free_running
 from verl.trainer.ppo.workflow import MultiTurnWorkflow
 
 logger = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
             name,
             wf_key,
         )
-    is_async = RolloutConfig.from_config(cfg.actor_rollout_ref.rollout).mode == "async"
+    rollout_config = RolloutConfig.from_config(cfg.actor_rollout_ref.rollout)
+    is_async = rollout_config.mode == "async"
     if is_async:
         if not wf_cfg.get("async_path"):
             raise ValueError(f"actor_rollout_ref.rollout.mode=async needs recurrent.{name}.async_path")
@@ -47,6 +50,8 @@ def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
         if not wf_cfg.get("path"):
             raise ValueError(f"recurrent.{name} has no sync workflow (path); use actor_rollout_ref.rollout.mode=async")
         register = load_register(name, path=wf_cfg.get("path"), obj_name=wf_cfg.get("name"))
+    if rollout_config.free_running_turns and not is_async:
+        require_free_running(register.agent_cls)
     workflow_config = register.config_cls(**OmegaConf.to_container(wf_cfg.get("config") or {}, resolve=True))
 
     data = DataConfig.from_config(cfg.data)
@@ -61,9 +66,15 @@ def build_workflow(cfg: DictConfig, tokenizer: Any) -> MultiTurnWorkflow:
             from recurrent.async_generation_manager import build_async_manager
 
             return build_async_manager(cfg, tokenizer, rollout_client, register, workflow_config)
+        agent = register.agent_cls(tokenizer, workflow_config)
+        if rollout_config.free_running_turns:
+            from recurrent.free_running_manager import FreeRunningGenerationManager
+            from verl.trainer.ppo.ray_worker_group import trajectories_per_rank
+
+            return FreeRunningGenerationManager(tokenizer, rollout_client, agent, trajectories_per_rank(cfg))
         from recurrent.generation_manager import LLMGenerationManager
 
-        return LLMGenerationManager(tokenizer, rollout_client, register.agent_cls(tokenizer, workflow_config))
+        return LLMGenerationManager(tokenizer, rollout_client, agent)
 
     return MultiTurnWorkflow(
         name=str(name),

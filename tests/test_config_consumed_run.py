@@ -203,6 +203,13 @@ def test_run_turns_balance_reserved_sms_off_with_a_warning_where_nothing_runs_be
     )
 
 
+def test_run_turns_free_running_turns_off_with_a_warning_for_single_turn_rollouts(recorded_run, caplog):
+    with caplog.at_level("WARNING", logger="verl.trainer.main_ppo"):
+        seen = recorded_run("actor_rollout_ref.rollout.free_running_turns=True")
+    assert seen["cfg"].actor_rollout_ref.rollout.free_running_turns is False  # so no generate threads either
+    assert "free_running_turns=True has no effect without a multi-turn workflow" in caplog.text
+
+
 def test_engine_reserved_sms_stands_only_beside_training_in_the_workers_process_on_a_gpu():
     from verl.workers.config.rollout import resolve_engine_reserved_sms as resolve
 

@@ -246,6 +246,11 @@ CONSUMED: dict[str, tuple[str, ...]] = {
         "tests/test_async_free_running.py::test_the_trainer_gives_the_rollout_thread_k_threads_in_async_mode_only",
         "tests/test_trainer_e2e.py::test_async_memory_agent_training_step[free_running]",
     ),
+    f"{RO}.free_running_turns": (
+        "tests/test_free_running_turns.py::test_the_trainer_wires_free_running_turns",
+        "tests/test_trainer_e2e.py::test_sync_free_running_training_step",
+        "tests/test_config_consumed_run.py::test_run_turns_free_running_turns_off_with_a_warning_for_single_turn_rollouts",
+    ),
     f"{RO}.val_kwargs.top_k": (SAMPLING,),
     f"{RO}.val_kwargs.top_p": (SAMPLING,),
     f"{RO}.val_kwargs.temperature": (SAMPLING,),

@@ -128,17 +128,24 @@ class MemoryAgent(RAgent):
     def __init__(self, tokenizer, config: MemoryConfig):
         super().__init__(tokenizer, config)
         self.prompts = TokenPrompts(tokenizer, final_style="boxed")
-        self.drop_ids = torch.tensor([t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None])
+        self.drop_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
         logger.info(
             "[RECURRENT] max_input_length: %d", config.max_raw_input_length + self.prompts.update_template.length
         )
 
     def start(self, gen_batch: DataProto, timing_raw: dict) -> None:
+        self.loops = self.free_running_loops(gen_batch)
+        self.turn: list[int] = []
+        self.is_final = False
+
+    def free_running_loops(self, gen_batch: DataProto) -> list[MemoryLoop]:
+        """One :class:`MemoryLoop` per trajectory (lock step drives them turn by turn; free-running turns,
+        ``rollout.free_running_turns``, each on its own)."""
         cfg = self.config
         contexts = gen_batch.non_tensor_batch["context_ids"]
         questions = gen_batch.non_tensor_batch["prompt_ids"]
         lengths = gen_batch.batch["context_length"].tolist()
-        self.loops = [
+        return [
             MemoryLoop(
                 questions[i],
                 token_chunks(contexts[i], cfg.chunk_size, lengths[i]),
@@ -149,8 +156,10 @@ class MemoryAgent(RAgent):
             )
             for i in range(len(gen_batch))
         ]
-        self.turn: list[int] = []
-        self.is_final = False
+
+    def response_of(self, token_ids: list[int], request) -> list[int]:
+        """The answer without EOS/pad ids, at most the request's ``max_tokens`` (what the memory becomes)."""
+        return [t for t in token_ids if t not in self.drop_ids][: request.max_tokens]
 
     def action(self):
         self.turn = lockstep_turn(self.loops)
@@ -162,11 +171,11 @@ class MemoryAgent(RAgent):
         return [r.prompt for r in requests], {"generation_kwargs": {"max_tokens": max_tokens, "n": 1}}
 
     def update(self, gen_output: DataProto) -> DataProto:
-        responses = gen_output.batch["responses"]
-        keep = gen_output.batch["response_mask"].bool() & ~torch.isin(responses, self.drop_ids)
+        responses = gen_output.batch["responses"].tolist()
+        lengths = gen_output.batch["response_mask"].sum(-1).tolist()  # responses are right-padded
         for row, i in enumerate(self.turn):
             loop = self.loops[i]
-            loop.take(responses[row][keep[row]][: loop.pending.max_tokens].tolist())
+            loop.take(self.response_of(responses[row][: lengths[row]], loop.pending))
         return gen_output
 
     def done(self) -> bool:

@@ -262,8 +262,8 @@ def bypass_mode_errors(cfg: DictConfig) -> list[str]:
 def rollout_tp_errors(cfg: DictConfig) -> list[str]:
     """``actor_rollout_ref.rollout.tensor_model_parallel_size`` > 1 with vLLM: the ranks form TP groups sharing one
     engine (``verl/workers/rollout/tp_layout.py``). Refused when the model's attention heads cannot be split that many
-    ways (vLLM would fail at engine start), or in async mode (its agents send requests one at a time to each rank; a
-    TP engine needs identical batches on all its ranks), or with ``trainer.rollout_overlap`` (the ranks' generations
+    ways (vLLM would fail at engine start), or in async mode or with ``rollout.free_running_turns`` (requests reach
+    each rank one at a time; a TP engine needs identical batches on all its ranks), or with ``trainer.rollout_overlap`` (the ranks' generations
     run vLLM's tensor-parallel collectives in their rollout threads while the train threads run FSDP's, in no
     agreed order across ranks: they can deadlock). That the size divides the number of ranks is ``validate_config``'s
     rule (``config_schema.py``). The ``hf`` engine runs one process per rank and ignores the key."""
@@ -278,6 +278,12 @@ def rollout_tp_errors(cfg: DictConfig) -> list[str]:
             f"{tp_key}={tp} with actor_rollout_ref.rollout.mode=async: async agents send requests to each rank on "
             f"their own, but the {tp} ranks sharing a tensor-parallel engine must run identical batches; set "
             f"{tp_key}=1 or actor_rollout_ref.rollout.mode=sync"
+        )
+    if _get(cfg, "actor_rollout_ref.rollout.free_running_turns") is True:
+        errors.append(
+            f"actor_rollout_ref.rollout.free_running_turns=True with {tp_key}={tp}: free-running trajectories send "
+            f"requests to each rank on their own, but the {tp} ranks sharing a tensor-parallel engine must run "
+            f"identical batches; set {tp_key}=1 or actor_rollout_ref.rollout.free_running_turns=False"
         )
     if _get(cfg, "trainer.rollout_overlap"):
         errors.append(

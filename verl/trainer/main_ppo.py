@@ -84,6 +84,13 @@ def run(cfg: DictConfig) -> list[dict]:
     if not name and conf.actor_rollout_ref.rollout.mode == "async":
         raise ValueError("actor_rollout_ref.rollout.mode=async needs recurrent.enable (e.g. trival for single-turn)")
     use_critic = not name and conf.algorithm.adv_estimator == "gae"
+    if not name and conf.actor_rollout_ref.rollout.free_running_turns:
+        logger.warning(
+            "actor_rollout_ref.rollout.free_running_turns=True has no effect without a multi-turn workflow "
+            "(recurrent.enable): a single-turn rollout is one turn"
+        )
+        with open_dict(cfg):
+            cfg.actor_rollout_ref.rollout.free_running_turns = False
 
     from verl.utils.import_utils import import_external_libs
 

@@ -7,7 +7,8 @@ With ``trainer.rollout_overlap`` every worker process gets two Ray concurrency g
 (one thread each, ``OVERLAP_CONCURRENCY_GROUPS``): the next step's generation runs in one while this step's
 log-probs and update run in the other. With ``actor_rollout_ref.rollout.mode=async`` and
 ``rollout.async_free_running_calls = k > 0`` the ``rollout`` group has ``k`` threads, so that ``k`` single-request
-``generate`` calls run at once (free-running async turns). Otherwise a worker runs one call at a time.
+``generate`` calls run at once (free-running async turns); with ``rollout.free_running_turns`` (sync mode) it has one
+thread per trajectory of the rank. Otherwise a worker runs one call at a time.
 """
 
 from __future__ import annotations
@@ -24,17 +25,30 @@ from verl.workers.fsdp_workers import OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP,
 logger = logging.getLogger(__name__)
 
 
+def trajectories_per_rank(cfg: DictConfig) -> int:
+    """The trajectories each rank serves in a training rollout: ``ceil(data.train_batch_size x rollout.n / ranks)``
+    (the ``generate`` threads a worker gets with ``rollout.free_running_turns``)."""
+    rollouts = (
+        DataConfig.from_config(cfg.data).train_batch_size * RolloutConfig.from_config(cfg.actor_rollout_ref.rollout).n
+    )
+    return max(1, -(-rollouts // TrainerConfig.from_config(cfg.trainer).world_size))
+
+
 def actor_rollout_ref_class(cfg: DictConfig, device: str) -> RayClassWithInitArgs:
-    """The actor/rollout/ref worker of ``cfg``, with the rollout and train threads when ``trainer.rollout_overlap``
-    (the rollout group with ``rollout.async_free_running_calls`` threads in async mode, when set)."""
+    """The actor/rollout/ref worker of ``cfg``, with the rollout and train threads when ``trainer.rollout_overlap``;
+    the rollout group has ``rollout.async_free_running_calls`` threads in async mode (when set), or one per
+    trajectory of the rank (:func:`trajectories_per_rank`) with ``rollout.free_running_turns`` in sync mode."""
     worker = RayClassWithInitArgs(ActorRolloutRefWorker, cfg.actor_rollout_ref, device=device)
     rc = RolloutConfig.from_config(cfg.actor_rollout_ref.rollout)
-    calls = rc.async_free_running_calls if rc.mode == "async" else 0
+    if rc.mode == "async":
+        calls = rc.async_free_running_calls
+    else:
+        calls = trajectories_per_rank(cfg) if rc.free_running_turns else 0
     trainer = TrainerConfig.from_config(cfg.trainer)
     if trainer.rollout_overlap or calls > 0:
         worker.update_options({"concurrency_groups": {**OVERLAP_CONCURRENCY_GROUPS, ROLLOUT_GROUP: max(1, calls)}})
-    if calls > 0:
-        per_rank = -(-DataConfig.from_config(cfg.data).train_batch_size * rc.n // trainer.world_size)
+    if calls > 0 and rc.mode == "async":
+        per_rank = trajectories_per_rank(cfg)
         if calls < per_rank:
             logger.warning(
                 "actor_rollout_ref.rollout.async_free_running_calls=%d is below the %d trajectories each rank serves "

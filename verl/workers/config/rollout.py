@@ -184,6 +184,9 @@ class RolloutConfig(BaseConfig):
     # Async mode over Ray worker ranks: 0 = batched calls (a turn's requests on a rank return together); k > 0 =
     # one call per request, up to k in flight per rank (free-running turns).
     async_free_running_calls: int = 0
+    # Sync workflows (the memory agent): each trajectory sends its next turn as soon as its answer arrives instead of
+    # waiting for the turn's longest answer (free-running; one call per request, the engine batches them).
+    free_running_turns: bool = False
     # Sampling used for validation rollouts.
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
@@ -206,6 +209,11 @@ class RolloutConfig(BaseConfig):
         c.number("gpu_memory_utilization", lambda v: 0 < v <= 1, "in (0, 1]")
         if "sleep_level" not in c.bad and self.sleep_level not in (1, 2):
             c.error(f"{c.key('sleep_level')} must be 1 or 2, got {self.sleep_level!r}")
+        if self.free_running_turns is True and self.mode == "async":
+            c.error(
+                f"{c.key('free_running_turns')}=True is for sync workflows; in async mode set "
+                f"{c.key('async_free_running_calls')} (requests in flight per rank) instead"
+            )
         tp = self.tensor_model_parallel_size
         if self.engine_process == "child" and self.name == "vllm" and isinstance(tp, int) and tp > 1:
             c.error(
