@@ -248,7 +248,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     ),
     f"{RO}.free_running_turns": (
         "tests/test_free_running_turns.py::test_the_trainer_wires_free_running_turns",
-        "tests/test_trainer_e2e.py::test_sync_free_running_training_step",
+        "tests/test_rollout_overlap_e2e.py::test_overlap_with_free_running_turns_on_two_ray_ranks",
         "tests/test_config_consumed_run.py::test_run_turns_free_running_turns_off_with_a_warning_for_single_turn_rollouts",
     ),
     f"{RO}.val_kwargs.top_k": (SAMPLING,),

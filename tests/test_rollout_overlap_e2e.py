@@ -152,6 +152,32 @@ def test_overlap_with_the_async_memory_agent_on_two_ray_ranks(tiny_model_path, t
     assert hist[-1]["trajectory/num_conv/min"] >= 4 and hist[-1]["rollout/is_weight_mean"] != 1.0
 
 
+def test_overlap_with_free_running_turns_on_two_ray_ranks(tiny_model_path, tmp_path, ray_cluster):
+    """rollout.free_running_turns (the sync memory agent, each trajectory's turns on their own, a Ray call per
+    request) with the rollout running ahead: each worker's rollout group has a thread per trajectory of the rank (4
+    here) beside its train thread."""
+    hist = main_ppo.run(
+        _cfg(
+            tmp_path,
+            tiny_model_path,
+            str(tmp_path / "free"),
+            2,
+            extra=[
+                *QUIET,
+                "actor_rollout_ref.rollout.free_running_turns=True",
+                "trainer.n_gpus_per_node=2",
+                "trainer.rollout_overlap=True",
+            ],
+        )
+    )
+    staleness, drift = _staleness_and_drift(hist)
+    assert staleness == [0.0, 1.0]
+    assert drift[0] < 1e-3 < 1e-2 < drift[1]  # step 2 was sampled by the weights before update 1
+    for h in hist[-2:]:
+        assert h["trajectory/count"] == 8 and h["trajectory/num_conv/min"] >= 4
+        assert h["rollout/replica_calls"] == h["trajectory/num_conv/mean"] * 8  # one call per conversation
+
+
 def test_the_memory_trainer_balances_the_sm_split_from_each_steps_timings(tiny_model_path, tmp_path, monkeypatch):
     """``rollout.balance_reserved_sms`` through the real trainer and in-process worker: main_ppo's check that the
     split can apply (vLLM on a GPU beside training) is bypassed, as the split itself only acts on a GPU; each step

@@ -272,30 +272,6 @@ def test_async_memory_agent_training_step(tiny_model_path, tmp_path, runs, free_
         assert h["async/replica_calls"] < h["async/engine_turns"] / 2
 
 
-def test_sync_free_running_training_step(tiny_model_path, tmp_path, runs):
-    """actor_rollout_ref.rollout.free_running_turns: the sync memory agent's trajectories free-running over the engines
-    of 2 Ray worker processes (a call per request, each worker running its 4 trajectories' calls at once)."""
-    hist = main_ppo.run(
-        _cfg(
-            tmp_path,
-            tiny_model_path,
-            str(tmp_path / "fr"),
-            1,
-            extra=[
-                "actor_rollout_ref.rollout.free_running_turns=True",
-                "trainer.n_gpus_per_node=2",
-                "trainer.val_before_train=False",
-                "trainer.save_freq=-1",
-                "trainer.test_freq=-1",
-            ],
-        )
-    )
-    h = {x["step"]: x for x in hist}[1]
-    assert h["trajectory/count"] == 8 and h["trajectory/num_conv/min"] >= 4
-    assert h["rollout/replica_calls"] == h["trajectory/num_conv/mean"] * 8  # one call per conversation
-    assert h["actor/grad_norm"] == h["actor/grad_norm"] and "actor/pg_loss" in h
-
-
 def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):
     """The tool-calling GSM8K agent (async) trains one step from the preprocessed fixture."""
     import subprocess
