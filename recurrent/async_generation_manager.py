@@ -258,10 +258,11 @@ class AsyncLLMGenerationManager:
             for k, v in b["stats"].items():
                 stats[k] += v
         tensors = build_conversation_batch(prompts, responses, self.pad_id, response_masks=masks)
-        lp = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
-        for i, row in enumerate(log_probs):
-            lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-        tensors["rollout_log_probs"] = lp
+        if self.proxy.engine_log_probs:  # else, as the sync managers without them: no rollout_log_probs
+            lp = torch.zeros(tensors["responses"].shape, dtype=torch.float32)
+            for i, row in enumerate(log_probs):
+                lp[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+            tensors["rollout_log_probs"] = lp
         sample_index_t = torch.cat(sample_index).long()
         final_mask_t = torch.cat(final_mask).bool()
         if int(final_mask_t.sum()) != len(kept):
@@ -296,7 +297,8 @@ def build_async_manager(
     ends during the actor update, and the engine stays awake through it), ``chat_scheduler`` (null or a ChatCompletionProxy
     subclass path), ``response_length`` (default max tokens), ``async_http_server`` (False: also
     serve the proxy on a loopback port, URL in ``manager.proxy.server.url``), ``async_free_running_calls`` (0: Ray
-    ranks take batched calls; k > 0: one call per request, up to k in flight per rank).
+    ranks take batched calls; k > 0: one call per request, up to k in flight per rank), ``calculate_log_probs``
+    (True: the engine's log-prob of every sampled token, ``rollout_log_probs``; False: none asked, none recorded).
     """
     from omegaconf import OmegaConf
 
@@ -329,6 +331,7 @@ def build_async_manager(
         model_name=model_name,
         default_max_tokens=rc.response_length,
         free_running_calls=rc.async_free_running_calls,
+        engine_log_probs=rc.calculate_log_probs,
     )
     if recurrent_config is None:
         name = config.recurrent.enable

@@ -71,9 +71,12 @@ _IGNORED_KEYS = {
 }
 
 
-def sampling_from_openai(kwargs: dict[str, Any], default_max_tokens: int) -> tuple[SamplingParams, bool]:
+def sampling_from_openai(
+    kwargs: dict[str, Any], default_max_tokens: int, engine_log_probs: bool = True
+) -> tuple[SamplingParams, bool]:
     """Map OpenAI chat-completion sampling fields to :class:`SamplingParams`; also return whether the
-    caller asked for ``logprobs``. Unsupported values raise ``ValueError`` naming the field."""
+    caller asked for ``logprobs``. The engine is asked for the sampled tokens' log-probs when the caller asked or
+    ``engine_log_probs`` (the trainer's records). Unsupported values raise ``ValueError`` naming the field."""
     kw = {k: v for k, v in kwargs.items() if v is not None and k not in _IGNORED_KEYS}
     if kw.pop("stream", False):
         raise ValueError("stream=True is not supported; request a complete response")
@@ -101,7 +104,7 @@ def sampling_from_openai(kwargs: dict[str, Any], default_max_tokens: int) -> tup
         "stop": [stop] if isinstance(stop, str) else (list(stop) if stop else None),
         "stop_token_ids": kw.pop("stop_token_ids", None),
         "seed": kw.pop("seed", None),
-        "logprobs": True,
+        "logprobs": engine_log_probs or want_logprobs,
     }
     if kw:
         raise ValueError(f"unsupported chat completion field(s): {sorted(kw)}")
@@ -159,6 +162,8 @@ class ChatCompletionProxy:
             the tokenizer's EOS ids.
         free_running_calls: for the ranks of a Ray worker group: 0 = batched calls, k > 0 = one call per request,
             up to k in flight per rank (:func:`recurrent.replicas.ray_rank_replicas`).
+        engine_log_probs: ask the engine for every sampled token's log-prob (recorded for training:
+            ``rollout.calculate_log_probs``); False: only for requests that ask for ``logprobs``.
     """
 
     def __init__(
@@ -174,8 +179,10 @@ class ChatCompletionProxy:
         tokenize_threads: int = 4,
         eos_token_ids: Sequence[int] | None = None,
         free_running_calls: int = 0,
+        engine_log_probs: bool = True,
     ):
         self.replicas: list[Replica] = replicas_from(rollout, free_running_calls)
+        self.engine_log_probs = bool(engine_log_probs)
         if not self.replicas:
             raise ValueError("ChatCompletionProxy needs at least one rollout replica")
         self.tokenizer = tokenizer
@@ -330,7 +337,7 @@ class ChatCompletionProxy:
             raise LookupError(f"model {model!r} is not served here (available: {self.model_name!r})")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-        params, want_logprobs = sampling_from_openai(sampling, self.default_max_tokens)
+        params, want_logprobs = sampling_from_openai(sampling, self.default_max_tokens, self.engine_log_probs)
         self._preparing += 1
         try:
             if not self._awake:

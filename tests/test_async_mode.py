@@ -470,6 +470,39 @@ def test_async_memory_rollout_real_engine(tmp_path, tok, engine, proxy):
     assert proxy.num_records == records_before  # engine records are freed once tokenised
 
 
+def test_without_engine_log_probs_only_requests_asking_for_them_get_them(tmp_path, tok, engine):
+    """rollout.calculate_log_probs=False in async mode: the proxy asks the engine for log-probs only for a request
+    with ``logprobs=True``, and the memory agent's training rows carry no rollout_log_probs."""
+    cfg = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "model": {"path": "/models/org/tiny"},
+                "rollout": {
+                    "mode": "async",
+                    "calculate_log_probs": False,
+                    "free_cache_engine": False,
+                    "response_length": 16,
+                },
+            },
+            "recurrent": {"enable": "async_memory"},
+        }
+    )
+    memory_cfg, ds = _memory_dataset(tmp_path, tok, async_memory.AsyncMemoryDataset)
+    manager = build_async_manager(cfg, tok, engine, async_memory.REGISTER, memory_cfg)
+    try:
+        proxy = manager.proxy
+        assert proxy.engine_log_probs is False
+        hi = [{"role": "user", "content": "hi"}]
+        plain = proxy.run(proxy.chat(hi, max_completion_tokens=4))
+        asked = proxy.run(proxy.chat(hi, max_completion_tokens=4, logprobs=True))
+        assert proxy.record(msg(plain.choices[0])).log_probs is None  # the engine computed none
+        assert asked.choices[0].logprobs is not None and proxy.record(msg(asked.choices[0])).log_probs is not None
+        conv, _, _ = manager.run_llm_loop(_gen_batch(ds))
+        assert "rollout_log_probs" not in conv.batch.keys() and len(conv) > len(ds)
+    finally:
+        manager.shutdown()
+
+
 def test_sync_and_async_memory_agents_same_prompts(tmp_path, tok):
     cfg, sync_ds = _memory_dataset(tmp_path, tok, MemoryDataset)
     _, async_ds = _memory_dataset(tmp_path, tok, async_memory.AsyncMemoryDataset)

@@ -121,10 +121,9 @@ def test_tis_on_a_batch_without_engine_log_probs_stops_instead_of_weighing_nothi
     assert off.off_policy_correction(batch) == {}
 
 
-def test_in_async_mode_the_key_is_inert_and_says_so(caplog):
-    """Async mode's chat proxy always records the engine's log-probs: False changes nothing there, so it is not
-    refused with TIS, and a warning says it has no effect."""
+def test_in_async_mode_tis_without_engine_log_probs_is_refused_too():
+    """Async mode follows the key (its chat proxy asks the engine for log-probs only with it): TIS is refused
+    without them, as in sync mode (the proxy side: ``tests/test_async_mode.py``)."""
     cfg = compose_config([f"{KEY}=False", "algorithm.rollout_is=True", "actor_rollout_ref.rollout.mode=async"])
-    with caplog.at_level("WARNING", logger="verl.trainer.config_preflight"):
-        assert rollout_log_prob_errors(cfg) == []
-    assert f"{KEY}=False has no effect with actor_rollout_ref.rollout.mode=async" in caplog.text
+    (error,) = rollout_log_prob_errors(cfg)
+    assert error.startswith(f"{KEY}=False with algorithm.rollout_is=True")

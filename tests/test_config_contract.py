@@ -230,6 +230,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     f"{RO}.calculate_log_probs": (
         "tests/test_calculate_log_probs.py::test_training_rollouts_ask_for_log_probs_by_default_and_not_when_off",
         "tests/test_calculate_log_probs.py::test_tis_without_engine_log_probs_is_refused_naming_the_keys",
+        "tests/test_async_mode.py::test_without_engine_log_probs_only_requests_asking_for_them_get_them",
     ),
     f"{RO}.hf_max_batch_size": (f"{W}::test_hf_engine_batch_rows",),
     f"{RO}.seed": (SAMPLING, _engine(f"{RO}.seed")),

@@ -27,7 +27,6 @@ Every problem found is collected into one :class:`~verl.trainer.config_schema.Co
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import pickle
@@ -41,8 +40,6 @@ from omegaconf import DictConfig, OmegaConf
 from verl.trainer.config.algorithm import rollout_is_on
 from verl.trainer.config.data import file_list
 from verl.trainer.config_schema import RECURRENT_ADV_ESTIMATORS, ConfigError, active_recurrent_name
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "check_config",
@@ -213,17 +210,10 @@ def parallelism_errors(cfg: DictConfig, recurrent: Optional[str]) -> list[str]:
 
 def rollout_log_prob_errors(cfg: DictConfig) -> list[str]:
     """TIS (``algorithm.rollout_is``; null = on with ``trainer.rollout_overlap``) weighs the loss by the engine's
-    log-probs, which the rollout returns only with ``actor_rollout_ref.rollout.calculate_log_probs``: without them
-    TIS would silently weigh nothing. In async mode the key has no effect (warned): the proxy always records them."""
+    log-probs, which the rollout returns only with ``actor_rollout_ref.rollout.calculate_log_probs`` (sync and async
+    mode): without them TIS would silently weigh nothing."""
     key = "actor_rollout_ref.rollout.calculate_log_probs"
     if _get(cfg, key, True) is not False:
-        return []
-    if _get(cfg, "actor_rollout_ref.rollout.mode") == "async":
-        logger.warning(
-            "%s=False has no effect with actor_rollout_ref.rollout.mode=async: its chat proxy always records the "
-            "engine's log-probs",
-            key,
-        )
         return []
     rollout_is = _get(cfg, "algorithm.rollout_is")
     if not rollout_is_on(rollout_is, _get(cfg, "trainer.rollout_overlap"), _get(cfg, "algorithm.bypass_mode", False)):
