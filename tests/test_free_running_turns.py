@@ -7,19 +7,18 @@ import asyncio
 import time
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from recurrent.free_running_manager import SEED_STRIDE, FreeRunningGenerationManager
 from recurrent.generation_manager import LLMGenerationManager
-from recurrent.impls.memory import MemoryAgent, MemoryConfig, MemoryDataset
+from recurrent.impls.memory import MemoryAgent, MemoryConfig
 from recurrent.interface import RAgent
 from recurrent.replicas import Replica
-from verl.protocol import DataProto
+from tests.test_memory_agent import _dataset as memory_dataset
+from tests.test_memory_agent import _gen_batch as memory_gen_batch
 from verl.trainer.ppo.trainer_core import RolloutClient
-from verl.utils.dataset.rl_dataset import collate_fn
 from verl.workers.rollout.base import GenerationOutput
 from verl.workers.rollout.hf_engine import HFRolloutEngine
 
@@ -55,26 +54,11 @@ class OneRank:
         return [self.engine.generate_requests(prompts[0], per_request)]
 
 
-def _gen_batch(tmp_path, tok, contexts, chunk_size=12, memory=8, final=6, sampling=None):
-    rows = [
-        {
-            "data_source": "hotpotqa",
-            "prompt": [{"role": "user", "content": f"What is code {i}?"}],
-            "context": c,
-            "reward_model": {"style": "rule", "ground_truth": ["42"]},
-            "extra_info": {"index": i},
-        }
-        for i, c in enumerate(contexts)
-    ]
-    path = tmp_path / "d.parquet"
-    pd.DataFrame(rows).to_parquet(path)
-    cfg = MemoryConfig(
-        chunk_size=chunk_size, max_chunks=8, max_memorization_length=memory, max_final_response_length=final
-    )
-    ds = MemoryDataset(cfg, str(path), tok, {"truncation": "center", "max_prompt_length": 64})
-    batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(len(ds))]))
-    t_keys, nt_keys = ds.get_batch_keys()
-    gen = batch.select(batch_keys=t_keys, non_tensor_batch_keys=nt_keys)
+def _gen_batch(tmp_path, tok, contexts, sampling=None):
+    """The memory agent's batch (12-token chunks, memory 8 tokens, answers 6), one question per trajectory."""
+    questions = [f"What is code {i}?" for i in range(len(contexts))]
+    cfg, ds = memory_dataset(tmp_path, tok, contexts, chunk_size=12, questions=questions)
+    gen = memory_gen_batch(ds)
     gen.meta_info["sampling"] = dict(sampling or {"temperature": 1.0, "seed": 5})
     return cfg, gen
 
