@@ -78,8 +78,26 @@ class FreeRunningGenerationManager(LLMGenerationManager):
         self.replicas = replicas_from(rollout, calls_per_rank)
         self._loop_thread: _LoopThread | None = None
 
+    def in_flight_limit(self) -> int | None:
+        """Requests the ranks run at once (the sum of their ``calls_per_rank``), None when an in-process engine takes
+        any number."""
+        limits = [getattr(r, "max_in_flight", None) for r in self.replicas]
+        return None if any(limit is None for limit in limits) else sum(limits)
+
     def run_llm_loop(self, gen_batch: DataProto, timing_raw: dict | None = None):
-        """Return ``(conversations, final_mask [C] bool, sample_index [C] long)`` as lock step does."""
+        """Return ``(conversations, final_mask [C] bool, sample_index [C] long)`` as lock step does.
+
+        A batch with more trajectories than the ranks run at once (a validation batch larger than the training
+        batch the workers' threads were sized for) runs in lock step, which sends each rank its whole turn in one
+        call, instead of leaving the surplus waiting for threads."""
+        limit = self.in_flight_limit()
+        if limit is not None and len(gen_batch) > limit:
+            logger.info(
+                "free-running turns: %d trajectories but %d requests in flight at most; this rollout runs in lock step",
+                len(gen_batch),
+                limit,
+            )
+            return super().run_llm_loop(gen_batch, timing_raw)
         base = dict(gen_batch.meta_info.get("sampling", {}))
         if int(base.get("n", 1)) != 1:
             raise ValueError(f"workflow turns must sample n=1 per conversation, got n={base['n']}")

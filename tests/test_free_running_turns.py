@@ -207,6 +207,41 @@ def test_the_engine_sees_every_trajectory_at_once_over_a_ray_like_rank(tmp_path,
     assert conv.meta_info["metrics"]["rollout/replica_calls"] == len(conv) == len(rank.sizes)
 
 
+def test_a_batch_larger_than_the_ranks_threads_runs_in_lock_step(tmp_path, tok):
+    """2 threads per rank, 1 rank, 3 trajectories (a validation batch larger than the training batch): the turns
+    go to the rank whole, through the trainer's rollout client, instead of one trajectory waiting for a thread."""
+    sizes = []
+
+    class Group:  # a Ray worker group of one rank: the rollout client's generate, and call_rank for single calls
+        world_size = 1
+        workers = [object()]
+
+        def generate(self, prompts, params, seeds):
+            sizes.append(len(prompts[0]))
+            return [[[GenerationOutput([7, 8], [-0.1, -0.1], "stop")] for _ in prompts[0]]]
+
+        def call_rank(self, rank, method, prompts, params, seeds):
+            async def one():
+                sizes.append(len(prompts))
+                return [[GenerationOutput([7, 8], [-0.1, -0.1], "stop")] for _ in prompts]
+
+            return one()
+
+    cfg, gen = _gen_batch(tmp_path, tok, [_context(20, s) for s in range(3)], sampling={})
+    client = RolloutClient(Group())
+    manager = FreeRunningGenerationManager(tok, client, MemoryAgent(tok, cfg), calls_per_rank=2)
+    try:
+        assert manager.in_flight_limit() == 2
+        lock, _, _ = manager.run_llm_loop(gen)
+        assert set(sizes) == {3} and client.calls == len(sizes)  # whole turns, lock step's calls
+        sizes.clear()
+        free, _, _ = manager.run_llm_loop(gen[:2])
+        assert set(sizes) == {1} and len(sizes) == len(free)  # within the threads: a call per request
+    finally:
+        manager.shutdown()
+    assert FreeRunningGenerationManager(tok, [Replica()], MemoryAgent(tok, cfg), 1).in_flight_limit() is None
+
+
 def test_a_replica_given_as_the_rollout_keeps_its_call_count(tmp_path, tok):
     """Only the trainer's rollout client's counter moves on by the turns: a replica's ``calls`` is its own count."""
     from recurrent.replicas import RequestReplica
