@@ -5,8 +5,9 @@ design) sends turn k of every trajectory as one batch, so a turn lasts as long a
 engine's batch empties. Here each trajectory runs on its own: its next request (the agent's state machine,
 :meth:`recurrent.interface.RAgent.free_running_loops`) goes to the engine as soon as its answer arrived, and the
 engine batches whatever requests are in flight. Prompts stay token ids spliced by the agent (no text round trip,
-unlike async mode's agents); only the scheduling changes. On a benchmark with answers of varied length this took
-0.52-0.87x the engine steps of lock step (``benchmarks/bench_turn_scheduling.py``).
+unlike async mode's agents); only the scheduling changes. With answers of varied length this took 0.50-0.83x the
+engine steps of lock step on a CPU (``benchmarks/bench_turn_scheduling.py``); on one H200 its steps cost more (they mix
+prefills into decodes), and it has not been shown faster there (``benchmarks/RESULTS.md``).
 
 What the trainer gets is what lock step gives: the same rows in the same order (memory turns turn by turn in
 trajectory order, then every final answer), the same ``final_mask``/``sample_index`` and ``active_traj_num``. Seeds

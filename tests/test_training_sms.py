@@ -166,3 +166,30 @@ def test_nothing_is_partitioned_while_no_generation_runs():
     with sms.scope():
         pass
     assert sms.partitioned_passes == 0 and sms.num_sms is None
+
+
+def test_the_trainer_does_not_balance_after_its_first_step_with_a_rollout_ahead():
+    """The first such step's training passes pay one-time costs (compiles, first calls): the split stays; from the
+    second step on it moves by ``balance_shift`` of the step's waits (one H200: moved 16 -> 8 after the first step,
+    the next step's training then waited 10.1 s for the rollout)."""
+    from tests.test_config import compose_config
+    from verl.trainer.ppo.trainer_core import TrainerCore
+
+    shifts = []
+
+    class Group:
+        def shift_engine_reserved_sms(self, delta):
+            shifts.append(delta)
+            return [16 + sum(shifts)]
+
+    cfg = compose_config(
+        ["actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"]
+    )
+    trainer = TrainerCore(cfg, None, Group(), None, None)
+    trainer.ahead = types.SimpleNamespace(launched_s=lambda: 37.0)
+    assert trainer.balance_engine_sms(0.0, 13.2) == {"perf/engine_reserved_sms": 16.0}  # first: rollout 13 s early
+    assert shifts == [] and trainer.engine_reserved_sms == 16
+    assert trainer.balance_engine_sms(0.0, 13.2) == {"perf/engine_reserved_sms": 16.0}
+    assert shifts == [-8] and trainer.engine_reserved_sms == 8
+    assert trainer.balance_engine_sms(10.1, 0.0) == {"perf/engine_reserved_sms": 8.0}
+    assert shifts == [-8, 8] and trainer.engine_reserved_sms == 16

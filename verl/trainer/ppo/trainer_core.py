@@ -207,6 +207,7 @@ class TrainerCore:
         self.rollout_version: int | None = None  # the engine's weights: the actor's version at the last sync
         # SMs kept for the engine while a rollout runs beside the training passes (moved by balance_reserved_sms)
         self.engine_reserved_sms = int(self.conf.actor_rollout_ref.rollout.engine_reserved_sms)
+        self.balanced_steps = 0  # steps with a rollout ahead this process has seen (the first one is not balanced)
 
     # ---------------------------------------------------------------- rollout parameters
     def sampling(self, validate: bool, step: int | None = None) -> dict[str, Any]:
@@ -263,12 +264,17 @@ class TrainerCore:
         """``perf/engine_reserved_sms`` (the split this step's training passes ran with, where one is kept) and,
         with ``rollout.balance_reserved_sms``, the split moved by one partition group towards the side of the step
         that finished last (:func:`~verl.workers.training_sms.balance_shift` of ``waited`` for the rollout ahead, of
-        its ``idle`` time, over the part of the step it ran beside) for the next step."""
+        its ``idle`` time, over the part of the step it ran beside) for the next step. Not after this process's first
+        such step: its training passes pay one-time costs (compiles, first calls: the ref pass 12.1 s against 4-8 s
+        later at 1.5B), which the split cannot win back (one H200: moved 16 -> 8 SMs after it, the next step's
+        training then waited 10.1 s for the rollout)."""
         balance = self.conf.actor_rollout_ref.rollout.balance_reserved_sms
         if not (self.engine_reserved_sms or balance):
             return {}
         metrics = {"perf/engine_reserved_sms": float(self.engine_reserved_sms)}
-        delta = balance_shift(waited, idle, self.ahead.launched_s()) if balance else 0
+        self.balanced_steps += 1
+        warm = self.balanced_steps > 1
+        delta = balance_shift(waited, idle, self.ahead.launched_s()) if balance and warm else 0
         if delta:
             counts = set(self.wg.shift_engine_reserved_sms(delta))
             if len(counts) != 1:
