@@ -335,10 +335,13 @@ def _overlapped_step(trainer, rollout_s: float, training_s: float) -> tuple[dict
 
 def test_balance_reserved_sms_moves_the_split_towards_the_slower_side():
     """``rollout.balance_reserved_sms``: a step whose training waited for the rollout gives the engine 8 SMs more;
-    one whose rollout waited for the training gives them back; ``perf/engine_reserved_sms`` is each step's split."""
+    one whose rollout waited for the training gives them back; ``perf/engine_reserved_sms`` is each step's split.
+    The first step with a rollout ahead moves nothing (its training passes carry one-time costs)."""
     trainer, ranks, shifts = _balancing_trainer(
         "actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"
     )
+    timing, metrics = _overlapped_step(trainer, rollout_s=0.6, training_s=0.05)  # the first: no move
+    assert timing["wait_rollout_ahead"] > 0.4 and metrics == {"perf/engine_reserved_sms": 16.0} and shifts == []
     timing, metrics = _overlapped_step(trainer, rollout_s=0.6, training_s=0.05)  # the engine is slower
     assert timing["wait_rollout_ahead"] > 0.4 and timing["rollout_ahead_idle"] == 0.0
     assert metrics == {"perf/engine_reserved_sms": 16.0} and shifts == [8]
@@ -362,6 +365,7 @@ def test_ranks_that_disagree_on_the_split_are_an_error():
     trainer, ranks, _ = _balancing_trainer(
         "actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"
     )
+    _overlapped_step(trainer, rollout_s=0.0, training_s=0.0)  # the first step with a rollout ahead moves nothing
     ranks[1].reserved = 8
     with pytest.raises(RuntimeError, match=r"engine_reserved_sms disagree after a shift by 8: \{(24, 16|16, 24)\}"):
         _overlapped_step(trainer, rollout_s=0.6, training_s=0.0)
