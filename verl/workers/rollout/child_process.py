@@ -186,9 +186,10 @@ class ChildProcessEngine(RolloutEngine):
         try:
             _send(self._conn, self._send_lock, (call_id, method, args))
         except (OSError, EOFError) as exc:
-            with self._pending_lock:
-                self._pending.pop(call_id, None)
-            future.set_exception(self._dead(exc))
+            with self._pending_lock:  # whoever takes the call from the pending table fails it: here or the reader
+                ours = self._pending.pop(call_id, None) is not None
+            if ours:
+                future.set_exception(self._dead(exc))
         return future
 
     def _call(self, method: str, *args: Any) -> Any:
