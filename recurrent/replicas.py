@@ -19,6 +19,7 @@ __all__ = [
     "Replica",
     "RequestReplica",
     "Router",
+    "WorkerReplica",
     "ray_rank_replicas",
     "replicas_from",
 ]
@@ -58,6 +59,28 @@ class EngineReplica(Replica):
 
     async def sleep(self) -> None:
         await asyncio.to_thread(self.engine.sleep)
+
+
+class WorkerReplica(EngineReplica):
+    """The engine of an in-process worker (``LocalWorkerGroup``): each request runs under the worker's
+    :class:`~verl.workers.rollout.guard.RolloutGuard`, as the worker's own ``generate`` does, so a weight sync or sleep
+    during it is refused and the worker's generation clock (``perf/rollout/generate_s``, the update's overlap)
+    counts it; wake-up and sleep are the worker's (a wake-up after a sleep that dropped the weights syncs them).
+    """
+
+    def __init__(self, worker: Any, name: str | None = None):
+        super().__init__(worker.rollout, name)
+        self.worker = worker
+
+    async def generate(self, prompt_ids, params, request_id=None):
+        with self.worker.rollout_guard.generating("generate"):
+            return await self.engine.generate(prompt_ids, params, request_id)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.worker.wake_up_rollout)
+
+    async def sleep(self) -> None:
+        await asyncio.to_thread(self.worker.sleep_rollout)
 
 
 class _CallingReplica(Replica):
@@ -233,7 +256,7 @@ def replicas_from(rollout: Any, free_running_calls: int = 0) -> list[Replica]:
         return replicas_from(rollout.wg, free_running_calls)
     worker = getattr(rollout, "worker", None)
     if worker is not None and getattr(worker, "rollout", None) is not None:
-        return [EngineReplica(worker.rollout)]
+        return [WorkerReplica(worker)]
     if hasattr(rollout, "workers"):
         return ray_rank_replicas(rollout, free_running_calls)
     raise TypeError(

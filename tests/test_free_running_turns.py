@@ -262,6 +262,51 @@ def test_a_replica_given_as_the_rollout_keeps_its_call_count(tmp_path, tok):
     assert replica.calls == len(first) + len(second)
 
 
+def test_an_in_process_workers_engine_runs_under_its_rollout_guard(tmp_path, tok):
+    """An in-process worker group (``LocalWorkerGroup``): each request runs under the worker's RolloutGuard, so a
+    weight sync during the rollout is refused and the worker's generation clock counts it; wake-up and sleep are the
+    worker's (they sync the weights after a sleep that dropped them)."""
+    from types import SimpleNamespace
+
+    from recurrent.replicas import WorkerReplica, replicas_from
+    from verl.workers.rollout.guard import RolloutGuard
+
+    guard = RolloutGuard()
+    seen = {"refused": 0, "in_flight": 0, "calls": []}
+
+    class Engine:
+        async def generate(self, prompt_ids, params, request_id=None):
+            seen["in_flight"] = max(seen["in_flight"], guard.in_flight)
+            try:
+                with guard.changing("sync_rollout_weights"):
+                    pass
+            except RuntimeError:
+                seen["refused"] += 1
+            await asyncio.sleep(0.01)
+            return [GenerationOutput([7, 8], [-0.1, -0.1], "stop")]
+
+    worker = SimpleNamespace(
+        rollout=Engine(),
+        rollout_guard=guard,
+        wake_up_rollout=lambda: seen["calls"].append("wake"),
+        sleep_rollout=lambda: seen["calls"].append("sleep"),
+    )
+    group = SimpleNamespace(worker=worker)
+    [replica] = replicas_from(group)
+    assert type(replica) is WorkerReplica
+    cfg, gen = _gen_batch(tmp_path, tok, [_context(20, s) for s in range(3)], sampling={"seed": 1})
+    manager = FreeRunningGenerationManager(tok, group, MemoryAgent(tok, cfg), calls_per_rank=1)
+    try:
+        conv, _, _ = manager.run_llm_loop(gen)
+    finally:
+        manager.shutdown()
+    assert seen["refused"] == len(conv) and seen["in_flight"] == 3  # the three trajectories at once
+    assert guard.in_flight == 0 and guard.busy_seconds() >= 0.01 * len(conv) / 3
+    asyncio.run(replica.wake_up())
+    asyncio.run(replica.sleep())
+    assert seen["calls"] == ["wake", "sleep"]
+
+
 def test_a_failing_trajectory_fails_the_rollout_and_stops_the_others(tmp_path, tok):
     class Failing(Replica):
         def __init__(self):

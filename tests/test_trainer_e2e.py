@@ -332,6 +332,8 @@ def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):
     h = {x["step"]: x for x in main_ppo.run(cfg)}[1]
     assert h["trajectory/num_conv/min"] >= 1
     assert "actor/pg_loss" in h and h["actor/grad_norm"] == h["actor/grad_norm"]
+    # the in-process worker's engine ran the chats under its RolloutGuard (recurrent.replicas.WorkerReplica)
+    assert h["perf/rollout/generate_s"] > 0
 
 
 def test_rollout_engine_follows_the_actor(runs):
