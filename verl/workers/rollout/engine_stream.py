@@ -78,7 +78,7 @@ class EngineStream:
 
         vLLM's model runner caches the stream current while the engine warms up as its ``main_stream``, ends every
         step by making ``main_stream`` current again, and orders its copy of the sampled tokens to the host after
-        ``main_stream`` only (vLLM 0.26-0.32's V2 runner). Built on another stream, the engine thread would be
+        ``main_stream`` only (vLLM 0.26-0.34's V2 runner). Built on another stream, the engine thread would be
         moved back to that stream after every step (the GPU test saw it), and an engine thread put back on its
         own stream would sample on a stream the copy does not wait for."""
         if self.stream is None:

