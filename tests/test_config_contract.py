@@ -340,6 +340,10 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "trainer.logger": (RUN_LOG,),
     "trainer.log_val_generations": (f"{R}::test_fit_logs_validation_generations",),
     "trainer.log_dir": (RUN_LOG,),
+    "trainer.rollout_data_dir": ("tests/test_trainer_e2e.py::test_generations_are_dumped_per_step_and_per_validation",),
+    "trainer.validation_data_dir": (
+        "tests/test_trainer_e2e.py::test_generations_are_dumped_per_step_and_per_validation",
+    ),
     "trainer.nnodes": (RUN_CLUSTER,),
     "trainer.n_gpus_per_node": (RUN_CLUSTER,),
     "trainer.device": (RUN_CLUSTER,),

@@ -19,6 +19,7 @@ What is checked:
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -262,7 +263,12 @@ def _finite_floats(h: dict) -> None:
 def gae_runs(tiny_model_path, tmp_path_factory, ray_cluster):
     """2 steps (checkpoint at step 2), resumed to step 3, and step 1 again on 2 Ray ranks."""
     tmp = tmp_path_factory.mktemp("gae")
-    first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2, "gae", extra=["trainer.val_before_train=True"]))
+    # the validation in two batches of one prompt: the dump numbers its rows across them
+    dumps = ["data.val_batch_size=1", f"trainer.rollout_data_dir={tmp / 'rollouts'}"]
+    dumps.append(f"trainer.validation_data_dir={tmp / 'validation'}")
+    first = main_ppo.run(
+        _cfg(tmp, tiny_model_path, str(tmp / "a"), 2, "gae", extra=["trainer.val_before_train=True", *dumps])
+    )
     resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3, "gae"))
     # actor and critic groups share one Ray pool (max_colocate_count=2); FSDP2 over gloo in each group
     two_ranks = main_ppo.run(
@@ -271,6 +277,22 @@ def gae_runs(tiny_model_path, tmp_path_factory, ray_cluster):
         )
     )
     return {"first": first, "resumed": resumed, "two_ranks": two_ranks, "tmp": tmp}
+
+
+def test_single_turn_generations_are_dumped_one_line_per_row(gae_runs):
+    """A single-turn rollout's dump: one conversation (turn 0, final) per row, the row's own score and prompt."""
+    tmp = gae_runs["tmp"]
+    assert sorted(p.name for p in (tmp / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl"]
+    assert sorted(p.name for p in (tmp / "validation").iterdir()) == ["0.jsonl"]
+    for path, rows in ((tmp / "rollouts" / "2.jsonl", 4), (tmp / "validation" / "0.jsonl", 2)):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["trajectory"] for r in records] == list(range(rows))
+        assert {(r["turn"], r["final"], r["step"], r["data_source"]) for r in records} == {
+            (0, True, int(path.stem), "toy")
+        }
+        for r in records:
+            assert r["score"] == float(len(r["output"]) % 2 == 0)  # the parity reward of this row's answer
+            assert f"Say a word about the number {r['gts']}." in r["input"]
 
 
 def test_single_turn_ppo_with_gae_trains_the_critic(gae_runs, tiny_model_path):

@@ -96,7 +96,10 @@ def runs(tiny_model_path, tmp_path_factory, ray_cluster):
     torch.manual_seed(0)
     first = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 2))
     resumed = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "a"), 3))
-    straight = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 3))
+    # the validation in two batches of one question: the dump numbers its trajectories across them
+    dumps = ["data.val_batch_size=1", f"trainer.rollout_data_dir={tmp / 'rollouts'}"]
+    dumps.append(f"trainer.validation_data_dir={tmp / 'validation'}")
+    straight = main_ppo.run(_cfg(tmp, tiny_model_path, str(tmp / "b"), 3, extra=dumps))
     # the same first step on 2 Ray worker processes (FSDP2 over gloo), data split unevenly across ranks
     two_ranks = main_ppo.run(
         _cfg(
@@ -334,6 +337,36 @@ def test_async_tool_gsm8k_training_step(tiny_model_path, tmp_path, runs):
     assert "actor/pg_loss" in h and h["actor/grad_norm"] == h["actor/grad_norm"]
     # the in-process worker's engine ran the chats under its RolloutGuard (recurrent.replicas.WorkerReplica)
     assert h["perf/rollout/generate_s"] > 0
+
+
+def test_generations_are_dumped_per_step_and_per_validation(runs):
+    """``trainer.rollout_data_dir`` / ``validation_data_dir``: one line per conversation, each trajectory's turns in
+    order with its final answer last, the score it trained on (the parity reward of that final answer) on every turn,
+    and the question's ground truth; the mean over the lines is the step's turn-weighted ``critic/score/mean``."""
+    tmp = runs["tmp"]
+    history = {h["step"]: h for h in runs["straight"]}
+    assert sorted(p.name for p in (tmp / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl"]
+    assert sorted(p.name for p in (tmp / "validation").iterdir()) == ["0.jsonl", "2.jsonl", "3.jsonl"]
+    for folder, step, trajectories in [("rollouts", 1, 8), ("rollouts", 3, 8), ("validation", 0, 2)]:
+        records = [json.loads(line) for line in (tmp / folder / f"{step}.jsonl").read_text().splitlines()]
+        assert {r["step"] for r in records} == {step}
+        by_trajectory: dict[int, list[dict]] = {}
+        for r in records:
+            by_trajectory.setdefault(r["trajectory"], []).append(r)
+        assert sorted(by_trajectory) == list(range(trajectories))
+        for turns in by_trajectory.values():
+            assert [r["turn"] for r in turns] == list(range(len(turns))) and len(turns) >= 4
+            assert [r["final"] for r in turns] == [False] * (len(turns) - 1) + [True]
+            final = turns[-1]
+            assert final["score"] == float(len(final["output"]) % 2 == 0)  # tests/fixtures/parity_reward.py
+            assert {r["score"] for r in turns} == {final["score"]} and len({r["uid"] for r in turns}) == 1
+            code = final["gts"][0]
+            assert all(f"What is the code number {code}?" in r["input"] for r in turns)
+        n = 4 if folder == "rollouts" else 1
+        assert len({r["uid"] for r in records}) == trajectories // n
+        if folder == "rollouts":
+            mean = sum(r["score"] for r in records) / len(records)
+            assert mean == pytest.approx(history[step]["critic/score/mean"], abs=1e-6)
 
 
 def test_rollout_engine_follows_the_actor(runs):

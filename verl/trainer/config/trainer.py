@@ -37,9 +37,9 @@ class TrainerConfig(BaseConfig):
     log_val_generations: int = 0
     # Folder for tensorboard events and metrics.jsonl; null = follows default_local_dir/logs.
     log_dir: Optional[str] = None
-    # Folder to dump rollout data each step; null = no dump.
+    # Folder for each training step's generations as text, <step>.jsonl; null = none (ppo/generation_dump.py).
     rollout_data_dir: Optional[str] = None
-    # Folder to dump validation generations; null = no dump.
+    # Folder for each validation's generations, <step>.jsonl (0 = before training); null = none.
     validation_data_dir: Optional[str] = None
     # Nodes in the Ray cluster.
     nnodes: int = 1

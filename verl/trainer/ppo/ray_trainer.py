@@ -112,6 +112,8 @@ class MultiConvTrainer(TrainerCore):
                 weights = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
                 conv.batch["loss_weights"] = weights
             conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
+            # the step's conversations as text, to trainer.rollout_data_dir when it is set
+            self.dump_generations(False, self.generation_records(False, conv, sample_index, final_mask, traj, scores))
             # 5. old (or, bypass mode, the engine's) and reference log-probs, off-policy correction (TIS), actor
             #    update, weight sync
             conv = self.old_log_probs(conv, timing)
@@ -234,14 +236,19 @@ class MultiConvTrainer(TrainerCore):
         timing: dict[str, float] = {}
         self.rollout.calls = 0
         self.last_val_samples = []
+        records: list[dict] = []  # for trainer.validation_data_dir
         for batch_dict in val_loader:
             batch = DataProto.from_single_dict(batch_dict)
-            traj, _, _, _, scores, finals = self.rollout_and_score(batch, n, True, timing)
+            traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, True, timing)
             self.keep_val_samples(finals, traj, scores)
+            for record in self.generation_records(True, conv, sample_index, final_mask, traj, scores):
+                record["trajectory"] += len(sources)  # numbered across the validation batches
+                records.append(record)
             nt = traj.non_tensor_batch
             sources += [str(s) for s in nt["data_source"]]
             questions += [str(q) for q in nt["sample_uuid"]]
             rewards += [float(s) for s in scores.tolist()]
+        self.dump_generations(True, records)
         return self.validation_metrics(sources, questions, rewards)
 
 

@@ -21,6 +21,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
@@ -175,6 +176,7 @@ class SingleTurnPPOTrainer(TrainerCore):
             with timer("reward", timing):
                 scores, _ = self.reward_fn(batch)
                 batch.batch["token_level_scores"] = scores_at_last_token(scores, batch.batch["response_mask"])
+            self.dump_generations(False, self._records(False, batch, scores))  # to trainer.rollout_data_dir if set
             # 3. old (and reference) log-probs, off-policy correction (TIS), values
             batch = self.old_log_probs(batch, timing)  # bypass mode: the engine's
             metrics.update(self.off_policy_correction(batch))
@@ -253,12 +255,22 @@ class SingleTurnPPOTrainer(TrainerCore):
         sources: list[str] = []
         questions: list[str] = []
         rewards: list[float] = []
+        records: list[dict] = []  # for trainer.validation_data_dir
         for batch_dict in val_loader:
             batch = self.generate(DataProto.from_single_dict(batch_dict), n, validate=True)
             scores, _ = self.val_reward_fn(batch)
             self.keep_val_samples(batch, batch, scores)
+            for record in self._records(True, batch, scores):
+                record["trajectory"] += len(sources)  # numbered across the validation batches
+                records.append(record)
             nt = batch.non_tensor_batch
             sources += [str(s) for s in nt.get("data_source", np.array(["unknown"] * len(batch), dtype=object))]
             questions += [str(q) for q in nt.get("sample_uuid", nt["uid"])]
             rewards += [float(s) for s in scores.tolist()]
+        self.dump_generations(True, records)
         return self.validation_metrics(sources, questions, rewards)
+
+    def _records(self, validate: bool, batch: DataProto, scores) -> list[dict]:
+        """Dump records of single-turn rows: each row is a trajectory of one conversation."""
+        rows = torch.arange(len(batch))
+        return self.generation_records(validate, batch, rows, torch.ones(len(batch), dtype=torch.bool), batch, scores)

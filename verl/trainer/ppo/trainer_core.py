@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.config.algorithm import rollout_is_on
+from verl.trainer.ppo.generation_dump import generation_records, write_generations
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
@@ -342,3 +343,25 @@ class TrainerCore:
         for i, text in enumerate(texts):
             gold = (nt["reward_model"][i] or {}).get("ground_truth") if "reward_model" in nt else None
             self.last_val_samples.append({"answer": text, "ground_truth": gold, "score": float(scores[i])})
+
+    # ---------------------------------------------------------------- generation dumps
+    def generation_records(
+        self, validate: bool, conversations: DataProto, sample_index, final_mask, trajectories, scores
+    ) -> list[dict]:
+        """Records of these conversations for ``trainer.validation_data_dir`` (``validate``) or
+        ``trainer.rollout_data_dir`` (:mod:`~verl.trainer.ppo.generation_dump`); [] when that folder is not set."""
+        if not self._generations_dir(validate):
+            return []
+        return generation_records(
+            self.tokenizer, conversations, sample_index, final_mask, trajectories, scores, self.global_step
+        )
+
+    def dump_generations(self, validate: bool, records: list[dict]) -> None:
+        """Write ``records`` to ``<folder>/<global_step>.jsonl`` when the folder is set."""
+        folder = self._generations_dir(validate)
+        if folder:
+            write_generations(folder, self.global_step, records)
+
+    def _generations_dir(self, validate: bool) -> str | None:
+        trainer = self.conf.trainer
+        return trainer.validation_data_dir if validate else trainer.rollout_data_dir
