@@ -340,6 +340,7 @@ CONSUMED: dict[str, tuple[str, ...]] = {
     "trainer.logger": (RUN_LOG,),
     "trainer.log_val_generations": (f"{R}::test_fit_logs_validation_generations",),
     "trainer.log_dir": (RUN_LOG,),
+    "trainer.balance_batch": ("tests/test_rank_spread.py::test_the_trainer_spreads_by_tokens_only_with_balance_batch",),
     "trainer.rollout_data_dir": ("tests/test_trainer_e2e.py::test_generations_are_dumped_per_step_and_per_validation",),
     "trainer.validation_data_dir": (
         "tests/test_trainer_e2e.py::test_generations_are_dumped_per_step_and_per_validation",
@@ -442,8 +443,8 @@ def test_the_contract_fails_on_a_new_key_and_on_a_stale_entry():
     ]
     stale = {**CONSUMED, "data.removed_key": (RUN_SIZES,)}
     assert contract_violations(keys, stale, INERT) == ["CONSUMED names data.removed_key, which is not a config key"]
-    both = {**CONSUMED, "trainer.balance_batch": (RUN_SIZES,)}
-    assert contract_violations(keys, both, INERT) == ["trainer.balance_batch is both CONSUMED and INERT"]
+    both = {**CONSUMED, "trainer.default_hdfs_dir": (RUN_SIZES,)}
+    assert contract_violations(keys, both, INERT) == ["trainer.default_hdfs_dir is both CONSUMED and INERT"]
 
 
 def test_extra_keys_are_not_in_the_yaml():
@@ -583,18 +584,23 @@ def test_free_form_sections_accept_any_key():
 
 
 def test_an_inert_key_set_warns_once_naming_it(caplog):
-    cfg = compose_config(["actor_rollout_ref.actor.use_torch_compile=False", "trainer.balance_batch=False"])
+    cfg = compose_config(["actor_rollout_ref.actor.use_torch_compile=False", "trainer.del_local_ckpt_after_load=True"])
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config_keys"):
         inert = check_config_keys(cfg)
-    assert [i.key for i in inert] == ["actor_rollout_ref.actor.use_torch_compile", "trainer.balance_batch"]
+    assert [i.key for i in inert] == ["actor_rollout_ref.actor.use_torch_compile", "trainer.del_local_ckpt_after_load"]
     text = caplog.text
-    assert text.count("actor_rollout_ref.actor.use_torch_compile") == 1 and text.count("trainer.balance_batch") == 1
+    assert (
+        text.count("actor_rollout_ref.actor.use_torch_compile") == 1
+        and text.count("trainer.del_local_ckpt_after_load") == 1
+    )
     # ref.use_torch_compile follows the actor's by interpolation: not reported unless set itself
     assert "actor_rollout_ref.ref.use_torch_compile" not in text
     assert "2 config key(s) you set have no effect" in text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="verl.trainer.config_keys"):
-        assert check_config_keys(compose_config(["trainer.balance_batch=True"])) == []  # the default: silent
+        assert (
+            check_config_keys(compose_config(["trainer.del_local_ckpt_after_load=False"])) == []
+        )  # the default: silent
     assert caplog.text == ""
 
 

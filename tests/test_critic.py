@@ -346,6 +346,8 @@ def test_two_ray_ranks_match_one_process(gae_runs):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
     for key in ("critic/grad_norm", "actor/grad_norm"):
         assert two[key] == pytest.approx(one[key], rel=1e-3), key
+    # both ranks computed part of both mini-batches, actor and critic (trainer/ppo/rank_spread.py)
+    assert two["perf/update_idle_rank_steps"] == 0 and two["perf/critic_update_idle_rank_steps"] == 0
 
 
 def test_critic_warmup_skips_the_actor(tiny_model_path, tmp_path):

@@ -183,6 +183,11 @@ def test_two_ray_ranks_match_one_process(runs):
     assert two["actor/pg_loss"] == pytest.approx(one["actor/pg_loss"], rel=1e-4, abs=1e-6)
     assert one["actor/grad_norm"] > 1e-3  # non-zero advantages: the comparison means something
     assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-3)
+    # each rank computed part of both mini-batches (trainer/ppo/rank_spread.py): contiguous rows would have given
+    # rank 0 mini-batch 0 and rank 1 mini-batch 1 only (2 idle rank-steps, the busier rank twice the mean)
+    assert two["perf/update_idle_rank_steps"] == 0
+    assert two["perf/update_rank_tokens_max_over_mean"] < 1.2
+    assert "perf/update_idle_rank_steps" not in one  # one rank: nothing to spread
 
 
 def test_dapo_dynamic_sampling_and_overlong_shaping(tiny_model_path, tmp_path, runs):

@@ -137,7 +137,6 @@ INERT: dict[str, str] = {
     "reward_model.use_dynamic_bsz": _NO_RM,
     "reward_model.forward_max_token_len_per_gpu": _NO_RM,
     "reward_model.launch_reward_fn_async": "rewards are computed when the rollout returns",
-    "trainer.balance_batch": "rows are not reordered (recurrent mode needs their order)",
     "trainer.default_hdfs_dir": "checkpoints are not copied to HDFS",
     "trainer.del_local_ckpt_after_load": "checkpoints are kept after loading",
     "trainer.max_critic_ckpt_to_keep": "a checkpoint folder holds actor and critic: trainer.max_actor_ckpt_to_keep "

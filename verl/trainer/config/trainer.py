@@ -21,7 +21,7 @@ class TrainerConfig(BaseConfig):
 
     SECTION = "trainer"
 
-    # Reorder rows to balance tokens across ranks (ignored in recurrent mode).
+    # Deal each mini-batch's rows to the ranks longest first (token balance per optimizer step; ppo/rank_spread.py).
     balance_batch: bool = True
     # Epochs over the training set.
     total_epochs: int = 30

@@ -114,6 +114,9 @@ class MultiConvTrainer(TrainerCore):
             conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
             # the step's conversations as text, to trainer.rollout_data_dir when it is set
             self.dump_generations(False, self.generation_records(False, conv, sample_index, final_mask, traj, scores))
+            # rows to ranks: every rank a share of every mini-batch (token-balanced with trainer.balance_batch)
+            order = self.spread_over_ranks(conv, metrics)
+            conv, sample_index, final_mask = conv[order], sample_index[order], final_mask[order]
             # 5. old (or, bypass mode, the engine's) and reference log-probs, off-policy correction (TIS), actor
             #    update, weight sync
             conv = self.old_log_probs(conv, timing)

@@ -193,11 +193,12 @@ class SingleTurnPPOTrainer(TrainerCore):
             # 5. critic update, then actor update and weight sync (not during critic warm-up)
             if self.use_critic:
                 with timer("update_critic", timing):
-                    metrics.update(self.critic_wg.update_critic(self._critic_batch(batch)))
+                    metrics.update(self.critic_wg.update_critic(self._critic_batch(batch, metrics)))
             if self.global_step > cfg.trainer.critic_warmup:
                 batch.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(batch))
+                order = self.spread_over_ranks(batch, metrics)  # every rank a share of every mini-batch
                 with timer("update_actor", timing):
-                    metrics.update(self.wg.update_actor(batch))  # globally reduced metrics
+                    metrics.update(self.wg.update_actor(batch[order]))  # globally reduced metrics
                 self.policy_version = self.global_step
                 metrics.update(self.sync_rollout_weights(timing))  # after the rollout running ahead has finished
             else:
@@ -238,13 +239,14 @@ class SingleTurnPPOTrainer(TrainerCore):
             config=self.config.algorithm,  # the section as a mapping: recipes' estimators read it with .get
         )
 
-    def _critic_batch(self, batch: DataProto) -> DataProto:
-        """The tensors of the critic update plus the critic's own global mini-batch ids."""
+    def _critic_batch(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """The tensors of the critic update plus the critic's own global mini-batch ids, in the order that gives each
+        critic rank a share of every mini-batch (``perf/critic_update_*`` metrics)."""
         data = batch.select(batch_keys=list(_CRITIC_KEYS), non_tensor_batch_keys=[])
         data.batch["mini_batch_id"] = mini_batch_ids(
             len(data), self.conf.data.train_batch_size, self.conf.critic.ppo_mini_batch_size
         )
-        return data
+        return data[self.spread_over_ranks(data, metrics, self.critic_wg, prefix="perf/critic_update")]
 
     # ---------------------------------------------------------------- validation
     def validate(self, val_loader) -> dict[str, float]:

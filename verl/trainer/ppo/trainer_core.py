@@ -26,6 +26,7 @@ from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.config.algorithm import rollout_is_on
 from verl.trainer.ppo.generation_dump import generation_records, write_generations
 from verl.trainer.ppo.metric_utils import process_validation_metrics
+from verl.trainer.ppo.rank_spread import spread_metrics, spread_order
 from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
 from verl.workers.training_sms import balance_shift
@@ -222,6 +223,20 @@ class TrainerCore:
     def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
         actor = self.conf.actor_rollout_ref.actor
         return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
+
+    def spread_over_ranks(
+        self, data: DataProto, metrics: dict[str, float], group: Any = None, prefix: str = "perf/update"
+    ) -> torch.Tensor:
+        """The row order (apply it to ``data`` and every row-aligned tensor) under which the data-parallel dispatch
+        gives each rank of ``group`` (default: the actor's) a share of every mini-batch (``mini_batch_id``), longest
+        rows dealt first with ``trainer.balance_batch`` (:mod:`~verl.trainer.ppo.rank_spread`); adds the split's
+        ``<prefix>_*`` metrics to ``metrics`` when the group has several ranks."""
+        ranks = int((self.wg if group is None else group).world_size)
+        ids, tokens = data.batch["mini_batch_id"], data.batch["attention_mask"].sum(dim=-1)
+        order = spread_order(ids, tokens, ranks, by_tokens=self.conf.trainer.balance_batch)
+        if ranks > 1:
+            metrics.update(spread_metrics(ids[order], tokens[order], ranks, prefix))
+        return order
 
     # ---------------------------------------------------------------- rollouts: this step's, the next one's
     def step_rollout(self, batch: DataProto, make, **kwargs: Any) -> Rollout:
