@@ -36,6 +36,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         vocab_size=2048,
         tie_word_embeddings=True,
     ),
+    # a Qwen2 small enough for training passes on a 2-core CPU to take seconds (the tiny model's take milliseconds,
+    # so overheads, not compute, would be measured)
+    "cpu-small": dict(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        tie_word_embeddings=True,
+    ),
     "qwen2.5-0.5b": dict(
         hidden_size=896,
         intermediate_size=4864,

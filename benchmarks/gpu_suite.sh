@@ -25,12 +25,14 @@
 #   weight_sync   weight sync GB/s and sleep/wake at 1.5B and 7B (bench_weight_sync.py)
 #   vs_verl       this actor vs upstream verl 0.7.1's (bench_vs_verl.py; needs VERL_WHEEL=path/to/verl-0.7.1 wheel)
 #   big_step      the 7B step with optimizer offload, 2 steps (host memory bounded by the startup estimate)
+#   rank_spread   the update over all GPUs (2 or more; skipped on one) with each mini-batch's rows dealt to the ranks
+#                 vs the rows in their order (bench_rank_spread.py)
 #   gpu_tests     the GPU-marked tests
 # Needs the project installed with its GPU extras (pip install -e .[gpu]) on a machine with CUDA.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-ONLY=${ONLY:-update_attn train_step small_step vllm_step engine_process weight_sync vs_verl big_step gpu_tests}
+ONLY=${ONLY:-update_attn train_step small_step vllm_step engine_process weight_sync vs_verl big_step rank_spread gpu_tests}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 want() { [[ " $ONLY " == *" $1 "* ]]; }
@@ -253,6 +255,17 @@ fi
 if want big_step; then
     run train_step_7b $STEP --shape qwen2.5-7b $BIG_SIZES --steps 2 --out "$OUT/train_step_qwen2.5-7b_optim_offload.json" \
         -- $BIG_OVERRIDES actor_rollout_ref.rollout.gpu_memory_utilization=0.5 actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+fi
+if want rank_spread; then
+    GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ "${DRY_RUN:-0}" = 1 ] || [ "$GPUS" -ge 2 ]; then
+        RANKS=$([ "$GPUS" -ge 2 ] && echo "$GPUS" || echo 2)
+        run rank_spread_0p5b python3 benchmarks/bench_rank_spread.py --device cuda --ranks "$RANKS" --shape qwen2.5-0.5b \
+            --trajectories 64 --chunks 3 --chunk 5000 --memory 1024 --final-len 256 --mini-batches 16 \
+            --token-budget 16384 --out "$OUT/rank_spread_0.5b.json"
+    else
+        echo "=== rank_spread: skipped (needs 2 GPUs or more; $GPUS here)"
+    fi
 fi
 if want gpu_tests; then
     run gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider

@@ -3,6 +3,7 @@ mini-batch (the e2e two-rank runs in test_trainer_e2e.py and test_critic.py chec
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,10 +94,37 @@ def test_the_trainer_spreads_by_tokens_only_with_balance_batch():
             compose_config([f"trainer.balance_batch={value}"]), None, SimpleNamespace(world_size=2), None, None
         )
         metrics: dict[str, float] = {}
-        orders[value] = core.spread_over_ranks(data, metrics).tolist()
+        spread, index, flags = core.spread_over_ranks(data, metrics, torch.arange(4), np.array([0, 1, 2, 3]))
+        orders[value] = index.tolist()
+        assert flags.tolist() == orders[value]  # numpy arrays follow the rows too
+        assert torch.equal(spread.batch["attention_mask"], mask[index])
         assert metrics["perf/update_idle_rank_steps"] == 0.0
     assert orders[True] == [1, 0, 3, 2]  # longest first, snake: 9 + 1 tokens to rank 0, 7 + 3 to rank 1
     assert orders[False] == [0, 3, 1, 2]  # in row order, snake: 1 + 7 tokens to rank 0, 9 + 3 to rank 1
     one_rank: dict[str, float] = {}
     core = TrainerCore(compose_config([]), None, SimpleNamespace(world_size=1), None, None)
-    assert core.spread_over_ranks(data, one_rank).tolist() == [0, 1, 2, 3] and one_rank == {}
+    assert core.spread_over_ranks(data, one_rank, index) == (data, index) and one_rank == {}  # untouched
+
+
+def test_the_benchmark_runs_the_three_orders_through_a_ray_worker_group(ray_cluster, tmp_path):
+    """``benchmarks/bench_rank_spread.py`` on 2 CPU ranks with the tiny model: the in-order rows leave each rank
+    idle in one of the two optimizer steps, the dealt ones in none."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_rank_spread
+
+    out = tmp_path / "spread.json"
+    args = ["--shape", "tiny", "--trajectories", "4", "--chunks", "2", "--chunk", "32", "--memory", "8"]
+    args += ["--final-len", "4", "--question-len", "8", "--mini-batches", "2", "--rounds", "1", "--out", str(out)]
+    assert bench_rank_spread.main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["conversations"] == 12 and list(report["results"]) == ["contiguous", "spread_rows", "spread_tokens"]
+    results = report["results"]
+    assert results["contiguous"]["perf/update_idle_rank_steps"] == 2  # 2 mini-batches of 6 rows: one rank each
+    assert results["spread_rows"]["perf/update_idle_rank_steps"] == 0
+    assert results["spread_tokens"]["perf/update_idle_rank_steps"] == 0
+    assert results["contiguous"]["speedup_vs_contiguous"] == 1.0
+    assert all(r["median_s"] > 0 and len(r["seconds"]) == 1 for r in results.values())

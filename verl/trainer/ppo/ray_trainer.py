@@ -115,8 +115,7 @@ class MultiConvTrainer(TrainerCore):
             # the step's conversations as text, to trainer.rollout_data_dir when it is set
             self.dump_generations(False, self.generation_records(False, conv, sample_index, final_mask, traj, scores))
             # rows to ranks: every rank a share of every mini-batch (token-balanced with trainer.balance_batch)
-            order = self.spread_over_ranks(conv, metrics)
-            conv, sample_index, final_mask = conv[order], sample_index[order], final_mask[order]
+            conv, sample_index, final_mask = self.spread_over_ranks(conv, metrics, sample_index, final_mask)
             # 5. old (or, bypass mode, the engine's) and reference log-probs, off-policy correction (TIS), actor
             #    update, weight sync
             conv = self.old_log_probs(conv, timing)

@@ -196,9 +196,9 @@ class SingleTurnPPOTrainer(TrainerCore):
                     metrics.update(self.critic_wg.update_critic(self._critic_batch(batch, metrics)))
             if self.global_step > cfg.trainer.critic_warmup:
                 batch.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(batch))
-                order = self.spread_over_ranks(batch, metrics)  # every rank a share of every mini-batch
+                spread = self.spread_over_ranks(batch, metrics)[0]  # every rank a share of every mini-batch
                 with timer("update_actor", timing):
-                    metrics.update(self.wg.update_actor(batch[order]))  # globally reduced metrics
+                    metrics.update(self.wg.update_actor(spread))  # globally reduced metrics
                 self.policy_version = self.global_step
                 metrics.update(self.sync_rollout_weights(timing))  # after the rollout running ahead has finished
             else:
@@ -246,7 +246,7 @@ class SingleTurnPPOTrainer(TrainerCore):
         data.batch["mini_batch_id"] = mini_batch_ids(
             len(data), self.conf.data.train_batch_size, self.conf.critic.ppo_mini_batch_size
         )
-        return data[self.spread_over_ranks(data, metrics, self.critic_wg, prefix="perf/critic_update")]
+        return self.spread_over_ranks(data, metrics, group=self.critic_wg, prefix="perf/critic_update")[0]
 
     # ---------------------------------------------------------------- validation
     def validate(self, val_loader) -> dict[str, float]:

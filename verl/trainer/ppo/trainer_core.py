@@ -225,18 +225,21 @@ class TrainerCore:
         return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
 
     def spread_over_ranks(
-        self, data: DataProto, metrics: dict[str, float], group: Any = None, prefix: str = "perf/update"
-    ) -> torch.Tensor:
-        """The row order (apply it to ``data`` and every row-aligned tensor) under which the data-parallel dispatch
-        gives each rank of ``group`` (default: the actor's) a share of every mini-batch (``mini_batch_id``), longest
-        rows dealt first with ``trainer.balance_batch`` (:mod:`~verl.trainer.ppo.rank_spread`); adds the split's
-        ``<prefix>_*`` metrics to ``metrics`` when the group has several ranks."""
+        self, data: DataProto, metrics: dict[str, float], *aligned: Any, group: Any = None, prefix: str = "perf/update"
+    ) -> tuple[Any, ...]:
+        """``(data, *aligned)`` with their rows (``aligned``: row-aligned tensors or arrays) in the order under which
+        the data-parallel dispatch gives each rank of ``group`` (default: the actor's) a share of every mini-batch
+        (``mini_batch_id``), longest rows dealt first with ``trainer.balance_batch``
+        (:mod:`~verl.trainer.ppo.rank_spread`); unchanged on one rank. Adds the split's ``<prefix>_*`` metrics to
+        ``metrics`` when the group has several ranks."""
         ranks = int((self.wg if group is None else group).world_size)
+        if ranks <= 1:
+            return (data, *aligned)
         ids, tokens = data.batch["mini_batch_id"], data.batch["attention_mask"].sum(dim=-1)
         order = spread_order(ids, tokens, ranks, by_tokens=self.conf.trainer.balance_batch)
-        if ranks > 1:
-            metrics.update(spread_metrics(ids[order], tokens[order], ranks, prefix))
-        return order
+        metrics.update(spread_metrics(ids[order], tokens[order], ranks, prefix))
+        index = order.numpy()
+        return (data[index], *(a[order] if isinstance(a, torch.Tensor) else a[index] for a in aligned))
 
     # ---------------------------------------------------------------- rollouts: this step's, the next one's
     def step_rollout(self, batch: DataProto, make, **kwargs: Any) -> Rollout:
