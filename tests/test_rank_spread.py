@@ -106,6 +106,54 @@ def test_the_trainer_spreads_by_tokens_only_with_balance_batch():
     assert core.spread_over_ranks(data, one_rank, index) == (data, index) and one_rank == {}  # untouched
 
 
+def test_a_mini_batch_holds_every_turn_of_its_questions_trajectories_on_every_rank(monkeypatch):
+    """The multi-turn trainer: 2 questions x 2 samples, train_batch_size 2 / ppo_mini_batch_size 1 = 2 optimizer steps.
+    Mini-batch 0 is both turns and the final answer of question 0's two trajectories (not the step's first rows, all
+    memory turns), and on 2 ranks each rank gets part of both mini-batches."""
+    from types import SimpleNamespace
+
+    from tests.test_config import compose_config
+    from verl.trainer.ppo.ray_trainer import MultiConvTrainer
+
+    class Sent(Exception):
+        pass
+
+    def compute_log_prob(conv):
+        raise Sent(conv)
+
+    cfg = compose_config(
+        [
+            "algorithm.adv_estimator=grpo",
+            "recurrent.enable=memory",
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        ]
+    )
+    workflow = SimpleNamespace(
+        train_dataset=None, val_dataset=None, build_rollout=lambda client: None, final_response_length=None
+    )
+    wg = SimpleNamespace(world_size=2, sleep_rollout=lambda: None, compute_log_prob=compute_log_prob)
+    trainer = MultiConvTrainer(cfg, None, wg, workflow, None, None)
+    # lock step's rows: turn 0 of trajectories 0-3, turn 1 of 0-3, then the 4 final answers
+    sample_index = torch.tensor([0, 1, 2, 3] * 3)
+    final_mask = torch.tensor([False] * 8 + [True] * 4)
+    lengths = torch.tensor([9, 8, 7, 6, 9, 8, 7, 6, 3, 3, 2, 2])
+    mask = (torch.arange(10) < lengths.unsqueeze(1)).long()
+    conv = DataProto.from_dict(tensors={"attention_mask": mask, "response_mask": mask[:, -3:], "row": torch.arange(12)})
+    traj = DataProto.from_dict(tensors={"x": torch.zeros(4, 1)}, non_tensors={"uid": np.array(["a", "a", "b", "b"])})
+    rollout = (traj, conv, final_mask, sample_index, torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    monkeypatch.setattr(trainer, "collect_rollouts", lambda *a: rollout)
+    with pytest.raises(Sent) as seen:
+        trainer.train_step(None)
+    sent = seen.value.args[0]
+    rows, ids = sent.batch["row"], sent.batch["mini_batch_id"]
+    assert sorted(rows.tolist()) == list(range(12))
+    assert torch.equal(ids, sample_index[rows] // 2)  # trajectories 0-1 (question a): 0; 2-3 (question b): 1
+    for part in sent.chunk(2):  # what each rank gets
+        assert sorted(set(part.batch["mini_batch_id"].tolist())) == [0, 1]
+
+
 def test_the_benchmark_runs_the_three_orders_through_a_ray_worker_group(ray_cluster, tmp_path):
     """``benchmarks/bench_rank_spread.py`` on 2 CPU ranks with the tiny model: the in-order rows leave each rank
     idle in one of the two optimizer steps, the dealt ones in none."""

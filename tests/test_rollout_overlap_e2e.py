@@ -297,8 +297,9 @@ def test_bypass_mode_takes_the_ratio_against_the_stale_engine(runs):
         assert not any(k.startswith("rollout/is_") or k.startswith("rollout/logprob_abs_diff") for k in bypass[s])
     # step 1 is on-policy in both: the same rollout and loss (engine log-probs = actor's here)
     assert bypass[1]["actor/pg_loss"] == pytest.approx(on[1]["actor/pg_loss"], rel=1e-3, abs=1e-5)
-    # steps 2-3: the ratio is against the previous weights from the first mini-batch on (measured 0.027/0.034 vs
-    # -0.027/-0.004 recomputed; clipped fraction 0.22/0.21 vs 0.12/0.03)
+    # steps 2-3: the ratio is against the previous weights from the first mini-batch on (measured 0.048/0.044 vs
+    # 0.034/-0.028 recomputed, where only the second mini-batch sees the first one's update; clipped fraction
+    # 0.27/0.24 vs 0.20/0.12)
     for s in (2, 3):
-        assert bypass[s]["actor/ppo_kl"] > 1e-2 > on[s]["actor/ppo_kl"], s
+        assert bypass[s]["actor/ppo_kl"] > max(on[s]["actor/ppo_kl"], 1e-2), s
         assert bypass[s]["actor/pg_clipfrac"] > on[s]["actor/pg_clipfrac"], s

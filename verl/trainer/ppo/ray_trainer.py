@@ -111,7 +111,8 @@ class MultiConvTrainer(TrainerCore):
             if cfg.actor_rollout_ref.actor.turn_weighting == "trajectory":
                 weights = trajectory_token_weights(sample_index, conv.batch["response_mask"], "trajectory")
                 conv.batch["loss_weights"] = weights
-            conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(conv))
+            # a mini-batch = every conversation of ppo_mini_batch_size questions' trajectories (all their turns)
+            conv.batch["mini_batch_id"] = self.actor_mini_batch_ids(len(traj))[sample_index]
             # the step's conversations as text, to trainer.rollout_data_dir when it is set
             self.dump_generations(False, self.generation_records(False, conv, sample_index, final_mask, traj, scores))
             # rows to ranks: every rank a share of every mini-batch (token-balanced with trainer.balance_batch)

@@ -221,6 +221,11 @@ class TrainerCore:
         return float(self.sampling(validate=False)["temperature"]) or 1.0
 
     def actor_mini_batch_ids(self, num_rows: int) -> torch.Tensor:
+        """The actor's global mini-batch of each of ``num_rows`` rows (:func:`mini_batch_ids`). The multi-turn trainer
+        numbers trajectories, ordered by question (``repeat(n, interleave=True)``), so that a mini-batch holds every
+        conversation of ``ppo_mini_batch_size`` questions' trajectories: upstream's meaning of the key (questions per
+        optimizer step), and at the original's scale (its ranks each split their own rows, every optimizer step drew
+        from the whole step) a mix of all turns in every optimizer step, never one kind of turn alone."""
         actor = self.conf.actor_rollout_ref.actor
         return mini_batch_ids(num_rows, self.conf.data.train_batch_size, actor.ppo_mini_batch_size)
 
