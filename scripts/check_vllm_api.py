@@ -193,6 +193,19 @@ class Source:
         return self._trees[module]
 
 
+def _bound(node: ast.AST) -> list[ast.expr]:
+    """The targets an assignment statement binds (none for other nodes)."""
+    if isinstance(node, ast.Assign):
+        return node.targets
+    if isinstance(node, ast.AnnAssign):
+        return [node.target]
+    return []
+
+
+def _is_self_attribute(target: ast.expr) -> bool:
+    return isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+
+
 def module_names(tree: ast.Module) -> set[str]:
     """Names a module defines or imports at any level (vLLM defines some inside ``if TYPE_CHECKING``/``try``)."""
     names: set[str] = set()
@@ -201,10 +214,7 @@ def module_names(tree: ast.Module) -> set[str]:
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
+        names.update(t.id for t in _bound(node) if isinstance(t, ast.Name))
     return names
 
 
@@ -213,20 +223,14 @@ def find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
 
 
 def class_members(node: ast.ClassDef) -> set[str]:
+    """Methods, class-level names, and the attributes any method assigns on ``self``."""
     members: set[str] = set()
     for item in node.body:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
             members.add(item.name)
-        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-            members.add(item.target.id)
-        elif isinstance(item, ast.Assign):
-            members.update(t.id for t in item.targets if isinstance(t, ast.Name))
-        for sub in ast.walk(item):  # self.x = ... / self.x: T = ... in any method
-            target = sub.target if isinstance(sub, ast.AnnAssign) else None
-            targets = sub.targets if isinstance(sub, ast.Assign) else [target] if target is not None else []
-            for t in targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    members.add(t.attr)
+        members.update(t.id for t in _bound(item) if isinstance(t, ast.Name))
+        for sub in ast.walk(item):
+            members.update(t.attr for t in _bound(sub) if _is_self_attribute(t))
     return members
 
 

@@ -28,7 +28,7 @@ def _conversations(tok, texts: list[tuple[str, str]]) -> DataProto:
     return DataProto.from_dict(tensors=build_conversation_batch(prompts, responses, pad))
 
 
-def test_records_follow_the_trajectories_turn_by_turn(tok):
+def test_records_follow_the_trajectories_turn_by_turn(tok, tmp_path):
     # lock step's order: turn 0 of both trajectories, turn 1 of both, then the two final answers
     texts = [("read one", "memo a"), ("read two", "memo b"), ("read three", "memo c")]
     texts += [("read four", "memo d"), ("ask one", "alpha"), ("ask two", "beta")]
@@ -53,8 +53,13 @@ def test_records_follow_the_trajectories_turn_by_turn(tok):
     ]
     assert [(r["input"], r["output"]) for r in records] == texts  # pads and the EOS dropped
     assert [r["score"] for r in records] == [1.0, 0.0] * 3
-    assert [r["gts"] for r in records] == [["7"], "x"] * 3  # arrays become lists (JSON)
     assert {(r["uid"], r["data_source"], r["step"]) for r in records} == {("q0", "hotpotqa", 5)}
+    path = write_generations(tmp_path, 5, records)
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["gts"] for r in written] == [["7"], "x"] * 3  # arrays become lists (JSON)
+    # a validation's later batch numbers its trajectories on from the earlier ones
+    later = generation_records(tok, conv, sample_index, final_mask, trajectories, torch.tensor([1.0, 0.0]), 5, 10)
+    assert [r["trajectory"] for r in later] == [10, 11] * 3
     with pytest.raises(ValueError, match="2 trajectories and 3 scores for conversations of trajectories 0..1"):
         generation_records(tok, conv, sample_index, final_mask, trajectories, torch.zeros(3), 5)
 

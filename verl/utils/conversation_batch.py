@@ -8,6 +8,7 @@ which emit one conversation per turn and concatenate the turns of a step with
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ __all__ = [
     "pad_token_lists",
     "build_conversation_batch",
     "unpad_rows",
+    "decode_rows",
     "concat_conversations",
     "final_batch",
 ]
@@ -86,6 +88,11 @@ def build_conversation_batch(
 def unpad_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
     """Return each row's tokens where ``mask`` is set."""
     return [row[m.bool()] for row, m in zip(ids, mask)]
+
+
+def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Each row's tokens where ``mask`` is set, decoded without special tokens (one ``batch_decode`` call)."""
+    return tokenizer.batch_decode([row.tolist() for row in unpad_rows(ids, mask)], skip_special_tokens=True)
 
 
 def concat_conversations(batches: Sequence[DataProto], pad_id: int) -> DataProto:

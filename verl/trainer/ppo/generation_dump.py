@@ -27,17 +27,20 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.conversation_batch import decode_rows
 
-__all__ = ["generation_records", "write_generations"]
-
-
-def _decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    return tokenizer.batch_decode([row[m.bool()].tolist() for row, m in zip(ids, mask)], skip_special_tokens=True)
+__all__ = ["generation_records", "ground_truth", "write_generations"]
 
 
-def _ground_truth(reward_model: Any) -> Any:
-    gold = (reward_model or {}).get("ground_truth") if isinstance(reward_model, dict) else None
-    return gold.tolist() if isinstance(gold, np.ndarray) else gold
+def ground_truth(non_tensors: dict[str, Any], row: int) -> Any:
+    """Row ``row``'s ``reward_model["ground_truth"]`` (None without one)."""
+    reward_model = non_tensors["reward_model"][row] if "reward_model" in non_tensors else None
+    return reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+
+
+def _listed(value: Any) -> Any:
+    """A numpy array (a parquet list column) as a list, for JSON; other values as they are."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def generation_records(
@@ -48,13 +51,15 @@ def generation_records(
     trajectories: DataProto,
     scores: torch.Tensor,
     step: int,
+    first_trajectory: int = 0,
 ) -> list[dict[str, Any]]:
     """One record per conversation (module docstring). ``trajectories`` holds one row per trajectory
-    (``uid``, ``data_source``, ``reward_model`` where present); ``scores`` [T] one score per trajectory."""
+    (``uid``, ``data_source``, ``reward_model`` where present); ``scores`` [T] one score per trajectory;
+    ``first_trajectory`` numbers them on from an earlier batch (a validation's later batches)."""
     b = conversations.batch
     width = b["prompts"].shape[1]
-    inputs = _decode(tokenizer, b["prompts"], b["attention_mask"][:, :width])
-    outputs = _decode(tokenizer, b["responses"], b["attention_mask"][:, width:])
+    inputs = decode_rows(tokenizer, b["prompts"], b["attention_mask"][:, :width])
+    outputs = decode_rows(tokenizer, b["responses"], b["attention_mask"][:, width:])
     nt = trajectories.non_tensor_batch
     index = [int(i) for i in sample_index.tolist()]
     last = max(index, default=-1)
@@ -70,10 +75,10 @@ def generation_records(
         record = {
             "input": text_in,
             "output": text_out,
-            "gts": _ground_truth(nt["reward_model"][traj]) if "reward_model" in nt else None,
+            "gts": _listed(ground_truth(nt, traj)),
             "score": float(scores[traj]),
             "step": int(step),
-            "trajectory": traj,
+            "trajectory": first_trajectory + traj,
             "turn": turn,
             "final": bool(final),
         }

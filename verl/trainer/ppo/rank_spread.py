@@ -1,10 +1,11 @@
 """Rows to data-parallel ranks: every rank gets a share of every mini-batch.
 
-The trainer numbers the global mini-batches of a step (``mini_batch_id``: contiguous runs of rows, so that the
-optimizer steps do not depend on the number of ranks) and the worker group's data-parallel dispatch gives each rank
-a contiguous chunk of rows (``DataProto.chunk``). Sent in that order, each mini-batch would sit on one or two ranks:
-with 16 mini-batches on 8 ranks, rank 0 holds mini-batches 0-1 and nothing else, so in each optimizer step one rank
-computes and the others wait, and the update runs no faster on 8 GPUs than on one.
+The trainer numbers the global mini-batches of a step (``mini_batch_id``, the same for any number of ranks: runs of
+rows in the single-turn trainer, question groups of trajectories in the multi-turn one) and the worker group's
+data-parallel dispatch gives each rank a contiguous chunk of rows (``DataProto.chunk``). Sent in their order, the
+single-turn rows put each mini-batch on one or two ranks (with 16 mini-batches on 8 ranks rank 0 held mini-batches
+0-1 and nothing else: in each optimizer step one rank computed and the others waited, and the update ran no faster on
+8 GPUs than on one), and the multi-turn rows in lock-step order gave the last ranks only the short final answers.
 
 :func:`spread_order` returns a row order under which ``chunk(ranks)`` gives every rank an equal share (within one
 row) of every mini-batch. Rows are dealt to ranks mini-batch by mini-batch; with ``by_tokens``
@@ -63,8 +64,8 @@ def spread_metrics(
     n = len(ids)
     if n == 0 or ranks < 1:
         return {}
-    base, extra = divmod(n, ranks)
-    rank_of = torch.repeat_interleave(torch.arange(ranks), torch.tensor([base + 1] * extra + [base] * (ranks - extra)))
+    parts = torch.arange(n).tensor_split(ranks)  # DataProto.chunk's split: np.array_split's sizes
+    rank_of = torch.repeat_interleave(torch.arange(ranks), torch.tensor([len(p) for p in parts]))
     used = torch.unique(ids)
     column = torch.searchsorted(used, ids)
     load = torch.zeros(ranks, len(used), dtype=torch.float64)

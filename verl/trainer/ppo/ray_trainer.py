@@ -244,9 +244,7 @@ class MultiConvTrainer(TrainerCore):
             batch = DataProto.from_single_dict(batch_dict)
             traj, conv, final_mask, sample_index, scores, finals = self.rollout_and_score(batch, n, True, timing)
             self.keep_val_samples(finals, traj, scores)
-            for record in self.generation_records(True, conv, sample_index, final_mask, traj, scores):
-                record["trajectory"] += len(sources)  # numbered across the validation batches
-                records.append(record)
+            records += self.generation_records(True, conv, sample_index, final_mask, traj, scores, len(sources))
             nt = traj.non_tensor_batch
             sources += [str(s) for s in nt["data_source"]]
             questions += [str(q) for q in nt["sample_uuid"]]

@@ -262,9 +262,7 @@ class SingleTurnPPOTrainer(TrainerCore):
             batch = self.generate(DataProto.from_single_dict(batch_dict), n, validate=True)
             scores, _ = self.val_reward_fn(batch)
             self.keep_val_samples(batch, batch, scores)
-            for record in self._records(True, batch, scores):
-                record["trajectory"] += len(sources)  # numbered across the validation batches
-                records.append(record)
+            records += self._records(True, batch, scores, first_trajectory=len(sources))
             nt = batch.non_tensor_batch
             sources += [str(s) for s in nt.get("data_source", np.array(["unknown"] * len(batch), dtype=object))]
             questions += [str(q) for q in nt.get("sample_uuid", nt["uid"])]
@@ -272,7 +270,7 @@ class SingleTurnPPOTrainer(TrainerCore):
         self.dump_generations(True, records)
         return self.validation_metrics(sources, questions, rewards)
 
-    def _records(self, validate: bool, batch: DataProto, scores) -> list[dict]:
+    def _records(self, validate: bool, batch: DataProto, scores, first_trajectory: int = 0) -> list[dict]:
         """Dump records of single-turn rows: each row is a trajectory of one conversation."""
-        rows = torch.arange(len(batch))
-        return self.generation_records(validate, batch, rows, torch.ones(len(batch), dtype=torch.bool), batch, scores)
+        rows, finals = torch.arange(len(batch)), torch.ones(len(batch), dtype=torch.bool)
+        return self.generation_records(validate, batch, rows, finals, batch, scores, first_trajectory)

@@ -24,11 +24,12 @@ from omegaconf import DictConfig
 from verl.protocol import DataProto
 from verl.trainer.config import PPOConfig, from_config
 from verl.trainer.config.algorithm import rollout_is_on
-from verl.trainer.ppo.generation_dump import generation_records, write_generations
+from verl.trainer.ppo.generation_dump import generation_records, ground_truth, write_generations
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 from verl.trainer.ppo.rank_spread import spread_metrics, spread_order
 from verl.trainer.ppo.rollout_correction import compute_rollout_is_weights, engine_token_mask, rollout_is_metrics
 from verl.trainer.ppo.rollout_overlap import Rollout, RolloutAhead, make_rollout, staleness_metrics
+from verl.utils.conversation_batch import decode_rows
 from verl.workers.training_sms import balance_shift
 
 __all__ = [
@@ -360,23 +361,36 @@ class TrainerCore:
         k = min(MAX_VAL_SAMPLES - len(self.last_val_samples), len(rows))
         if k <= 0:
             return
-        resp, mask = responses.batch["responses"][:k], responses.batch["response_mask"][:k].bool()
-        texts = self.tokenizer.batch_decode([r[m].tolist() for r, m in zip(resp, mask)], skip_special_tokens=True)
-        nt = rows.non_tensor_batch
+        texts = decode_rows(self.tokenizer, responses.batch["responses"][:k], responses.batch["response_mask"][:k])
         for i, text in enumerate(texts):
-            gold = (nt["reward_model"][i] or {}).get("ground_truth") if "reward_model" in nt else None
+            gold = ground_truth(rows.non_tensor_batch, i)
             self.last_val_samples.append({"answer": text, "ground_truth": gold, "score": float(scores[i])})
 
     # ---------------------------------------------------------------- generation dumps
     def generation_records(
-        self, validate: bool, conversations: DataProto, sample_index, final_mask, trajectories, scores
+        self,
+        validate: bool,
+        conversations: DataProto,
+        sample_index,
+        final_mask,
+        trajectories,
+        scores,
+        first_trajectory: int = 0,
     ) -> list[dict]:
         """Records of these conversations for ``trainer.validation_data_dir`` (``validate``) or
-        ``trainer.rollout_data_dir`` (:mod:`~verl.trainer.ppo.generation_dump`); [] when that folder is not set."""
+        ``trainer.rollout_data_dir`` (:mod:`~verl.trainer.ppo.generation_dump`); [] when that folder is not set.
+        ``first_trajectory``: the trajectories of a validation's earlier batches."""
         if not self._generations_dir(validate):
             return []
         return generation_records(
-            self.tokenizer, conversations, sample_index, final_mask, trajectories, scores, self.global_step
+            self.tokenizer,
+            conversations,
+            sample_index,
+            final_mask,
+            trajectories,
+            scores,
+            self.global_step,
+            first_trajectory,
         )
 
     def dump_generations(self, validate: bool, records: list[dict]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.conversation_batch import decode_rows
 from verl.utils.reward_score import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -20,9 +21,7 @@ SCORER_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 def reward_requests(data: DataProto, tokenizer, reward_fn_key: str = "data_source") -> list[dict[str, Any]]:
     """One verifier call's keyword arguments per row: data_source (the row's ``reward_fn_key`` column, i.e.
     ``data.reward_fn_key``: it selects the scorer), solution_str, ground_truth, extra_info."""
-    responses = data.batch["responses"]
-    mask = data.batch["response_mask"].bool()
-    texts = tokenizer.batch_decode([r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True)
+    texts = decode_rows(tokenizer, data.batch["responses"], data.batch["response_mask"])
     nt = data.non_tensor_batch
     if reward_fn_key != "data_source" and len(texts) and reward_fn_key not in nt:
         raise KeyError(f"data.reward_fn_key={reward_fn_key!r}: the batch has no column {reward_fn_key!r}")
