@@ -457,13 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     def run_child(setting: str, round_index: int) -> tuple[subprocess.CompletedProcess, float]:
         later = ["--skip-profile"] if round_index else []
         started = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=args.timeout,
-        )
+        argv = [sys.executable, str(Path(__file__).resolve()), *child_argv, "--child", setting, *later]
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=args.timeout)
+        except subprocess.TimeoutExpired as err:  # a setting past its limit fails alone; the others are reported
+            out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout or ""
+            tail = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else err.stderr or ""
+            proc = subprocess.CompletedProcess(argv, -9, out, f"{tail}\ntimed out after {args.timeout} s (--timeout)")
         return proc, time.perf_counter() - started
 
     for round_index in range(args.rounds):

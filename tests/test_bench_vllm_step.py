@@ -111,3 +111,14 @@ def test_settings_side_by_side_on_vllm_cpu(tmp_path):
     for setting in ("default", "trainer_engine_bare_loop"):
         assert "execute_model" in (tmp_path / f"step.{setting}.b2.cprofile.txt").read_text()
     assert "| engine_thread | 2 |" in proc.stdout
+
+
+def test_a_setting_past_its_time_limit_fails_alone_and_the_report_is_written(tmp_path):
+    out = tmp_path / "step.json"
+    cmd = [sys.executable, str(BENCH / "bench_vllm_step.py"), "--device", "cpu", "--batch", "2", "--prompt-len", "16",
+           "--new-tokens", "8", "--repeats", "1", "--timeout", "1", "--settings", "default", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # not a traceback from subprocess.TimeoutExpired
+    report = json.loads(out.read_text())
+    assert report["results"] == [] and "timed out after 1 s (--timeout)" in report["failed"]["default"]
+    assert "setting default failed" in proc.stderr
