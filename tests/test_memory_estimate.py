@@ -392,6 +392,35 @@ def test_vllm_share_too_small_for_the_weights_and_host_overflow_name_their_knobs
     assert "host memory: 8 rank(s) per node" in text and "sleep_level=2" in text
 
 
+def test_an_fp8_kv_cache_holds_twice_the_tokens_of_a_bf16_one(tmp_path: Path) -> None:
+    """``rollout.engine_kwargs.kv_cache_dtype=fp8`` halves vLLM's bytes per cached token: a share that cannot hold
+    one ``max_model_len`` sequence in bf16 can in fp8, and the estimate says so (it read 2 bytes before)."""
+    shape = ModelShape.from_hf_config(Qwen2Config(**QWEN25_7B))
+    plans = {
+        name: plan_from_config(_compose(tmp_path / name, QWEN25_7B, overrides))
+        for name, overrides in {
+            "default": [],
+            "fp8": ["+actor_rollout_ref.rollout.engine_kwargs.kv_cache_dtype=fp8"],
+            "fp8_e5m2": ["+actor_rollout_ref.rollout.engine_kwargs.kv_cache_dtype=fp8_e5m2"],
+            "auto": ["+actor_rollout_ref.rollout.engine_kwargs.kv_cache_dtype=auto"],
+            "hf": ["actor_rollout_ref.rollout.name=hf", "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_dtype=fp8"],
+        }.items()
+    }
+    assert {name: plan.kv_cache_dtype_bytes for name, plan in plans.items()} == {
+        "default": 2, "fp8": 1, "fp8_e5m2": 1, "auto": 2, "hf": 2,
+    }  # fmt: skip
+    # a share leaving 1.5 x one fp8 sequence of KV cache beside the weights (0.75 x a bf16 one)
+    plan = dataclasses.replace(plans["default"], max_model_len=32768)
+    weights, fp8_sequence = 2 * shape.num_params, 32768 * shape.kv_bytes_per_token(1)
+    gmu = (weights + 1.5 * fp8_sequence) / H200
+    bf16 = estimate_memory(shape, dataclasses.replace(plan, gpu_memory_utilization=gmu), H200, HOST)
+    fp8 = estimate_memory(
+        shape, dataclasses.replace(plan, gpu_memory_utilization=gmu, kv_cache_dtype_bytes=1), H200, HOST
+    )
+    assert any("cannot hold one sequence of max_model_len=32768" in note for note in bf16.notes)
+    assert not any("cannot hold one sequence" in note for note in fp8.notes)
+
+
 def test_update_token_budget_is_named_when_activations_and_logits_overflow(tmp_path: Path) -> None:
     cfg = _compose(
         tmp_path,

@@ -148,6 +148,8 @@ class MemoryPlan:
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     rollout_dtype_bytes: int = 2
+    # bytes per element of vLLM's KV cache: rollout.engine_kwargs.kv_cache_dtype (fp8*: 1; "auto": the rollout dtype's)
+    kv_cache_dtype_bytes: int = 2
     free_cache_engine: bool = True
     # trainer.rollout_overlap: the next step's rollout runs during the update, so the engine stays awake then
     rollout_overlap: bool = False
@@ -169,6 +171,17 @@ def _rows(per_gpu: Any, global_: Any, world: int, default: int = 1) -> int:
     if global_:
         return max(1, int(global_) // max(1, world))
     return default
+
+
+def _kv_cache_dtype_bytes(rollout: Any) -> int:
+    """Bytes per KV-cache element of the rollout engine: vLLM's ``engine_kwargs.kv_cache_dtype`` (``fp8``,
+    ``fp8_e4m3``, ``fp8_e5m2``, ... : 1 byte; ``auto`` or unset: the rollout dtype's); the HF engine caches in the
+    rollout dtype."""
+    dtype_bytes = _DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2)
+    kv_dtype = str((rollout.get("engine_kwargs") or {}).get("kv_cache_dtype") or "auto")
+    if str(rollout.get("name", "vllm")) != "vllm" or kv_dtype == "auto":
+        return dtype_bytes
+    return 1 if kv_dtype.startswith("fp8") else _DTYPE_BYTES.get(kv_dtype, dtype_bytes)
 
 
 def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
@@ -241,6 +254,7 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
         tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
         rollout_dtype_bytes=_DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2),
+        kv_cache_dtype_bytes=_kv_cache_dtype_bytes(rollout),
         free_cache_engine=bool(rollout.get("free_cache_engine", True)) and not trainer.get("rollout_overlap", False),
         rollout_overlap=bool(trainer.get("rollout_overlap", False)),
         sleep_level=int(rollout.get("sleep_level", 2) or 2),
@@ -465,7 +479,7 @@ def estimate_memory(
 
     # the rollout engine
     weights = float(p.rollout_dtype_bytes) * n / p.tensor_parallel_size
-    kv_token = shape.kv_bytes_per_token(p.rollout_dtype_bytes) / p.tensor_parallel_size
+    kv_token = shape.kv_bytes_per_token(p.kv_cache_dtype_bytes) / p.tensor_parallel_size
     if p.rollout_name == "vllm":
         share = p.gpu_memory_utilization * gpu_capacity if gpu_capacity else weights
         kv = max(0.0, share - weights)
