@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bc  # noqa: E402  (also puts the repository root on sys.path)
+from suite_tables import step_summary  # noqa: E402
 
 from verl.utils.flops import update_mfu  # noqa: E402
 from verl.utils.tracking import METRICS_FILE, drop_superseded_lines  # noqa: E402
@@ -306,6 +307,8 @@ def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None
         "complete": all(len(rows.get(name, [])) >= meta["steps"] for name in wanted) and error is None,
         "env": bc.environment(),
     }
+    # the steady steps of the run above (suite_tables.step_summary: after the first; one-step-off, with a rollout ahead)
+    report["steady"] = step_summary(report["steps"], one_step_off=wanted[0] == "overlap")
     if error is not None:
         report["error"] = error
     if meta["overlap"] == "both" and rows.get("overlap"):
@@ -332,7 +335,7 @@ def report_from_log_dir(log_dir: Path, out: str | None) -> int:
 def print_report(report: dict) -> None:
     """The report as JSON (stderr), its tables and the per-step memory peaks (stdout)."""
     print(json.dumps(report, indent=2), file=sys.stderr)
-    print("\n" + train_step_table(report))
+    print("\n" + train_step_table(report) + "\n\n" + steady_line(report.get("steady")))
     for r in report["steps"]:
         growth, in_use = r.get("gpu_growth_by_phase_gib", {}), r.get("gpu_in_use_by_phase_gib", {})
         phases = ", ".join(
@@ -351,6 +354,17 @@ def print_report(report: dict) -> None:
         print("\n" + overlap_table(report) + balance_table(report["overlap_steps"]))
     if not report["complete"]:
         print(f"\nincomplete: {report.get('error', 'a run stopped before its last step')}")
+
+
+def steady_line(steady: dict | None) -> str:
+    """The steady steps' seconds (``report["steady"]``) as one printed line."""
+    if not steady or not steady["steps"]:
+        return "steady steps: none (step 1 carries the start-up; a one-step-off run's last step has no rollout ahead)"
+    return (
+        f"steady steps {', '.join(map(str, steady['steps']))}: {steady['min_total_s']:.3g} / "
+        f"{steady['median_total_s']:.3g} / {steady['max_total_s']:.3g} s per step (min / median / max)"
+        + (f", {steady['tokens_per_s']:,.0f} tokens/s" if steady.get("tokens_per_s") else "")
+    )
 
 
 def step_rows(history: list[dict], trajectories: int) -> list[dict]:

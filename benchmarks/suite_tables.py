@@ -20,6 +20,7 @@ Exit status 1 if a report is missing, unreadable or incomplete (or the folder ho
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -205,8 +206,8 @@ def _runs(report: dict) -> list[tuple[str, list[dict]]]:
 
 
 def step_summary(steps: list[dict], one_step_off: bool = False) -> dict:
-    """Over the steps after the first (its one-off warm-ups left out): mean total seconds, tokens over their
-    seconds, and the update's largest per-phase peak and growth (GiB; None where the report has none).
+    """Over the steps after the first (its one-off warm-ups left out): mean (and min, median, max) total seconds,
+    tokens over their seconds, and the update's largest per-phase peak and growth (GiB; None where the report has none).
 
     ``one_step_off``: a run's last step launches no rollout ahead, so its update runs alone and the step is ~a third
     shorter than the steady state (one H200, 1.5B: 28.6 s vs 43-44 s); steps whose update overlapped no generation
@@ -223,10 +224,15 @@ def step_summary(steps: list[dict], one_step_off: bool = False) -> dict:
         values = [v for v in values if v is not None]
         return max(values) if values else None
 
+    totals = sorted(s["total"] for s in later)
     return {
         "steps": [s["step"] for s in later],
         "left_out": left_out,
         "mean_total_s": seconds / len(later) if later else None,
+        # the spread of those steps: a per-step target is held (max) or reached once (min)
+        "min_total_s": totals[0] if totals else None,
+        "median_total_s": statistics.median(totals) if totals else None,
+        "max_total_s": totals[-1] if totals else None,
         "tokens_per_s": sum(s["tokens"] for s in later) / seconds if later and seconds > 0 else None,
         # the steps' training-pass MFU over their seconds (bench_train_step.add_mfu; None for reports without it)
         "mfu": sum(s["mfu"] * s["total"] for s in later) / seconds

@@ -178,3 +178,22 @@ def test_model_parameters_counts_the_folder_model_once(tiny_model_path):
     from verl.utils.model_loading import count_parameters, load_causal_lm
 
     assert bts.model_parameters(tiny_model_path) == count_parameters(load_causal_lm(tiny_model_path, dtype="float32"))
+
+
+def test_the_steady_steps_spread_is_in_the_report_and_printed(capsys):
+    """``report["steady"]``: the steps after the first, their seconds' min / median / max (a per-step target held or
+    reached once); one-step-off leaves out the last step too (its update ran with no rollout ahead)."""
+    sync = [_metrics(1, 8.0), _metrics(2, 4.0), _metrics(3, 5.0), _metrics(4, 3.0)]
+    report = bts.build_report({**META, "overlap": "off", "steps": 4}, {"sync": sync})
+    steady = report["steady"]
+    assert steady["steps"] == [2, 3, 4]
+    assert (steady["min_total_s"], steady["median_total_s"], steady["max_total_s"]) == (3.0, 4.0, 5.0)
+    assert steady["mean_total_s"] == pytest.approx(4.0) and steady["tokens_per_s"] == pytest.approx(1200 / 12.0)
+    ahead = {"perf/update_generation_overlap_frac": 0.6}
+    overlap = [{**_metrics(1, 9.0), **ahead}, {**_metrics(2, 6.0), **ahead}, {**_metrics(3, 7.0), **ahead}]
+    on = bts.build_report({**META, "overlap": "on"}, {"overlap": [*overlap, _metrics(4, 2.0)]})
+    assert on["steady"]["steps"] == [2, 3] and on["steady"]["left_out"] == [4]
+    assert (on["steady"]["min_total_s"], on["steady"]["median_total_s"], on["steady"]["max_total_s"]) == (6, 6.5, 7)
+    bts.print_report(on)
+    assert "steady steps 2, 3: 6 / 6.5 / 7 s per step (min / median / max), 62 tokens/s" in capsys.readouterr().out
+    assert bts.steady_line(bts.build_report(META, {"sync": sync[:1]})["steady"]).startswith("steady steps: none")
