@@ -2,7 +2,8 @@
 the rows in their order, side by side in one run.
 
 A memory-agent step's conversations in lock-step order (every trajectory's first memory turn, then the second, ...,
-then the short final answers) with the trainer's global mini-batch ids, through a real Ray worker group's
+then the short final answers) with global mini-batch ids over contiguous runs of those rows (the multi-turn trainer's
+ids before they became question groups, the single-turn trainer's still), through a real Ray worker group's
 ``update_actor`` (FSDP2 over ``--ranks`` ranks, gloo on CPU, NCCL on CUDA). Settings, each round in turn:
 
 * ``contiguous``: the rows in their order, as the trainer sent them before the spread: ``chunk(ranks)`` puts each

@@ -461,8 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=args.timeout)
         except subprocess.TimeoutExpired as err:  # a setting past its limit fails alone; the others are reported
-            out = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else err.stdout or ""
-            tail = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else err.stderr or ""
+            # the output so far comes as bytes (or None) even with text=True
+            out, tail = (
+                t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (err.stdout, err.stderr)
+            )
             proc = subprocess.CompletedProcess(argv, -9, out, f"{tail}\ntimed out after {args.timeout} s (--timeout)")
         return proc, time.perf_counter() - started
 

@@ -173,11 +173,10 @@ def _rows(per_gpu: Any, global_: Any, world: int, default: int = 1) -> int:
     return default
 
 
-def _kv_cache_dtype_bytes(rollout: Any) -> int:
+def _kv_cache_dtype_bytes(rollout: Any, dtype_bytes: int) -> int:
     """Bytes per KV-cache element of the rollout engine: vLLM's ``engine_kwargs.kv_cache_dtype`` (``fp8``,
-    ``fp8_e4m3``, ``fp8_e5m2``, ... : 1 byte; ``auto`` or unset: the rollout dtype's); the HF engine caches in the
-    rollout dtype."""
-    dtype_bytes = _DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2)
+    ``fp8_e4m3``, ``fp8_e5m2``, ... : 1 byte; ``auto`` or unset: ``dtype_bytes``, the rollout dtype's); the HF engine
+    caches in the rollout dtype."""
     kv_dtype = str((rollout.get("engine_kwargs") or {}).get("kv_cache_dtype") or "auto")
     if str(rollout.get("name", "vllm")) != "vllm" or kv_dtype == "auto":
         return dtype_bytes
@@ -196,6 +195,7 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
     response = int(rollout.get("response_length") or cfg.data.get("max_response_length") or 0)
     row = max(1, prompt + response)
     resp_frac = response / row
+    rollout_dtype_bytes = _DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2)
 
     def budget(dynamic: bool, max_tokens: Any, rows: int) -> tuple[int, int]:
         # a micro-batch holds up to max_tokens valid tokens, more by less than one row where no partition into
@@ -253,8 +253,8 @@ def plan_from_config(cfg: Any, device: str = "cuda") -> MemoryPlan:
         engine_in_child=str(rollout.get("engine_process", "worker")) == "child",
         gpu_memory_utilization=float(rollout.get("gpu_memory_utilization", 0.5)),
         tensor_parallel_size=max(1, int(rollout.get("tensor_model_parallel_size", 1) or 1)),
-        rollout_dtype_bytes=_DTYPE_BYTES.get(str(rollout.get("dtype", "bfloat16")), 2),
-        kv_cache_dtype_bytes=_kv_cache_dtype_bytes(rollout),
+        rollout_dtype_bytes=rollout_dtype_bytes,
+        kv_cache_dtype_bytes=_kv_cache_dtype_bytes(rollout, rollout_dtype_bytes),
         free_cache_engine=bool(rollout.get("free_cache_engine", True)) and not trainer.get("rollout_overlap", False),
         rollout_overlap=bool(trainer.get("rollout_overlap", False)),
         sleep_level=int(rollout.get("sleep_level", 2) or 2),
