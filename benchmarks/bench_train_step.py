@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": overrides,
         "num_params": model_parameters(model),
         "peak_flops": args.peak_flops if args.device == "cuda" else None,
+        # the versions the run used (a report rebuilt elsewhere with --report-from keeps them)
+        "env": bc.environment(),
     }
     (log_dir / RUN_FILE).write_text(json.dumps(meta, indent=2))
     for name in RUN_NAMES.values():  # an earlier benchmark's steps there (same --out) are not this run's
@@ -305,7 +307,7 @@ def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None
         "peak_flops": meta.get("peak_flops"),
         "steps": rows.get(wanted[0], []),
         "complete": all(len(rows.get(name, [])) >= meta["steps"] for name in wanted) and error is None,
-        "env": bc.environment(),
+        "env": meta.get("env") or bc.environment(),
     }
     # the steady steps of the run above (suite_tables.step_summary: after the first; one-step-off, with a rollout ahead)
     report["steady"] = step_summary(report["steps"], one_step_off=wanted[0] == "overlap")
@@ -381,6 +383,9 @@ def step_rows(history: list[dict], trajectories: int) -> list[dict]:
             {
                 "step": int(h["step"]),
                 **{key: float(h.get(f"timing_s/{name}", 0.0)) for name, key, _ in PHASES},
+                # whether a rollout for the next step ran beside this step's training (one-step-off; the trainer
+                # times the wait for it only then): not on the run's last step
+                "rollout_ahead": "timing_s/wait_rollout_ahead" in h,
                 "wait_rollout_ahead": float(h.get("timing_s/wait_rollout_ahead", 0.0)),
                 # how long the rollout ahead had been done when the training passes were (the other side's wait)
                 "rollout_ahead_idle": float(h.get("timing_s/rollout_ahead_idle", 0.0)),

@@ -204,17 +204,25 @@ def _runs(report: dict) -> list[tuple[str, list[dict]]]:
     return runs
 
 
+def _had_rollout_ahead(step: dict) -> bool:
+    if "rollout_ahead" in step:
+        return bool(step["rollout_ahead"])
+    return step.get("update_gen_overlap_frac", 1.0) != 0.0
+
+
 def step_summary(steps: list[dict], one_step_off: bool = False) -> dict:
     """Over the steps after the first (its one-off warm-ups left out): mean (and min, median, max) total seconds,
     tokens over their seconds, and the update's largest per-phase peak and growth (GiB; None where the report has none).
 
     ``one_step_off``: a run's last step launches no rollout ahead, so its update runs alone and the step is ~a third
-    shorter than the steady state (one H200, 1.5B: 28.6 s vs 43-44 s); steps whose update overlapped no generation
-    (``update_gen_overlap_frac`` 0) are left out too and listed under ``left_out``."""
+    shorter than the steady state (one H200, 1.5B: 28.6 s vs 43-44 s); steps with no rollout ahead are left out too
+    and listed under ``left_out``: by the row's ``rollout_ahead``, or in reports from before it by an update that
+    overlapped no generation (``update_gen_overlap_frac`` 0), which also leaves out a step whose rollout ahead had
+    finished before its update began (135M, engine in a child process)."""
     later = steps[1:]
     left_out = []
     if one_step_off:
-        left_out = [s["step"] for s in later if s.get("update_gen_overlap_frac", 1.0) == 0.0]
+        left_out = [s["step"] for s in later if not _had_rollout_ahead(s)]
         later = [s for s in later if s["step"] not in left_out]
     seconds = sum(s["total"] for s in later)
 

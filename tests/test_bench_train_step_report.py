@@ -14,6 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_train_step as bts  # noqa: E402
+import suite_tables  # noqa: E402
 
 META = {
     "gpus": 1,
@@ -64,7 +65,8 @@ def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
     numbers as logged (tokens/s = 400 / step seconds; generated = 10 tokens x 3 conversations x 4 trajectories)."""
     log_dir = tmp_path / "steps"
     log_dir.mkdir()
-    (log_dir / "run.json").write_text(json.dumps(META))
+    ran_on = {"torch": "2.11.0+cu130", "cuda_device": "NVIDIA H200"}  # the run's machine, not the one rebuilding
+    (log_dir / "run.json").write_text(json.dumps({**META, "env": ran_on}))
     _log(log_dir, "sync", [(1, 8.0), (2, 4.0), (3, 5.0)])
     _log(log_dir, "overlap", [(1, 10.0)], torn=True)
     out = tmp_path / "report.json"
@@ -77,7 +79,7 @@ def test_report_from_a_killed_run_keeps_the_logged_steps(tmp_path, capsys):
     assert report["steps"][1]["generated_tokens_per_s"] == pytest.approx(10 * 3 * 4 / 4.0)
     assert [r["step"] for r in report["overlap_steps"]] == [1]
     assert report["overlap_summary"]["overlap_step_s"] is None  # no steady-state step of the overlapped run
-    assert report["overrides"] == ["x=1"] and report["batch"] == 2
+    assert report["overrides"] == ["x=1"] and report["batch"] == 2 and report["env"] == ran_on
     assert report["steps"][0]["gpu_peak_by_phase_gib"] == {"update": 28.5, "rollout": 29.0}
     assert report["steps"][0]["gpu_growth_by_phase_gib"] == {"update": 2.5, "rollout": 1.0}
     assert report["steps"][0]["gpu_peak_allocated_gib"] == 30.0
@@ -189,10 +191,17 @@ def test_the_steady_steps_spread_is_in_the_report_and_printed(capsys):
     assert steady["steps"] == [2, 3, 4]
     assert (steady["min_total_s"], steady["median_total_s"], steady["max_total_s"]) == (3.0, 4.0, 5.0)
     assert steady["mean_total_s"] == pytest.approx(4.0) and steady["tokens_per_s"] == pytest.approx(1200 / 12.0)
-    ahead = {"perf/update_generation_overlap_frac": 0.6}
-    overlap = [{**_metrics(1, 9.0), **ahead}, {**_metrics(2, 6.0), **ahead}, {**_metrics(3, 7.0), **ahead}]
+    ahead = {"perf/update_generation_overlap_frac": 0.6, "timing_s/wait_rollout_ahead": 0.1}
+    # step 2's rollout ahead was done before its update began (135M, engine in a child process): it ran ahead all
+    # the same, and is a steady step
+    done_early = {"perf/update_generation_overlap_frac": 0.0, "timing_s/wait_rollout_ahead": 0.0}
+    overlap = [{**_metrics(1, 9.0), **ahead}, {**_metrics(2, 6.0), **done_early}, {**_metrics(3, 7.0), **ahead}]
     on = bts.build_report({**META, "overlap": "on"}, {"overlap": [*overlap, _metrics(4, 2.0)]})
+    assert [s["rollout_ahead"] for s in on["steps"]] == [True, True, True, False]
     assert on["steady"]["steps"] == [2, 3] and on["steady"]["left_out"] == [4]
+    # a report from before ``rollout_ahead``: an update that overlapped no generation is the sign
+    old_rows = [{k: v for k, v in s.items() if k != "rollout_ahead"} for s in on["steps"]]
+    assert suite_tables.step_summary(old_rows, one_step_off=True)["left_out"] == [2, 4]
     assert (on["steady"]["min_total_s"], on["steady"]["median_total_s"], on["steady"]["max_total_s"]) == (6, 6.5, 7)
     bts.print_report(on)
     assert "steady steps 2, 3: 6 / 6.5 / 7 s per step (min / median / max), 62 tokens/s" in capsys.readouterr().out

@@ -264,7 +264,7 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     rebuilt_path = tmp_path / "rebuilt.json"
     assert main(["--report-from", str(log_dir), "--out", str(rebuilt_path)]) == 0
     rebuilt = json.loads(rebuilt_path.read_text())
-    for key in ("steps", "overlap_steps", "overlap_summary", "complete", "batch", "n", "chunks", "overrides"):
+    for key in ("steps", "overlap_steps", "overlap_summary", "complete", "batch", "n", "chunks", "overrides", "env"):
         assert rebuilt[key] == report[key], key
 
 
