@@ -16,7 +16,8 @@
 #                 checkpointing on and off; one-step-off by SMs kept for the engine, prompts shared or not, and the
 #                 split balanced by the trainer (rollout.balance_reserved_sms) against a fixed one
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
-#                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest
+#                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest,
+#                 with prompts shared and not; the BlockMask build at its micro-batch sizes (bench_block_mask.py)
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
 #                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py); the memory
 #                 agent's turns lock-step vs free-running with answers of varied length (bench_turn_scheduling.py)
@@ -185,6 +186,15 @@ if want small_step; then
     run train_step_135m_child $STEP --shape smollm2-135m $SMALL_SIZES --steps 4 --overlap both \
         --out "$OUT/train_step_135m_child.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child
+    # the BlockMask each packed micro-batch needs at the 135M budgets (update 65,536, log-probs 131,072 tokens), shared
+    # prompts vs plain packing vs torch's element-wise create_block_mask; then that step with shared prompts off
+    # (model.share_prompts=False: torch_varlen, no mask) side by side with the one above
+    run block_mask_135m python3 benchmarks/bench_block_mask.py --device cuda --tokens 16384 65536 131072 \
+        --reference-max 65536 --json "$OUT/block_mask_135m.json"
+    run train_step_135m_child_unshared $STEP --shape smollm2-135m $SMALL_SIZES --steps 5 --overlap on \
+        --out "$OUT/train_step_135m_child_unshared.json" -- $FAST_135M algorithm.bypass_mode=True \
+        actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child \
+        actor_rollout_ref.model.share_prompts=False
     # the update with layers kept gathered from forward to backward (fsdp_config.reshard_after_forward=False)
     run update_135m_keep_gathered $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
         --no-reshard-after-forward --out "$OUT/update_135m_liger_nockpt_64k_keep_gathered.json"

@@ -161,7 +161,8 @@ def test_shared_prompt_block_mask_equals_create_block_mask(block_size):
             BLOCK_SIZE=block_size,
             _compile=False,
         )
-        for chunk in (1 << 26, block_size * length):  # one evaluation, and one query block at a time
+        # one evaluation, and one query block at a time (block_size queries x n key/value blocks)
+        for chunk in (1 << 26, block_size * -(-length // block_size)):
             ours = shared_prompt_block_mask(segment_ids, prefix_ids, block_size, max_chunk_elements=chunk)
             for field in fields:
                 torch.testing.assert_close(getattr(ours, field), getattr(reference, field), msg=f"{name}: {field}")
@@ -170,6 +171,88 @@ def test_shared_prompt_block_mask_equals_create_block_mask(block_size):
         assert torch.equal(shared_prompt_dense_mask(segment_ids, prefix_ids, additive=False), dense)
         additive = shared_prompt_dense_mask(segment_ids, prefix_ids, additive=True)
         assert torch.equal(additive == 0, dense) and additive.dtype == torch.float32
+
+
+def synthetic_layout(seed: int, length: int, max_piece: int):
+    """segment_ids/prefix_ids of ``length`` tokens as ``shared_prompt_layout`` lays them out: groups (a prompt
+    segment, then 1-8 responses whose prefix it is, the first response right after it) and rows alone (their own
+    prefix), pieces of 1..``max_piece`` tokens, and a padding segment at the end."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths, prefixes = [], []
+    while sum(lengths) < length:
+        prompt = len(lengths)
+        if torch.rand((), generator=gen) < 0.7:
+            responses = int(torch.randint(1, 9, (1,), generator=gen))
+            for _ in range(responses + 1):
+                lengths.append(int(torch.randint(1, max_piece + 1, (1,), generator=gen)))
+                prefixes.append(prompt)
+        else:
+            lengths.append(int(torch.randint(1, max_piece + 1, (1,), generator=gen)))
+            prefixes.append(prompt)
+    while sum(lengths) - lengths[-1] >= length:  # whole pieces past the end
+        lengths.pop(), prefixes.pop()
+    lengths[-1] -= sum(lengths) - length
+    if len(lengths) > 2:  # the last piece: padding, a segment of its own
+        prefixes[-1] = len(lengths) - 1
+    counts = torch.tensor(lengths)
+    return torch.repeat_interleave(torch.arange(len(lengths)), counts), torch.repeat_interleave(
+        torch.tensor(prefixes), counts
+    )
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 16, 128])
+def test_shared_prompt_block_mask_equals_create_block_mask_on_synthetic_layouts(block_size):
+    """Many segments, pieces shorter and longer than a block, lengths not a multiple of the block: every field."""
+    fields = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+    for seed in range(6):
+        length, max_piece = (700, 40) if block_size < 16 else (3000 + 37 * seed, [20, 300, 900][seed % 3])
+        segment_ids, prefix_ids = synthetic_layout(seed, length, max_piece)
+        reference = create_block_mask(
+            _mask_mod(segment_ids, prefix_ids), 1, None, length, length, device="cpu", BLOCK_SIZE=block_size,
+            _compile=False,
+        )  # fmt: skip
+        ours = shared_prompt_block_mask(segment_ids, prefix_ids, block_size, max_chunk_elements=block_size * 40)
+        for field in fields:
+            torch.testing.assert_close(getattr(ours, field), getattr(reference, field), msg=f"seed {seed}: {field}")
+
+
+def test_shared_prompt_block_mask_at_a_micro_batch_of_131072_tokens():
+    """At the 135M recipe's log-prob budget (131,072 tokens, 1,024 blocks; the T x T element mask would be 17.2G
+    values): rows alone (each its own prefix) give the block-diagonal causal mask of ``packed_block_mask``, an
+    independent builder; with shared prompts, every query block's blocks are as ``create_block_mask`` evaluates them
+    for a sample of query blocks (``q_num_blocks``-free fields, row by row)."""
+    from verl.workers.actor.packed_block_mask import packed_block_mask
+
+    length = 131072
+    segment_ids, prefix_ids = synthetic_layout(7, length, 2000)
+    alone = shared_prompt_block_mask(segment_ids, segment_ids)
+    starts = torch.diff(segment_ids, prepend=segment_ids[:1] - 1) != 0
+    position_ids = torch.arange(length) - torch.cummax(torch.where(starts, torch.arange(length), 0), dim=0).values
+    documents = packed_block_mask(position_ids[None])
+    for field in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(alone, field), getattr(documents, field)), field
+    shared = shared_prompt_block_mask(segment_ids, prefix_ids)
+    allowed = _mask_mod(segment_ids, prefix_ids)
+    kv = torch.arange(length)
+    for block in (0, 1, 511, 777, 1023):
+        q = torch.arange(block * 128, block * 128 + 128)
+        grid = allowed(0, 0, q[:, None], kv[None, :]).reshape(128, 1024, 128)
+        full = grid.all(dim=2).all(dim=0)
+        partial = grid.any(dim=2).any(dim=0) & ~full
+        for kind, expected in (("kv", partial), ("full_kv", full)):
+            count = int(getattr(shared, f"{kind}_num_blocks")[0, 0, block])
+            assert count == int(expected.sum()), (block, kind)
+            indices = getattr(shared, f"{kind}_indices")[0, 0, block, :count]
+            assert indices.tolist() == expected.nonzero().flatten().tolist(), (block, kind)
+
+
+def test_shared_prompt_block_mask_builds_without_host_synchronisation():
+    from tests.test_update_host_syncs import SyncCounter
+
+    segment_ids, prefix_ids = synthetic_layout(3, 4096, 200)
+    with SyncCounter() as counter:
+        shared_prompt_block_mask(segment_ids, prefix_ids)
+    assert sum(counter.by_origin.values()) == 0, counter.sites
 
 
 def test_only_masked_attention_implementations_share_prompts(sdpa_model, flex_model):

@@ -1,0 +1,42 @@
+"""``benchmarks/bench_block_mask.py``: the MemAgent micro-batch layout it builds, and a run whose masks are
+checked against torch's ``create_block_mask`` (every field) and whose report holds the timings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_block_mask as bbm  # noqa: E402
+
+
+def test_the_layout_fills_the_budget_with_groups_and_rows_alone():
+    segment_ids, prefix_ids, position_ids = bbm.memagent_layout(5000, 100, 20, 4, 0.5, seed=1)
+    assert segment_ids.numel() == prefix_ids.numel() == position_ids.shape[1] == 5000
+    assert torch.all(torch.diff(segment_ids) >= 0) and torch.all(prefix_ids <= segment_ids)
+    shared = prefix_ids != segment_ids
+    assert 0 < int(shared.sum()) < 5000  # responses of groups point at their prompt; rows alone at themselves
+    # one document per segment: positions restart exactly where a segment starts
+    starts = torch.diff(segment_ids, prepend=segment_ids[:1] - 1) != 0
+    assert torch.equal(position_ids[0] == 0, starts)
+    # every response of a group points at a 100-token prompt segment right before its group's responses
+    for segment in prefix_ids[shared].unique().tolist():
+        assert int((segment_ids == segment).sum()) == 100
+
+
+def test_a_run_checks_the_masks_against_torch_and_reports_times(tmp_path, capsys):
+    out = tmp_path / "block_mask.json"
+    bbm.main(["--tokens", "1024", "3000", "--reference-max", "3000", "--repeats", "1", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert [r["tokens"] for r in report["results"]] == [1024, 3000]
+    assert [r["blocks"] for r in report["results"]] == [8, 24]
+    for row in report["results"]:
+        assert row["equal_to_reference"] is True
+        assert row["vs_reference"] == row["reference_ms"] / row["shared_prompt_block_mask_ms"]
+        assert row["shared_prompt_block_mask_ms"] > 0 and row["packed_block_mask_ms"] > 0
+    assert "| 3,000 | 24 |" in capsys.readouterr().out
+    skipped = bbm.main(["--tokens", "2048", "--reference-max", "1024", "--repeats", "1"])["results"][0]
+    assert skipped["reference_ms"] is None and skipped["equal_to_reference"] is None
