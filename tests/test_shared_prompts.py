@@ -4,7 +4,9 @@ What is checked (CPU, float32):
 * grouping by identical valid prompt tokens (whatever the left padding), empty prompts alone, units split at the
   token budget; the packed layout of a small batch checked by hand (tokens, positions, segments, predictors);
 * the shared-prompt ``BlockMask`` equals torch's ``create_block_mask`` of the same mask function (every field),
-  on hand-made and random layouts, with chunked evaluation; the dense sdpa/eager masks equal its element mask;
+  on hand-made, random and synthetic layouts (many segments, block sizes 1-128), with chunked evaluation; at 65,536
+  tokens against ``packed_block_mask`` (rows alone) and the element mask (sampled query blocks); built without a
+  host synchronisation; the dense sdpa/eager masks equal its element mask;
 * the tiny Qwen2 model: shared-prompt packing under sdpa (boolean mask) and eager (additive mask) gives the
   padded forward's log-probs (1e-5), fused and unfused head, with and without a host plan; gradients under sdpa
   equal the unshared packed ones (1e-5); flex_attention shares prompts on CUDA only (the GPU test below);
