@@ -3,7 +3,8 @@
     python benchmarks/suite_tables.py /tmp/gpu_out
 
 A ``benchmarks/gpu_suite.sh`` folder: every ``*.json`` report in the folder is recognised by its content
-(``"benchmark"``: ``update_policy``, ``train_step``, ``weight_sync``, ``vs_verl``, ``vllm_step``, ``rank_spread``;
+(``"benchmark"``: ``update_policy``, ``train_step``, ``weight_sync``, ``vs_verl``, ``vllm_step``, ``rank_spread``,
+``block_mask``;
 reports of ``bench_update_policy.py`` written before it named itself by their ``log_prob`` and ``update_policy``
 sections, of ``bench_vs_verl.py`` by ``spec`` and ``sides``) and tabulated side by side, one table per kind and one row per report
 (train_step: one table of steps per report, then a summary across reports). A file that cannot be read, a report of
@@ -33,6 +34,7 @@ KINDS = {  # kind -> section title, in print order
     "vs_verl": "This actor vs upstream verl",
     "vllm_step": "vLLM engine step: wall vs GPU kernel time",
     "rank_spread": "The update over several ranks: rows dealt to ranks vs in their order",
+    "block_mask": "BlockMask build per packed micro-batch",
 }
 LIGER_NOTE = (
     "\\* these reports have no `use_liger` (written before it was recorded): the requested `--liger` is shown as "
@@ -343,6 +345,10 @@ def suite_main(folder: Path) -> int:
             from bench_rank_spread import report_table as rank_spread_table
 
             print(per_report_tables(reports, rank_spread_table, problems))
+        elif kind == "block_mask":
+            from bench_block_mask import table as block_mask_table
+
+            print(per_report_tables(reports, block_mask_table, problems))
         else:
             from bench_vs_verl import table as vs_verl_table
 

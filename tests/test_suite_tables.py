@@ -194,6 +194,17 @@ def test_resolved_liger_shown_where_recorded():
     assert "use_liger" not in text and problems == []  # no footnote: every report says what it resolved to
 
 
+def test_block_mask_reports_use_their_bench_table(tmp_path, capsys):
+    report = RESULTS / "cpu-2026-12-05" / "block_mask.json"
+    shutil.copy(report, tmp_path / report.name)
+    assert suite_tables.main([str(tmp_path)]) == 0
+    [rows] = tables(sections(capsys.readouterr().out)["BlockMask build per packed micro-batch"])
+    results = _load(report)["results"]
+    assert [row["tokens"] for row in rows] == [f"{r['tokens']:,}" for r in results]
+    assert rows[3]["shared-prompt mask ms"] == f"{results[3]['shared_prompt_block_mask_ms']:,.1f}" == "88.2"
+    assert rows[3]["vs torch"] == "122.0x" and rows[3]["equal"] == "True" and rows[4]["equal"] == ""
+
+
 def test_weight_sync_and_vs_verl_use_their_bench_tables(tmp_path, capsys):
     ws = RESULTS / "h200-2026-12-02" / "weight_sync_qwen2.5-1.5b.json"
     vs = RESULTS / "cpu-2026-12-02" / "vs_verl_tiny.json"  # written before bench_vs_verl named its reports
