@@ -6,9 +6,9 @@ without, ``packed_block_mask``. This times both against torch's own ``create_blo
 the same element mask (which evaluates all ``T x T`` query/key pairs; the shared-prompt builder did the same until
 it tested intervals against blocks), for packed micro-batches of MemAgent's layout at several token budgets:
 
-* groups of ``--group`` rows whose first turn shares one prompt (``--prompt`` tokens, one segment, then each row's
-  response of up to ``--response`` tokens), a ``--shared-frac`` of the rows; the other rows alone (their own
-  prompt + response: the later turns, whose memories differ);
+* each piece laid out next is, with probability ``--shared-frac``, a group of ``--group`` rows whose first turn
+  shares one prompt (``--prompt`` tokens, one segment, then each row's response of up to ``--response`` tokens),
+  else a row alone (its own prompt + response: the later turns, whose memories differ);
 * the budget filled to exactly ``--tokens``, the last piece cut (as ``padded_packed_length`` pads).
 
 Each setting runs ``--repeats`` times after one warm-up; the median is reported (ms), with the ratio to the
@@ -41,8 +41,8 @@ FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"
 
 
 def memagent_layout(tokens: int, prompt: int, response: int, group: int, shared_frac: float, seed: int):
-    """``segment_ids``, ``prefix_ids`` (shared prompts) and ``position_ids`` (the same rows without sharing: one
-    document per segment) of one packed micro-batch of exactly ``tokens`` tokens (module docstring)."""
+    """``segment_ids``, ``prefix_ids`` (shared prompts) and ``position_ids`` (one document per segment, for the
+    plain packed mask) of one packed micro-batch of exactly ``tokens`` tokens (module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     lengths, prefixes = [], []  # per segment
     while sum(lengths) < tokens:
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--prompt", type=int, default=700, help="prompt tokens (135M recipe: chunk 512 + memory + task)")
     p.add_argument("--response", type=int, default=128, help="most response tokens (the memory budget)")
     p.add_argument("--group", type=int, default=8, help="rows sharing one prompt (GRPO n)")
-    p.add_argument("--shared-frac", type=float, default=0.12, help="fraction of pieces that are a shared group")
+    p.add_argument("--shared-frac", type=float, default=0.12, help="chance that a piece is a group sharing a prompt")
     p.add_argument("--reference-max", type=int, default=32768, help="largest T timed with torch's builder")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
