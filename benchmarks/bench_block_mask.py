@@ -161,6 +161,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     args = p.parse_args(argv)
+    for name in ("tokens", "prompt", "response", "group", "repeats"):
+        values = getattr(args, name) if name == "tokens" else [getattr(args, name)]
+        if min(values) < 1:
+            p.error(f"--{name} must be at least 1, got {min(values)}")
+    if not 0.0 <= args.shared_frac <= 1.0:
+        p.error(f"--shared-frac must be within [0, 1], got {args.shared_frac}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device")
     report = run(args)

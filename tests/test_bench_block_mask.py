@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -40,3 +41,17 @@ def test_a_run_checks_the_masks_against_torch_and_reports_times(tmp_path, capsys
     assert "| 3,000 | 24 |" in capsys.readouterr().out
     skipped = bbm.main(["--tokens", "2048", "--reference-max", "1024", "--repeats", "1"])["results"][0]
     assert skipped["reference_ms"] is None and skipped["equal_to_reference"] is None
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tokens", "4096", "0"], "--tokens must be at least 1, got 0"),
+        (["--group", "0"], "--group must be at least 1, got 0"),
+        (["--shared-frac", "1.5"], "--shared-frac must be within [0, 1], got 1.5"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        bbm.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
