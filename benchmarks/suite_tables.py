@@ -4,10 +4,9 @@
 
 A ``benchmarks/gpu_suite.sh`` folder: every ``*.json`` report in the folder is recognised by its content
 (``"benchmark"``: ``update_policy``, ``train_step``, ``weight_sync``, ``vs_verl``, ``vllm_step``, ``rank_spread``,
-``block_mask``;
-reports of ``bench_update_policy.py`` written before it named itself by their ``log_prob`` and ``update_policy``
-sections, of ``bench_vs_verl.py`` by ``spec`` and ``sides``) and tabulated side by side, one table per kind and one row per report
-(train_step: one table of steps per report, then a summary across reports). A file that cannot be read, a report of
+``block_mask``; reports of ``bench_update_policy.py`` written before it named itself by their ``log_prob`` and
+``update_policy`` sections, of ``bench_vs_verl.py`` by ``spec`` and ``sides``) and tabulated side by side, one table
+per kind and one row per report (train_step: one table of steps per report, then a summary across reports). A file that cannot be read, a report of
 no kind tabulated here and one with ``"complete": false`` are listed at the end with the reason.
 
 The older one-H200 suite's folder (any of ``update_policy.json``, ``rollout.json``, ``memory_agent.json``,

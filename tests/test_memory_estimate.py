@@ -419,6 +419,11 @@ def test_an_fp8_kv_cache_holds_twice_the_tokens_of_a_bf16_one(tmp_path: Path) ->
     )
     assert any("cannot hold one sequence of max_model_len=32768" in note for note in bf16.notes)
     assert not any("cannot hold one sequence" in note for note in fp8.notes)
+    # a plan built by hand without the KV dtype counts the rollout dtype's bytes, as bf16 above
+    unset = estimate_memory(
+        shape, dataclasses.replace(plan, gpu_memory_utilization=gmu, kv_cache_dtype_bytes=None), H200, HOST
+    )
+    assert unset.notes == bf16.notes and MemoryPlan.kv_cache_dtype_bytes is None
 
 
 def test_update_token_budget_is_named_when_activations_and_logits_overflow(tmp_path: Path) -> None:

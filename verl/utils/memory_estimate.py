@@ -148,8 +148,8 @@ class MemoryPlan:
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1
     rollout_dtype_bytes: int = 2
-    # bytes per element of vLLM's KV cache: rollout.engine_kwargs.kv_cache_dtype (fp8*: 1; "auto": the rollout dtype's)
-    kv_cache_dtype_bytes: int = 2
+    # bytes per element of vLLM's KV cache: rollout.engine_kwargs.kv_cache_dtype (fp8*: 1); None: rollout_dtype_bytes
+    kv_cache_dtype_bytes: Optional[int] = None
     free_cache_engine: bool = True
     # trainer.rollout_overlap: the next step's rollout runs during the update, so the engine stays awake then
     rollout_overlap: bool = False
@@ -479,7 +479,7 @@ def estimate_memory(
 
     # the rollout engine
     weights = float(p.rollout_dtype_bytes) * n / p.tensor_parallel_size
-    kv_token = shape.kv_bytes_per_token(p.kv_cache_dtype_bytes) / p.tensor_parallel_size
+    kv_token = shape.kv_bytes_per_token(p.kv_cache_dtype_bytes or p.rollout_dtype_bytes) / p.tensor_parallel_size
     if p.rollout_name == "vllm":
         share = p.gpu_memory_utilization * gpu_capacity if gpu_capacity else weights
         kv = max(0.0, share - weights)

@@ -135,16 +135,10 @@ def _covers(lo_a, hi_a, lo_b, hi_b, first, last) -> torch.Tensor:
     holds every position of ``[first, last]``: one of them does, or one holds ``first``, the other ``last``, and
     they overlap or touch."""
 
-    def holds(lo, hi, x):
-        return (lo <= x) & (x <= hi)
-
+    a_first, a_last = (lo_a <= first) & (first <= hi_a), (lo_a <= last) & (last <= hi_a)
+    b_first, b_last = (lo_b <= first) & (first <= hi_b), (lo_b <= last) & (last <= hi_b)
     touch = (lo_a <= hi_b + 1) & (lo_b <= hi_a + 1)
-    return (
-        (holds(lo_a, hi_a, first) & holds(lo_a, hi_a, last))
-        | (holds(lo_b, hi_b, first) & holds(lo_b, hi_b, last))
-        | (touch & holds(lo_a, hi_a, first) & holds(lo_b, hi_b, last))
-        | (touch & holds(lo_b, hi_b, first) & holds(lo_a, hi_a, last))
-    )
+    return (a_first & a_last) | (b_first & b_last) | (touch & ((a_first & b_last) | (b_first & a_last)))
 
 
 def shared_prompt_block_mask(
