@@ -107,7 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=1,
         metavar="N",
-        help="model.gradient_checkpointing_every: with --grad-ckpt, checkpoint only the decoder layers of index % N == 0",
+        help="model.gradient_checkpointing_every: with --grad-ckpt, checkpoint only the decoder layers of index %% N == 0",
     )
     p.add_argument(
         "--compile-layers",
