@@ -16,7 +16,7 @@
 #                 checkpointing on and off; one-step-off by SMs kept for the engine, prompts shared or not, and the
 #                 split balanced by the trainer (rollout.balance_reserved_sms) against a fixed one
 #   small_step    the 135M step: packed rows (automatic attention) vs padded sdpa (the miniature's sizes); the 135M
-#                 update by setting (liger, checkpointing, token budget, compile_layers); the step at its fastest,
+#                 update by setting (liger, checkpointing, token budget, compile_layers, prompts shared); the step at its fastest,
 #                 with prompts shared and not; the BlockMask build at its micro-batch sizes (bench_block_mask.py)
 #   vllm_step     where a vLLM decode step's time goes (wall vs GPU kernels per step; async scheduling off; the
 #                 trainer's engine thread) at 135M and at the 1.5B memory turn (bench_vllm_step.py); the memory
@@ -197,6 +197,15 @@ if want small_step; then
         --out "$OUT/train_step_135m_child_unshared.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child \
         actor_rollout_ref.model.share_prompts=False
+    # the 135M passes alone with GRPO groups of 8 (the step's layout): prompts shared on flex_attention vs unshared on
+    # torch_varlen and on flex_attention, side by side (what the trainer's automatic attention should pick at 135M,
+    # where ~8% of the tokens are shared against ~20% at 1.5B)
+    for variant in "shared_flex flex_attention" "unshared_varlen torch_varlen --no-share-prompts" \
+        "unshared_flex flex_attention --no-share-prompts"; do
+        set -- $variant
+        run update_135m_group8_$1 ${UPDATE_135M/--attn torch_varlen/--attn $2} --liger on --token-budget 65536 --log-prob-token-budget 131072 \
+            --group 8 ${3:-} --out "$OUT/update_135m_group8_$1.json"
+    done
     # the update with layers kept gathered from forward to backward (fsdp_config.reshard_after_forward=False)
     run update_135m_keep_gathered $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
         --no-reshard-after-forward --out "$OUT/update_135m_liger_nockpt_64k_keep_gathered.json"
