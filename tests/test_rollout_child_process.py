@@ -240,3 +240,12 @@ def test_memory_metrics_are_the_child_processes_own(varied_path):
     finally:
         eng.shutdown()
         del ballast
+
+
+def test_the_child_entry_point_explains_itself_when_run_by_hand(capsys):
+    from verl.workers.rollout.child_process import main
+
+    assert main(["--help"]) == 0
+    assert "usage: python -m verl.workers.rollout.child_process FD" in capsys.readouterr().err
+    assert main([]) == 2 and main(["not-a-descriptor"]) == 2
+    assert "not run by hand" in capsys.readouterr().err

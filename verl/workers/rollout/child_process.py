@@ -379,6 +379,14 @@ class _Server:
 
 
 def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        print(
+            "usage: python -m verl.workers.rollout.child_process FD\n\n"
+            "The rollout engine's child process (rollout.engine_process=child), started by the training worker "
+            "(ChildProcessEngine) with FD, its end of a socket pair; not run by hand.",
+            file=sys.stderr,
+        )
+        return 0 if list(argv) in (["-h"], ["--help"]) else 2
     logging.basicConfig(level=os.environ.get("MEMAGENT_LOG_LEVEL", "WARNING"))
     # in a process group of its own (ChildProcessEngine), but a Ctrl-C sent to it must not stop it either: the
     # worker stops this process through its socket (or by closing it)
