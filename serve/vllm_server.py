@@ -414,6 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for /health")
     parser.add_argument("--dry-run", action="store_true", help="print the command lines and exit")
     args, extra = parser.parse_known_args(argv)
+    # a hub id ("org/name") is left to the server; a path that does not exist would only fail inside it (a dry run
+    # may print the commands for another machine)
+    local = args.model.startswith(("/", "./", "../", "~"))
+    if local and not args.dry_run and not Path(args.model).expanduser().exists():
+        parser.error(f"--model {args.model}: no such file or folder")
     spec = ServerSpec(
         model_path=args.model,
         served_model_name=args.served_model_name,

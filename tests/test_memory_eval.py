@@ -563,3 +563,15 @@ def test_harness_starts_and_stops_a_server_per_model(tmp_path, monkeypatch, tiny
     n_tokens = len(load_tokenizer(tiny_model_path).token_starts(json.loads(text)[0]["context"].strip()))
     assert records[0]["num_chunks"] == -(-n_tokens // 40)  # token chunks of the served model's tokenizer
     assert sum(per_server) == sum(r["requests"] for r in records.values())
+
+
+def test_summary_cli_names_a_missing_or_empty_results_directory(tmp_path, capsys):
+    from taskutils.memory_eval.summary import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "nope")])
+    assert f"--out {tmp_path / 'nope'}: no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path)])
+    assert "no results there" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written

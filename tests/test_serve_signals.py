@@ -160,3 +160,14 @@ def test_api_key_reaches_vllm_through_the_environment_and_is_never_printed(tmp_p
     assert KEY not in out.out + out.err + caplog.text
     assert f"{API_KEY_ENV}=***" in caplog.text  # the start line shows the environment, redacted
     assert f"got key {KEY}" in (tmp_path / f"vllm-{group.plans[0].port}.log").read_text()  # the child had it
+
+
+def test_a_local_model_path_that_does_not_exist_is_refused_before_any_server_starts(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(SystemExit) as stop:
+        main(["--model", str(missing), "--device", "cpu"])
+    assert stop.value.code == 2
+    assert f"--model {missing}: no such file or folder" in capsys.readouterr().err
+    # a dry run prints the commands (for another machine) whatever the path; a hub id is left to the server
+    assert main(["--model", str(missing), "--device", "cpu", "--dry-run"]) == 0
+    assert main(["--model", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cpu", "--dry-run"]) == 0

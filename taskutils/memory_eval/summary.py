@@ -289,6 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="results directory written by taskutils.memory_eval.run")
     parser.add_argument("--with-paper", action="store_true", help="add the paper's Table 2 for RULER-HotpotQA")
     args = parser.parse_args(argv)
+    if not Path(args.out).is_dir():
+        parser.error(f"--out {args.out}: no such directory")
+    if not any(True for _ in iter_cells(args.out)):
+        parser.error(
+            f"--out {args.out}: no results there (taskutils.memory_eval.run writes <cell>/<label>.jsonl and "
+            "<cell>/<label>.meta.json per evaluated cell)"
+        )
     paths = write_summary(args.out, args.with_paper)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths.values()))
