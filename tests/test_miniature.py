@@ -658,3 +658,33 @@ def test_pipeline_warmup_data_sft_and_warmed_evaluation_on_the_tiny_model(data_d
     assert not (root / "eval" / "seed2").exists() and not (root / "eval" / "seed1" / "niah_single_4").exists()
     assert (root / "meta" / "done" / "eval_warmed").is_file()
     assert json.loads((root / "meta" / "eval_warmed_runs.jsonl").read_text())["model"] == str(warmed)
+
+
+def test_evaluate_checks_the_model_folder_and_every_data_file_before_starting_anything(tmp_path, monkeypatch):
+    from recipe.miniature import evaluate
+
+    monkeypatch.setattr(evaluate, "main_batched", lambda args: pytest.fail("started without its files"))
+    monkeypatch.setattr(evaluate, "VLLMServerGroup", lambda *a, **k: pytest.fail("started without its files"))
+    model = tmp_path / "model"
+    base = [
+        "--root",
+        str(tmp_path / "run"),
+        "--system",
+        "rl",
+        "--seeds",
+        "1",
+        "--kinds",
+        "hotpotqa",
+        "--lengths",
+        "2,4",
+    ]
+    with pytest.raises(SystemExit, match=f"--model {tmp_path / 'nope'}: not a local model folder"):
+        evaluate.main([*base, "--model", str(tmp_path / "nope")])
+    model.mkdir()
+    with pytest.raises(SystemExit, match="seed1 is missing: run python -m recipe.miniature.make_data"):
+        evaluate.main([*base, "--model", str(model), "--runner", "batched"])
+    data = tmp_path / "run" / "data" / "eval" / "seed1"
+    data.mkdir(parents=True)
+    (data / "eval_2.json").write_text("[]")
+    with pytest.raises(SystemExit, match="no data file for task 'hotpotqa' length 4; tried .*eval_4.json"):
+        evaluate.main([*base, "--model", str(model)])

@@ -175,6 +175,23 @@ def _data_root(args: argparse.Namespace, seed: int) -> Path:
     return data_root
 
 
+def preflight(args: argparse.Namespace) -> None:
+    """Before any engine or server starts (a minute or more): ``--model`` is a local folder and every cell of this
+    shard has its data file; otherwise exit naming what is missing."""
+    from taskutils.memory_eval.data import EvalDataError
+    from taskutils.memory_eval.run import data_file_for
+
+    if not Path(args.model).is_dir():
+        raise SystemExit(f"--model {args.model}: not a local model folder (the miniature loads models by path)")
+    for seed, kind in shard_groups(args.seeds, args.kinds, args.shard):
+        data_root = _data_root(args, seed)
+        for length in args.lengths:
+            try:
+                data_file_for(TaskEntry(kind, [length]), length, str(data_root))
+            except EvalDataError as err:
+                raise SystemExit(f"{err} (python -m recipe.miniature.make_data writes them)") from None
+
+
 def _agent_config(args: argparse.Namespace) -> AgentConfig:
     """The agent settings (both runners); the direct baseline answers within the final-answer budget."""
     return AgentConfig(
@@ -327,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--shard {args.shard[0]}/{args.shard[1]}: no (seed, kind) group falls in it "
             f"({len(args.seeds) * len(args.kinds)} groups)"
         )
+    preflight(args)
     if args.runner == "batched":
         return main_batched(args)
     root = Path(args.root)
