@@ -175,21 +175,28 @@ def _data_root(args: argparse.Namespace, seed: int) -> Path:
     return data_root
 
 
-def preflight(args: argparse.Namespace) -> None:
-    """Before any engine or server starts (a minute or more): ``--model`` is a local folder and every cell of this
-    shard has its data file; otherwise exit naming what is missing."""
+def data_files(args: argparse.Namespace) -> dict[tuple[int, str, int], Path]:
+    """The data file of every ``(seed, kind, length)`` cell of this shard; exits naming the first one missing."""
     from taskutils.memory_eval.data import EvalDataError
     from taskutils.memory_eval.run import data_file_for
 
-    if not Path(args.model).is_dir():
-        raise SystemExit(f"--model {args.model}: not a local model folder (the miniature loads models by path)")
+    files = {}
     for seed, kind in shard_groups(args.seeds, args.kinds, args.shard):
         data_root = _data_root(args, seed)
         for length in args.lengths:
             try:
-                data_file_for(TaskEntry(kind, [length]), length, str(data_root))
+                files[seed, kind, length] = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
             except EvalDataError as err:
                 raise SystemExit(f"{err} (python -m recipe.miniature.make_data writes them)") from None
+    return files
+
+
+def preflight(args: argparse.Namespace) -> None:
+    """Before any engine or server starts (a minute or more): ``--model`` is a local folder and every cell of this
+    shard has its data file (``data_files``); otherwise exit naming what is missing."""
+    if not Path(args.model).is_dir():
+        raise SystemExit(f"--model {args.model}: not a local model folder (the miniature loads models by path)")
+    data_files(args)
 
 
 def _agent_config(args: argparse.Namespace) -> AgentConfig:
@@ -248,19 +255,17 @@ def batched_cells(args: argparse.Namespace, name: str) -> list:
     """Every (seed, label, kind, length) cell of the system, with its validated items."""
     from taskutils.memory_eval.batched import BatchCell
     from taskutils.memory_eval.data import load_eval_items
-    from taskutils.memory_eval.run import data_file_for
     from taskutils.memory_eval.runner import CellInfo
 
     root = Path(args.root)
     cells = []
+    files = data_files(args)
+    items = {key: load_eval_items(path)[0] for key, path in files.items()}  # each file read once, for every label
     for seed, kind in shard_groups(args.seeds, args.kinds, args.shard):
-        data_root = _data_root(args, seed)
         for label, method in _labels(args):
             for length in args.lengths:
-                path = data_file_for(TaskEntry(kind, [length]), length, str(data_root))
-                items, _ = load_eval_items(path)
-                info = CellInfo(kind, length, label, name, method, str(path))
-                cells.append(BatchCell(info, items, root / "eval" / f"seed{seed}"))
+                info = CellInfo(kind, length, label, name, method, str(files[seed, kind, length]))
+                cells.append(BatchCell(info, items[seed, kind, length], root / "eval" / f"seed{seed}"))
     return cells
 
 

@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.out).is_dir():
         parser.error(f"--out {args.out}: no such directory")
-    if not any(True for _ in iter_cells(args.out)):
+    if next(iter(iter_cells(args.out)), None) is None:
         parser.error(
             f"--out {args.out}: no results there (taskutils.memory_eval.run writes <cell>/<label>.jsonl and "
             "<cell>/<label>.meta.json per evaluated cell)"
