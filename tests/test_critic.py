@@ -2,7 +2,8 @@
 
 What is checked:
 * ``compute_values`` equals a plain padded forward of the value model at the response positions (the position
-  before each response token), with and without remove-padding and dynamic micro-batches;
+  before each response token), with and without remove-padding and dynamic micro-batches; with remove-padding the
+  packed layout is planned from host copies of the masks (no packing of device tensors);
 * one ``update_critic`` on a hand-made batch: the first micro-batch's loss term and the first mini-batch's
   ``critic/vf_loss`` equal the clipped value loss computed here by hand (normalised by the mini-batch's token
   count, clipping active on some tokens), and the value error on the batch goes down;
@@ -132,6 +133,43 @@ def test_compute_values_equals_plain_forward(value_model, options):
     assert values.abs().sum() > 0 and torch.all(values[data.batch["response_mask"] == 0] == 0)
 
 
+def test_packed_layout_is_planned_from_host_copies(value_model, monkeypatch):
+    """With remove-padding, every micro-batch's packed layout comes from host copies of its masks (``host_plan``,
+    computed before the device work, so the passes do not wait on the device): the device-side ``pack_rows`` is
+    never called, the plans carry the flat target positions, and the values and the update are those of the padded
+    critic."""
+    import verl.workers.critic.dp_critic as dp_critic
+
+    def no_device_packing(*args, **kwargs):
+        raise AssertionError("pack_rows called on the device tensors")
+
+    monkeypatch.setattr(dp_critic, "pack_rows", no_device_packing)
+    seen = []
+    original = dp_critic.host_plan
+
+    def recording_host_plan(input_ids, *args, **kwargs):
+        plan = original(input_ids, *args, **kwargs)
+        seen.append((input_ids.device.type, plan.packed is not None and plan.packed.target_index is not None))
+        return plan
+
+    monkeypatch.setattr(dp_critic, "host_plan", recording_host_plan)
+    data = make_batch(5, seed=3)
+    packed = DataParallelPPOCritic(critic_config(use_remove_padding=True), value_model)
+    torch.testing.assert_close(packed.compute_values(data), plain_values(value_model, data), atol=1e-5, rtol=0)
+    assert len(seen) == 3 and all(entry == ("cpu", True) for entry in seen)  # 5 rows, 2 per micro-batch
+
+    models = [copy.deepcopy(value_model) for _ in range(2)]
+    update = make_update_data(models[0])
+    for model, remove_padding in zip(models, (False, True)):
+        critic = DataParallelPPOCritic(
+            critic_config(use_remove_padding=remove_padding), model, torch.optim.SGD(model.parameters(), lr=0.1)
+        )
+        critic.update_critic(copy.deepcopy(update))
+    for a, b in zip(*(m.parameters() for m in models)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert any(not torch.equal(a, b) for a, b in zip(models[0].parameters(), value_model.parameters()))
+
+
 def test_update_critic_matches_hand_computed_loss_and_lowers_the_error(value_model):
     model = copy.deepcopy(value_model)
     data = make_update_data(model)
@@ -141,8 +179,8 @@ def test_update_critic_matches_hand_computed_loss_and_lowers_the_error(value_mod
     recorded = []
     original = critic._micro_batch_backward
 
-    def record(micro, norm_kwargs, zero_weight):
-        out = original(micro, norm_kwargs, zero_weight)
+    def record(micro, norm_kwargs, zero_weight, plan):
+        out = original(micro, norm_kwargs, zero_weight, plan=plan)
         recorded.append(out.clone())
         return out
 

@@ -23,6 +23,7 @@ from tensordict import TensorDict
 from torch.optim.lr_scheduler import LambdaLR
 
 __all__ = [
+    "host_to_device",
     "clip_by_value",
     "compute_grad_norm",
     "entropy_from_logits_with_chunking",
@@ -53,6 +54,16 @@ __all__ = [
 # Denominators are clamped to this value; with a 0/1 mask a non-empty count is >= 1, so the clamp only ever
 # applies to empty masks (numerator 0 -> result 0) and never biases a real mean.
 _MIN_DENOMINATOR = 1e-8
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host -> device copy that does not wait for the device: from pinned memory, non-blocking (a copy from
+    pageable memory synchronises the CUDA stream first)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: Optional[int] = None) -> torch.Tensor:

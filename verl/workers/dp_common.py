@@ -8,8 +8,8 @@ statistics over the data-parallel group, and average gradients for replicated (n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Optional
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,10 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.utils.fsdp_utils import is_fsdp2_module
 from verl.utils.seqlen_balancing import rearrange_micro_batches, split_rows_evenly, sync_max_count
+from verl.utils.torch_functional import host_to_device
+
+if TYPE_CHECKING:  # the actor package imports this module
+    from verl.workers.actor.forward import HostPlan
 
 # Tensors a forward pass reads; every other tensor of a dummy row is zeroed.
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
@@ -57,6 +61,32 @@ class DataParallelComponent:
         if self.dp_size > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
         return tensor
+
+    def _device_micro_batches(
+        self, batch: TensorDict, micro_rows: list[list[int]], dummy: Optional[TensorDict]
+    ) -> Iterator[tuple[Optional[torch.Tensor], TensorDict, HostPlan]]:
+        """``(row index on the device or None for a dummy pass, micro-batch on the device, its HostPlan)``.
+
+        Host syncs: ``batch`` goes to the device once and the row indices of all micro-batches in one copy;
+        the layout of each micro-batch (packing, valid positions) is computed from host copies of its masks,
+        so the device work of a micro-batch does not wait on the device (see ``forward.HostPlan``)."""
+        host = batch.select(*FORWARD_KEYS)
+        if host["input_ids"].device.type != "cpu":
+            host = host.to("cpu")  # one device -> host copy per call, not one per micro-batch
+        device_batch = batch.to(self.device)
+        flat = torch.tensor([i for rows in micro_rows for i in rows], dtype=torch.long)
+        device_index = host_to_device(flat, self.device).split([len(rows) for rows in micro_rows])
+        for rows, index in zip(micro_rows, device_index):
+            if rows:
+                yield index, device_batch[index], self._host_plan(host[torch.tensor(rows, dtype=torch.long)])
+            elif dummy is None:
+                raise ValueError("got a DataProto with 0 rows while other ranks have data")
+            else:  # this rank has fewer micro-batches than another one: keep collectives in step
+                yield None, dummy.to(self.device), self._host_plan(dummy.select(*FORWARD_KEYS).to("cpu"))
+
+    def _host_plan(self, host: TensorDict) -> HostPlan:
+        """The layout of one micro-batch (``forward.HostPlan``) from host copies of its ``FORWARD_KEYS``."""
+        raise NotImplementedError
 
     def _micro_batch_rows(
         self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int, max_token_len: int

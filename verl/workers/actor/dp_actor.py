@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -126,28 +126,6 @@ class DataParallelPPOActor(DataParallelComponent):
                 "attn_implementation='flex_attention'",
                 attn,
             )
-
-    def _device_micro_batches(
-        self, batch: TensorDict, micro_rows: list[list[int]], dummy: Optional[TensorDict]
-    ) -> Iterator[tuple[Optional[torch.Tensor], TensorDict, HostPlan]]:
-        """``(row index on the device or None for a dummy pass, micro-batch on the device, its HostPlan)``.
-
-        Host syncs: ``batch`` goes to the device once and the row indices of all micro-batches in one copy;
-        the layout of each micro-batch (packing, valid positions) is computed from host copies of its masks,
-        so the device work of a micro-batch does not wait on the device (see ``forward.HostPlan``)."""
-        host = batch.select(*_FORWARD_KEYS)
-        if host["input_ids"].device.type != "cpu":
-            host = host.to("cpu")  # one device -> host copy per call, not one per micro-batch
-        device_batch = batch.to(self.device)
-        flat = torch.tensor([i for rows in micro_rows for i in rows], dtype=torch.long)
-        device_index = host_to_device(flat, self.device).split([len(rows) for rows in micro_rows])
-        for rows, index in zip(micro_rows, device_index):
-            if rows:
-                yield index, device_batch[index], self._host_plan(host[torch.tensor(rows, dtype=torch.long)])
-            elif dummy is None:
-                raise ValueError("got a DataProto with 0 rows while other ranks have data")
-            else:  # this rank has fewer micro-batches than another one: keep collectives in step
-                yield None, dummy.to(self.device), self._host_plan(dummy.select(*_FORWARD_KEYS).to("cpu"))
 
     def _micro_batches(
         self, batch: TensorDict, use_dynamic: bool, micro_batch_size: int, max_token_len: int

@@ -78,6 +78,7 @@ __all__ = [
     "packed_length_multiple",
     "PackedRows",
     "pack_rows",
+    "scatter_targets",
     "packed_model_inputs",
     "HostPlan",
     "host_plan",
@@ -226,7 +227,7 @@ def _padded_forward(model, input_ids, attention_mask, position_ids, response_len
     return output.logits[:, -response_length - 1 : -1, :]
 
 
-def _scatter(
+def scatter_targets(
     values: Optional[torch.Tensor], mask: torch.Tensor, index: Optional[torch.Tensor] = None
 ) -> Optional[torch.Tensor]:
     """``[K]`` values into a zero ``[b, R]`` tensor at the True positions of ``mask`` (row-major); ``index``:
@@ -361,7 +362,9 @@ def forward_response_log_probs(
             **fused,
         )
         target, target_index = packed.target_mask, packed.target_index
-        return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
+        return scatter_targets(token_log_probs, target, target_index), scatter_targets(
+            token_entropy, target, target_index
+        )
 
     if packed is not None:
         output = model(**packed_model_inputs(model, packed, use_logits_to_keep), use_cache=False)
@@ -373,7 +376,9 @@ def forward_response_log_probs(
         token_log_probs = logprobs_from_logits(logits, labels)
         token_entropy = _entropy(logits, entropy_with_grad, entropy_chunk_size) if calculate_entropy else None
         target, target_index = packed.target_mask, packed.target_index
-        return _scatter(token_log_probs, target, target_index), _scatter(token_entropy, target, target_index)
+        return scatter_targets(token_log_probs, target, target_index), scatter_targets(
+            token_entropy, target, target_index
+        )
 
     if use_fused_kernels:
         valid = attention_mask[:, -response_length:].bool()
@@ -399,7 +404,7 @@ def forward_response_log_probs(
             labels,
             **fused,
         )
-        return _scatter(token_log_probs, valid, valid_index), _scatter(token_entropy, valid, valid_index)
+        return scatter_targets(token_log_probs, valid, valid_index), scatter_targets(token_entropy, valid, valid_index)
 
     logits = _padded_forward(model, input_ids, attention_mask, position_ids, response_length, use_logits_to_keep)
     logits = logits.float()

@@ -2,7 +2,7 @@
 
 ``PackedRows`` is what ``forward.pack_rows`` and ``shared_prompts.shared_prompt_layout`` build and the forward passes
 read (``forward.py``'s module docstring has the layouts); ``padded_packed_length`` is the trailing padding that keeps
-flex_attention's compiled shapes whole blocks; ``host_to_device`` the copy of a host plan to the device.
+flex_attention's compiled shapes whole blocks; ``host_to_device`` (``verl.utils.torch_functional``) the copy of a host plan to the device.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from verl.utils.torch_functional import host_to_device
 
 __all__ = ["PackedRows", "host_to_device", "padded_packed_length"]
 
@@ -64,16 +66,6 @@ class PackedRows:
             prefix_ids=prefix_ids,
             tokens_saved=self.tokens_saved,
         )
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host -> device copy that does not wait for the device: from pinned memory, non-blocking (a copy from
-    pageable memory synchronises the CUDA stream first)."""
-    if tensor.device == device:
-        return tensor
-    if device.type == "cuda" and tensor.device.type == "cpu":
-        return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
 
 
 def padded_packed_length(total: int, length_multiple: int) -> int:

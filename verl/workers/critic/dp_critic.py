@@ -31,7 +31,15 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.workers.actor.forward import pack_rows, packed_length_multiple, packed_model_inputs
+from verl.utils.torch_functional import host_to_device
+from verl.workers.actor.forward import (
+    HostPlan,
+    host_plan,
+    pack_rows,
+    packed_length_multiple,
+    packed_model_inputs,
+    scatter_targets,
+)
 from verl.workers.actor.settings import apply_legacy_micro_batches, plain_values
 from verl.workers.config.actor import ActorConfig
 from verl.workers.config.base import Checks
@@ -131,22 +139,26 @@ def forward_response_values(
     position_ids: torch.Tensor,
     response_length: int,
     use_remove_padding: bool = False,
+    plan: Optional[HostPlan] = None,
 ) -> torch.Tensor:
     """Values ``[b, R]`` of the last ``R = response_length`` token positions (see the module docstring).
 
     ``use_remove_padding`` packs the valid tokens of all rows into one sequence whose ``position_ids`` restart at
-    0 per row (same numbers; falls back to the padded layout when rows cannot be packed exactly).
+    0 per row (same numbers; falls back to the padded layout when rows cannot be packed exactly). ``plan``: that
+    layout precomputed from host copies of the masks (``forward.host_plan``), so this function does not
+    synchronise the device; same numbers.
     """
-    packed = (
-        pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
-        if use_remove_padding
-        else None
-    )
+    if plan is not None:
+        packed = plan.packed
+    elif use_remove_padding:
+        packed = pack_rows(input_ids, attention_mask, position_ids, response_length, packed_length_multiple(model))
+    else:
+        packed = None
     if packed is not None:
         # under flex_attention with the BlockMask built without a compile (packed_block_mask.py)
         output = model(**packed_model_inputs(model, packed), use_cache=False)
         token_values = _head_output(output)[0, packed.predictor_index]
-        return token_values.new_zeros(packed.target_mask.shape).masked_scatter(packed.target_mask, token_values)
+        return scatter_targets(token_values, packed.target_mask, packed.target_index)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     values = _head_output(output)[:, -response_length - 1 : -1]
     return values * attention_mask[:, -response_length:].to(values.dtype)
@@ -177,15 +189,26 @@ class DataParallelPPOCritic(DataParallelComponent):
         self.critic_optimizer = optimizer
 
     # ------------------------------------------------------------------ helpers
-    def _forward(self, micro: TensorDict) -> torch.Tensor:
-        micro = micro.to(self.device)
+    def _forward(self, micro: TensorDict, plan: HostPlan) -> torch.Tensor:
         return forward_response_values(
             self.critic_module,
             input_ids=micro["input_ids"],
             attention_mask=micro["attention_mask"],
             position_ids=micro["position_ids"],
             response_length=micro["responses"].shape[-1],
+            plan=plan,
+        )
+
+    def _host_plan(self, host: TensorDict) -> HostPlan:
+        return host_plan(
+            host["input_ids"],
+            host["attention_mask"],
+            host["position_ids"],
+            host["responses"].shape[-1],
             use_remove_padding=bool(self.settings.use_remove_padding),
+            use_fused_kernels=False,
+            length_multiple=packed_length_multiple(self.critic_module),
+            device=self.device,
         )
 
     # ------------------------------------------------------------------ values
@@ -210,16 +233,15 @@ class DataParallelPPOCritic(DataParallelComponent):
         was_training = self.critic_module.training
         self.critic_module.eval()
         micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
-        values = torch.zeros(num_rows, response_length, dtype=torch.float32, device=out_device)
+        # values stay on the device until all micro-batches are done (one copy back, not one per micro-batch)
+        values = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
         dummy = self._dummy_row(batch) if num_rows else None
-        for rows in micro_rows:
-            if not rows:
-                if dummy is None:
-                    raise ValueError("compute_values got a DataProto with 0 rows while other ranks have data")
-                self._forward(dummy)
-                continue
-            index = active[torch.tensor(rows, dtype=torch.long)]
-            values[index] = self._forward(batch[index]).to(out_device)
+        active_device = host_to_device(active, self.device)
+        for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
+            micro_values = self._forward(micro, plan)
+            if index is not None:  # None: a dummy pass (this rank has fewer micro-batches), keeps collectives in step
+                values[active_device[index]] = micro_values
+        values = values.to(out_device)
         self.critic_module.train(was_training)
         return values
 
@@ -264,10 +286,8 @@ class DataParallelPPOCritic(DataParallelComponent):
 
         self.critic_optimizer.zero_grad(set_to_none=True)
         stats = torch.zeros(len(_STAT_NAMES), dtype=torch.float32, device=self.device)
-        for rows in micro_rows:
-            is_dummy = not rows
-            micro = (dummy if is_dummy else mini_batch[torch.tensor(rows, dtype=torch.long)]).to(self.device)
-            stats += self._micro_batch_backward(micro, {count_key: global_norm}, zero_weight=is_dummy)
+        for index, micro, plan in self._device_micro_batches(mini_batch, micro_rows, dummy):
+            stats += self._micro_batch_backward(micro, {count_key: global_norm}, zero_weight=index is None, plan=plan)
 
         if self.dp_size > 1 and not self.is_fsdp:
             self._all_reduce_mean_grads()
@@ -291,12 +311,12 @@ class DataParallelPPOCritic(DataParallelComponent):
         }
 
     def _micro_batch_backward(
-        self, micro: TensorDict, norm_kwargs: dict[str, torch.Tensor], zero_weight: bool
+        self, micro: TensorDict, norm_kwargs: dict[str, torch.Tensor], zero_weight: bool, plan: HostPlan
     ) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its contribution to the ``_STAT_NAMES`` sums."""
         s = self.settings
         mask = micro["response_mask"]
-        vpreds = self._forward(micro)
+        vpreds = self._forward(micro, plan)
         vf_loss, vf_clipfrac = compute_value_loss(
             vpreds,
             micro["returns"].float(),
