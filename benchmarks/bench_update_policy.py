@@ -143,8 +143,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--attn",
         default=None,
         help="attention implementation (default, as the trainer's: flash_attention_2 if installed on CUDA, else "
-        "on CUDA for packed rows torch_varlen (torch >= 2.10) or flex_attention, else sdpa; the padded baseline's "
-        "default is sdpa; also eager)",
+        "on CUDA for packed rows flex_attention where prompts are shared and the model's hidden size is >= 1024, "
+        "else torch_varlen (torch >= 2.10) or flex_attention, else sdpa; the padded baseline's default is sdpa; "
+        "also eager)",
     )
     p.add_argument(
         "--no-fused-kernels",
@@ -258,8 +259,9 @@ def resolve_liger(args, device: torch.device) -> bool:
 
 
 def build_model(args, device: torch.device, remove_padding: bool, use_liger: bool | None = None):
-    """The model of ``--model-path`` or ``--shape``; ``remove_padding`` (packed rows) picks the automatic attention
-    as the trainer does (``resolve_attn_implementation``); ``use_liger`` ``None``: ``resolve_liger``."""
+    """The model of ``--model-path`` or ``--shape``; ``remove_padding`` (packed rows) and ``--no-share-prompts`` pick
+    the automatic attention as the trainer does (``resolve_attn_implementation``); ``use_liger`` ``None``:
+    ``resolve_liger``."""
     if use_liger is None:
         use_liger = resolve_liger(args, device)
     if args.model_path:
@@ -268,6 +270,7 @@ def build_model(args, device: torch.device, remove_padding: bool, use_liger: boo
             dtype="float32",
             attn_implementation=args.attn,
             remove_padding=remove_padding,
+            share_prompts=remove_padding and not args.no_share_prompts,
             device=device,
             gradient_checkpointing=args.grad_ckpt,
             gradient_checkpointing_every=args.ckpt_every,
@@ -285,6 +288,7 @@ def build_model(args, device: torch.device, remove_padding: bool, use_liger: boo
         use_liger=use_liger,
         compile_layers=args.compile_layers,
         remove_padding=remove_padding,
+        share_prompts=remove_padding and not args.no_share_prompts,
     )
 
 

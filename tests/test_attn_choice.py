@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import MistralConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
 from verl.utils import model_loading
 from verl.utils.model_loading import resolve_attn_implementation
@@ -307,7 +307,8 @@ def test_messages_name_the_section_of_the_caller(tiny_model_path, monkeypatch):
 def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_installed):
     """``model.share_prompts`` (verl/workers/actor/shared_prompts.py) needs a mask: packed rows on CUDA without
     flash-attn get flex_attention rather than torch_varlen; flash-attn, where installed, stays first; padded rows,
-    CPU, compiled layers and sliding-window models keep the old order."""
+    CPU, compiled layers, sliding-window models and models with a hidden size under 1024 (SmolLM2-135M: measured
+    faster unshared on torch_varlen) keep the old order."""
     monkeypatch.setattr(varlen_attention, "varlen_available", lambda: True)
     monkeypatch.setattr(varlen_attention, "gpu_supported", lambda device=None: True)
     real_find_spec = importlib.util.find_spec
@@ -330,3 +331,12 @@ def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_inst
     sliding = resolve_attn_implementation(None, "cuda", True, model_config=SLIDING["mistral"], share_prompts=True)
     assert sliding == ("flash_attention_2" if flash_installed else "flex_attention")
     assert resolve_attn_implementation("sdpa", "cuda", True, share_prompts=True) == "sdpa"  # asked for: kept
+    # small models run faster unshared on torch_varlen (model_loading.SHARED_PROMPTS_MIN_HIDDEN_SIZE, measured)
+    smollm2_135m = LlamaConfig(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+    assert resolve_attn_implementation(None, "cuda", True, model_config=smollm2_135m, share_prompts=True) == unshared
+    for hidden_size, shared in ((1023, False), (1024, True), (1536, True)):
+        config = Qwen2Config(hidden_size=hidden_size, num_attention_heads=8, num_key_value_heads=2)
+        got = resolve_attn_implementation(None, "cuda", True, model_config=config, share_prompts=True)
+        assert got == (packed_shared if shared else unshared), hidden_size
+        assert model_loading.shares_prompts_on_flex(config) is shared
+    assert model_loading.shares_prompts_on_flex(None) and not model_loading.shares_prompts_on_flex(SLIDING["mistral"])

@@ -11,9 +11,9 @@ passes ``actor_rollout_ref.model.path``. Options:
   is Ampere or newer and the model has nothing it cannot run (sliding-window layers, attention dropout:
   ``varlen_attention.model_unsupported``), else ``flex_attention``; otherwise (padded rows, CPU) ``sdpa``. With
   ``share_prompts`` (the config's ``model.share_prompts``, on by default) packed rows on CUDA without flash-attn get
-  ``flex_attention`` before ``torch_varlen``: rows sharing a prompt need a mask, which variable-length kernels cannot
-  take
-  (``verl/workers/actor/shared_prompts.py``; measured in ``resolve_attn_implementation``).
+  ``flex_attention`` before ``torch_varlen`` for models with a hidden size of 1024 or more: rows sharing a prompt
+  need a mask, which variable-length kernels cannot take (``verl/workers/actor/shared_prompts.py``; measured at
+  ``SHARED_PROMPTS_MIN_HIDDEN_SIZE``: smaller models run faster unshared on ``torch_varlen``).
   All of them run packed (remove-padding) sequences exactly: transformers derives variable-length boundaries (FA2)
   or a dense block-diagonal mask (``sdpa``/``eager``) from ``position_ids`` that restart at 0 when no
   ``attention_mask`` is passed; for ``flex_attention`` the actor and critic pass the block-diagonal ``BlockMask``
@@ -62,6 +62,7 @@ from verl.utils.liger import apply_liger_kernel, compile_conflict, resolve_use_l
 __all__ = [
     "resolve_dtype",
     "resolve_attn_implementation",
+    "shares_prompts_on_flex",
     "load_causal_lm",
     "load_tokenizer",
     "build_causal_lm_from_config",
@@ -100,6 +101,29 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
     return _DTYPES[key]
 
 
+# The smallest hidden size for which the automatic attention choice shares prompts on flex_attention rather than
+# packing them unshared for torch_varlen. Measured (benchmarks/RESULTS.md): Qwen2.5-1.5B (hidden 1536, MemAgent
+# layout, 20% of the tokens shared), one H200: the update alone 15.8 s shared on flex vs 17.4 s torch_varlen, the
+# ref pass 4.66 s vs 5.32 s; SmolLM2-135M (hidden 576, 8 chunks of 512, groups of 8, 8% shared), one H100: the
+# log-prob pass at 131,072 tokens per micro-batch 2.66-3.65 s shared on flex vs 0.90 s torch_varlen unshared, the
+# update 4.08-4.12 s vs 3.40-3.44 s (flex unshared: 2.70 s and 3.87 s, so the kernel, not the sharing, is slower).
+SHARED_PROMPTS_MIN_HIDDEN_SIZE = 1024
+
+
+def shares_prompts_on_flex(model_config: Any) -> bool:
+    """Whether ``share_prompts`` makes the automatic choice ``flex_attention`` for this model (``model_config``:
+    its transformers config, ``None``: assumed large enough): models with full attention only (no sliding window)
+    and a hidden size of at least ``SHARED_PROMPTS_MIN_HIDDEN_SIZE``; for smaller ones flex_attention's kernels
+    cost more than the shared prompt tokens save."""
+    from verl.workers.actor.packed_block_mask import config_has_full_attention_only
+
+    if model_config is None:
+        return True
+    hidden_size = getattr(model_config, "hidden_size", None)
+    large = hidden_size is None or hidden_size >= SHARED_PROMPTS_MIN_HIDDEN_SIZE
+    return large and config_has_full_attention_only(model_config)
+
+
 def resolve_attn_implementation(
     requested: Optional[str] = None,
     device: Union[str, torch.device, None] = None,
@@ -122,10 +146,9 @@ def resolve_attn_implementation(
     automatic) registers it with transformers. ``section``: the config section the messages name (``critic.model``
     for the critic, ``model`` in the SFT trainer). ``share_prompts`` (``model.share_prompts``): packed rows on CUDA
     without flash-attn get ``flex_attention`` rather than torch_varlen (which cannot share a prompt), unless the
-    layers will be compiled or the model has sliding-window layers.
+    layers will be compiled, the model has sliding-window layers or it is small (``shares_prompts_on_flex``).
     """
     from verl.workers.actor import varlen_attention
-    from verl.workers.actor.packed_block_mask import config_has_full_attention_only
 
     on_cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
     has_flash = importlib.util.find_spec("flash_attn") is not None
@@ -133,10 +156,10 @@ def resolve_attn_implementation(
     if requested in (None, "", "auto"):
         if on_cuda and has_flash:
             return "flash_attention_2"
-        # rows sharing a prompt need a mask: one H200, Qwen2.5-1.5B MemAgent step (20% of the tokens shared), the
-        # update alone 15.8 s with flex_attention + shared prompts vs 17.4 s torch_varlen and 19.1 s flex unshared
-        shares = share_prompts and remove_padding and not compile_layers
-        if on_cuda and shares and (model_config is None or config_has_full_attention_only(model_config)):
+        # rows sharing a prompt need a mask, which only flex_attention takes; it pays for models from ~1B on
+        # (shares_prompts_on_flex)
+        shares = share_prompts and remove_padding and not compile_layers and shares_prompts_on_flex(model_config)
+        if on_cuda and shares:
             return "flex_attention"
         if not (on_cuda and remove_padding):
             return "sdpa"  # sdpa's dense [T, T] mask on packed rows is ~3x slower than flex/varlen on H200
@@ -372,6 +395,7 @@ def build_causal_lm_from_config(
     compile_layers: bool = False,
     remove_padding: bool = False,
     gradient_checkpointing_every: int = 1,
+    share_prompts: bool = False,
 ) -> nn.Module:
     """Randomly initialise a causal LM from a transformers config object (benchmarks and tests); the options are
     ``load_causal_lm``'s."""
@@ -380,7 +404,12 @@ def build_causal_lm_from_config(
     if seed is not None:
         torch.manual_seed(seed)
     config._attn_implementation = resolve_attn_implementation(
-        attn_implementation, device, remove_padding, model_config=config, compile_layers=compile_layers
+        attn_implementation,
+        device,
+        remove_padding,
+        model_config=config,
+        compile_layers=compile_layers,
+        share_prompts=share_prompts,
     )
     with torch.device(device or "cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
