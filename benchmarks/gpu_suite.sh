@@ -189,17 +189,17 @@ if want small_step; then
         --out "$OUT/train_step_135m_child.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child
     # the BlockMask each packed micro-batch needs at the 135M budgets (update 65,536, log-probs 131,072 tokens), shared
-    # prompts vs plain packing vs torch's element-wise create_block_mask; then that step with shared prompts off
-    # (model.share_prompts=False: torch_varlen, no mask) side by side with the one above
+    # prompts vs plain packing vs torch's element-wise create_block_mask; then that step with prompts shared on
+    # flex_attention (named: the automatic choice at 135M is torch_varlen, sharing inert) beside the one above
     run block_mask_135m python3 benchmarks/bench_block_mask.py --device cuda --tokens 16384 65536 131072 \
         --reference-max 65536 --json "$OUT/block_mask_135m.json"
-    run train_step_135m_child_unshared $STEP --shape smollm2-135m $SMALL_SIZES --steps 5 --overlap on \
-        --out "$OUT/train_step_135m_child_unshared.json" -- $FAST_135M algorithm.bypass_mode=True \
+    run train_step_135m_child_shared_flex $STEP --shape smollm2-135m $SMALL_SIZES --steps 5 --overlap on \
+        --out "$OUT/train_step_135m_child_shared_flex.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child \
-        actor_rollout_ref.model.share_prompts=False
+        actor_rollout_ref.model.attn_implementation=flex_attention
     # the 135M passes alone with GRPO groups of 8 (the step's layout): prompts shared on flex_attention vs unshared on
-    # torch_varlen and on flex_attention, side by side (what the trainer's automatic attention should pick at 135M,
-    # where ~8% of the tokens are shared against ~20% at 1.5B)
+    # torch_varlen and on flex_attention, side by side (eighteenth run: torch_varlen 3x faster in the log-prob pass,
+    # which is why the automatic attention shares prompts only from a hidden size of 1024)
     for variant in "shared_flex flex_attention" "unshared_varlen torch_varlen --no-share-prompts" \
         "unshared_flex flex_attention --no-share-prompts"; do
         set -- $variant
