@@ -104,7 +104,8 @@ class DataParallelPPOActor(DataParallelComponent):
         if wants_sharing and not self.share_prompts:
             logger.info(
                 "model.share_prompts: rows are packed without sharing prompts under attn_implementation=%s "
-                "(variable-length kernels take no mask)",
+                "(variable-length kernels take no mask; the automatic choice shares prompts on flex_attention only "
+                "for models with a hidden size of 1024 or more, where it pays)",
                 attn_implementation(actor_module),
             )
         # prompt tokens not computed again thanks to share_prompts, summed over this actor's passes
