@@ -212,6 +212,12 @@ if want small_step; then
     run update_135m_group8_unshared_flex_lp64k ${UPDATE_135M/--attn torch_varlen/--attn flex_attention} --liger on \
         --token-budget 65536 --log-prob-token-budget 65536 --group 8 --no-share-prompts \
         --out "$OUT/update_135m_group8_unshared_flex_lp64k.json"
+    # and where the time goes: one log-prob and one update call on ~131K tokens (160 rows), profiled, flex vs varlen
+    for attn in flex_attention torch_varlen; do
+        run update_135m_group8_profile_$attn ${UPDATE_135M/--attn torch_varlen/--attn $attn} --liger on \
+            --token-budget 65536 --log-prob-token-budget 131072 --group 8 --no-share-prompts --steps 1 \
+            --profile "$OUT/profile_135m_$attn.txt" --profile-rows 160 --out "$OUT/update_135m_group8_profile_$attn.json"
+    done
     for variant in "shared_flex flex_attention" "unshared_varlen torch_varlen --no-share-prompts"; do
         set -- $variant
         update_0p5b=${UPDATE_135M/smollm2-135m/qwen2.5-0.5b --grad-ckpt}
