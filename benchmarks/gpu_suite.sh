@@ -206,9 +206,9 @@ if want small_step; then
         run update_135m_group8_$1 ${UPDATE_135M/--attn torch_varlen/--attn $2} --liger on --token-budget 65536 --log-prob-token-budget 131072 \
             --group 8 ${3:-} --out "$OUT/update_135m_group8_$1.json"
     done
-    # why flex is slow at 135M (eighteenth run): its log-prob pass at the update's 65,536-token micro-batches, and a
-    # model between the measured sizes (Qwen2.5-0.5B, hidden 896: the automatic choice gives it torch_varlen) shared
-    # on flex vs unshared on torch_varlen at the 135M layout
+    # why flex is slow at 135M (eighteenth run): its log-prob pass at the update's 65,536-token micro-batches, and
+    # bigger models at the 135M layout (Qwen2.5-0.5B, hidden 896: the automatic choice gives it torch_varlen) shared
+    # on flex vs unshared on torch_varlen
     run update_135m_group8_unshared_flex_lp64k ${UPDATE_135M/--attn torch_varlen/--attn flex_attention} --liger on \
         --token-budget 65536 --log-prob-token-budget 65536 --group 8 --no-share-prompts \
         --out "$OUT/update_135m_group8_unshared_flex_lp64k.json"
@@ -218,11 +218,14 @@ if want small_step; then
             --token-budget 65536 --log-prob-token-budget 131072 --group 8 --no-share-prompts --steps 1 \
             --profile "$OUT/profile_135m_$attn.txt" --profile-rows 160 --out "$OUT/update_135m_group8_profile_$attn.json"
     done
-    for variant in "shared_flex flex_attention" "unshared_varlen torch_varlen --no-share-prompts"; do
+    # (and Qwen2.5-1.5B at the same layout: whether the short sequences, not the model's size, make flex slow)
+    for variant in "0p5b qwen2.5-0.5b shared_flex flex_attention" "0p5b qwen2.5-0.5b unshared_varlen torch_varlen" \
+        "1p5b_small qwen2.5-1.5b shared_flex flex_attention" "1p5b_small qwen2.5-1.5b unshared_varlen torch_varlen"; do
         set -- $variant
-        update_0p5b=${UPDATE_135M/smollm2-135m/qwen2.5-0.5b --grad-ckpt}
-        run update_0p5b_group8_$1 ${update_0p5b/--attn torch_varlen/--attn $2} --liger on \
-            --token-budget 65536 --log-prob-token-budget 131072 --group 8 ${3:-} --out "$OUT/update_0p5b_group8_$1.json"
+        bigger=${UPDATE_135M/smollm2-135m/$2 --grad-ckpt}
+        run update_$1_group8_$3 ${bigger/--attn torch_varlen/--attn $4} --liger on --token-budget 65536 \
+            --log-prob-token-budget 131072 --group 8 $([ $4 = torch_varlen ] && echo --no-share-prompts) \
+            --out "$OUT/update_$1_group8_$3.json"
     done
     # the update with layers kept gathered from forward to backward (fsdp_config.reshard_after_forward=False)
     run update_135m_keep_gathered $UPDATE_135M --liger on --token-budget 65536 --log-prob-token-budget 131072 \
