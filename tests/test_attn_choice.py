@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, MistralConfig, Qwen2Config
+from transformers import LlamaConfig, LlavaConfig, MistralConfig, Qwen2Config
 
 from verl.utils import model_loading
 from verl.utils.model_loading import resolve_attn_implementation
@@ -340,3 +340,7 @@ def test_shared_prompts_get_flex_for_packed_rows_on_cuda(monkeypatch, flash_inst
         assert got == (packed_shared if shared else unshared), hidden_size
         assert model_loading.shares_prompts_on_flex(config) is shared
     assert model_loading.shares_prompts_on_flex(None) and not model_loading.shares_prompts_on_flex(SLIDING["mistral"])
+    # a composite (vision-language) config: its text model's hidden size counts
+    text = dict(model_type="llama", num_attention_heads=8, num_key_value_heads=2, intermediate_size=1024)
+    assert not model_loading.shares_prompts_on_flex(LlavaConfig(text_config={**text, "hidden_size": 576}))
+    assert model_loading.shares_prompts_on_flex(LlavaConfig(text_config={**text, "hidden_size": 2048}))
