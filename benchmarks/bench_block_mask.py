@@ -13,7 +13,9 @@ it tested intervals against blocks), for packed micro-batches of MemAgent's layo
 
 Each setting runs ``--repeats`` times after one warm-up; the median is reported (ms), with the ratio to the
 reference where it ran (``--reference-max``: torch's mask of ``T x T`` booleans, 17.2 GB at 131,072 tokens) and a
-check that the fields are equal.
+check that the fields are equal. Each row also gives the block fill: of the element pairs flex_attention computes
+(whole 128 x 128 blocks), the share the mask lets attend, for the shared and the plain mask, beside the share for
+causal 128-token tiles per document (roughly a variable-length kernel's work).
 
 Examples:
 
@@ -66,6 +68,36 @@ def memagent_layout(tokens: int, prompt: int, response: int, group: int, shared_
     return segment_ids, prefix_ids, position_ids
 
 
+def attended_pairs(segment_ids: torch.Tensor, prefix_ids: torch.Tensor) -> int:
+    """Query/key pairs the shared-prompt mask lets attend: each query sees its own segment up to itself and, when its
+    prefix is another segment (a shared prompt), all of that segment; ``prefix_ids == segment_ids`` gives plain
+    causal documents."""
+    lengths = torch.bincount(segment_ids)
+    starts = torch.cumsum(lengths, 0) - lengths
+    own = torch.arange(segment_ids.numel(), device=segment_ids.device) - starts[segment_ids] + 1
+    prefix = torch.where(prefix_ids != segment_ids, lengths[prefix_ids], 0)
+    return int((own + prefix).sum())
+
+
+def block_fill(block_mask, pairs: int) -> float:
+    """Share of the element pairs flex_attention computes (every listed block, partial or full, is a whole
+    ``BLOCK_SIZE`` square) that the mask lets attend."""
+    blocks = int(block_mask.kv_num_blocks.sum())
+    if block_mask.full_kv_num_blocks is not None:
+        blocks += int(block_mask.full_kv_num_blocks.sum())
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    return pairs / (blocks * q_block * kv_block)
+
+
+def document_tile_fill(segment_ids: torch.Tensor, tile: int = 128) -> float:
+    """The same share for a kernel that tiles each causal document on its own (roughly what a variable-length
+    kernel computes): ``tile``-square tiles on or below each document's diagonal."""
+    lengths = torch.bincount(segment_ids)
+    pairs = int((lengths * (lengths + 1) // 2).sum())
+    tiles = -(-lengths // tile)
+    return pairs / (int((tiles * (tiles + 1) // 2).sum()) * tile * tile)
+
+
 def reference_mask(segment_ids: torch.Tensor, prefix_ids: torch.Tensor, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -99,13 +131,18 @@ def run(args: argparse.Namespace) -> dict:
             for t in memagent_layout(tokens, args.prompt, args.response, args.group, args.shared_frac, args.seed)
         )
         shared, shared_s = timed(shared_prompt_block_mask, (segment_ids, prefix_ids), args.device, args.repeats)
-        _, plain_s = timed(packed_block_mask, (position_ids,), args.device, args.repeats)
+        plain, plain_s = timed(packed_block_mask, (position_ids,), args.device, args.repeats)
         row = {
             "tokens": tokens,
             "blocks": -(-tokens // 128),
             "shared_prompt_tokens": int((prefix_ids != segment_ids).sum()),
             "shared_prompt_block_mask_ms": 1e3 * shared_s,
             "packed_block_mask_ms": 1e3 * plain_s,
+            # attended pairs / computed pairs: flex's blocks with shared prompts and plain (one document per
+            # segment), and per-document causal tiles for comparison
+            "shared_block_fill": block_fill(shared, attended_pairs(segment_ids, prefix_ids)),
+            "packed_block_fill": block_fill(plain, attended_pairs(segment_ids, segment_ids)),
+            "document_tile_fill": document_tile_fill(segment_ids),
             "reference_ms": None,
             "vs_reference": None,
             "equal_to_reference": None,
@@ -136,12 +173,13 @@ def table(report: dict) -> str:
 
     return bc.markdown_table(
         ["tokens", "blocks", "shared prompt tokens", "shared-prompt mask ms", "plain packed mask ms",
-         "torch create_block_mask ms", "vs torch", "equal"],
+         "torch create_block_mask ms", "vs torch", "equal", "block fill shared / plain / per-document tiles"],
         [
             [f"{r['tokens']:,}", r["blocks"], f"{r['shared_prompt_tokens']:,}", ms(r["shared_prompt_block_mask_ms"]),
              ms(r["packed_block_mask_ms"]), ms(r["reference_ms"]),
              "" if r["vs_reference"] is None else f"{r['vs_reference']:.1f}x",
-             "" if r["equal_to_reference"] is None else str(r["equal_to_reference"])]
+             "" if r["equal_to_reference"] is None else str(r["equal_to_reference"]),
+             f"{r['shared_block_fill']:.0%} / {r['packed_block_fill']:.0%} / {r['document_tile_fill']:.0%}"]
             for r in report["results"]
         ],
     )  # fmt: skip

@@ -55,3 +55,33 @@ def test_bad_arguments_are_refused_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         bbm.main(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_block_fill_counts_attended_pairs_against_whole_blocks():
+    """Hand-counted: one causal document of 256 tokens is 3 blocks of 128 x 128 (two on the diagonal, one full) for
+    256 * 257 / 2 attended pairs; two documents of 128 are 2 diagonal blocks; a 128-token prompt shared by two
+    64-token responses is 3 blocks (the responses' block sees the whole prompt block) for 8,256 + 2 * (2,080 +
+    64 * 128) pairs. Per-document tiles of 128 match flex's blocks where documents fill whole blocks."""
+    from verl.workers.actor.packed_block_mask import packed_block_mask, shared_prompt_block_mask
+
+    one = torch.zeros(256, dtype=torch.long)
+    assert bbm.attended_pairs(one, one) == 32896
+    assert bbm.block_fill(packed_block_mask(torch.arange(256)[None]), 32896) == pytest.approx(32896 / (3 * 128 * 128))
+    assert bbm.document_tile_fill(one) == pytest.approx(32896 / (3 * 128 * 128))
+
+    two = torch.arange(2).repeat_interleave(128)
+    positions = torch.arange(128).repeat(2)[None]
+    assert bbm.attended_pairs(two, two) == 16512
+    assert bbm.block_fill(packed_block_mask(positions), 16512) == pytest.approx(16512 / (2 * 128 * 128))
+
+    segments = torch.tensor([0] * 128 + [1] * 64 + [2] * 64)
+    prefixes = torch.zeros(256, dtype=torch.long)
+    pairs = bbm.attended_pairs(segments, prefixes)
+    assert pairs == 8256 + 2 * (2080 + 64 * 128)
+    assert bbm.block_fill(shared_prompt_block_mask(segments, prefixes), pairs) == pytest.approx(pairs / (3 * 128 * 128))
+
+
+def test_the_report_gives_the_block_fill():
+    row = bbm.main(["--tokens", "4096", "--reference-max", "1", "--repeats", "1"])["results"][0]
+    for key in ("shared_block_fill", "packed_block_fill", "document_tile_fill"):
+        assert 0.3 < row[key] <= 1.0, (key, row[key])
