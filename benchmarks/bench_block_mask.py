@@ -171,6 +171,10 @@ def table(report: dict) -> str:
     def ms(value):
         return "" if value is None else f"{value:,.1f}"
 
+    def fill(row):  # reports written before 2026-12-06 have no block fill
+        keys = ("shared_block_fill", "packed_block_fill", "document_tile_fill")
+        return " / ".join(f"{row[k]:.0%}" for k in keys) if all(k in row for k in keys) else ""
+
     return bc.markdown_table(
         ["tokens", "blocks", "shared prompt tokens", "shared-prompt mask ms", "plain packed mask ms",
          "torch create_block_mask ms", "vs torch", "equal", "block fill shared / plain / per-document tiles"],
@@ -179,7 +183,7 @@ def table(report: dict) -> str:
              ms(r["packed_block_mask_ms"]), ms(r["reference_ms"]),
              "" if r["vs_reference"] is None else f"{r['vs_reference']:.1f}x",
              "" if r["equal_to_reference"] is None else str(r["equal_to_reference"]),
-             f"{r['shared_block_fill']:.0%} / {r['packed_block_fill']:.0%} / {r['document_tile_fill']:.0%}"]
+             fill(r)]
             for r in report["results"]
         ],
     )  # fmt: skip

@@ -461,7 +461,7 @@ class FSDPSFTTrainer:
                         self._say(f"{stop.signal_name}: stopping before step {self.global_step + 1}/"
                                   f"{self.total_steps}; no step ran, so no checkpoint is written")  # fmt: skip
                         return history
-                    stop.doing = f"step {self.global_step + 1}/{self.total_steps}"
+                    stop.start(f"step {self.global_step + 1}/{self.total_steps}")
                     metrics = self.train_step(indices)
                     self.global_step += 1
                     step, last = self.global_step, self.global_step >= self.total_steps
@@ -476,7 +476,7 @@ class FSDPSFTTrainer:
                     bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
                     signalled = not last and self._stop_requested(stop)
                     if last or out_of_time or signalled or (save_freq > 0 and step % save_freq == 0):
-                        stop.doing = f"the checkpoint of step {step}"
+                        stop.start(f"the checkpoint of step {step}")
                         self.save_checkpoint(step)
                     if signalled:
                         self._say(f"{stop.signal_name}: stopped after step {step}/{self.total_steps}; checkpoint "

@@ -117,7 +117,7 @@ def _stop_on_signal(trainer, train_loader, ckpt_manager, stop, total_steps: int,
     """The loop got SIGTERM: checkpoint the last finished step unless it is already saved, say how to resume."""
     step = trainer.global_step
     if step > saved_step:
-        stop.doing = f"the checkpoint of step {step}"
+        stop.start(f"the checkpoint of step {step}")
         _save(trainer, train_loader, ckpt_manager, step, upcoming)
         print(
             f"[trainer] {stop.signal_name}: stopped after step {step}/{total_steps}; checkpoint written to "
@@ -176,7 +176,7 @@ def _loop(trainer, train_loader, val_loader, ckpt_manager, total_steps, history,
         _log(trainer, metrics, step)  # before the checkpoint: a kill after the save never loses the step's metrics
         history.append({"step": step, **metrics})
         if (save_freq > 0 and (step % save_freq == 0 or last)) or out_of_time:
-            stop.doing = f"the checkpoint of step {step}"
+            stop.start(f"the checkpoint of step {step}")
             _save(trainer, train_loader, ckpt_manager, step, upcoming)
             saved_step = step
         bar.update(1)

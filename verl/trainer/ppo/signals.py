@@ -4,7 +4,10 @@
   checkpoint and returns normally (exit code 0);
 * second SIGTERM: the handler raises :class:`StepAbandoned` (a ``SystemExit`` with code 143, ``128 + SIGTERM``)
   wherever the loop is, so the current step (or checkpoint write) is abandoned; nothing half-updated is saved
-  and the latest complete checkpoint stays the one to resume from;
+  and the latest complete checkpoint stays the one to resume from. Where the exception cannot land safely (the
+  signal interrupted the ``logging`` or ``threading`` modules' own code, e.g. logging's lock release in a fork
+  hook, where it would be ignored and leave the lock held) and where a library swallows it, the loop raises it at
+  its next safe point instead (:meth:`GracefulStop.start`: the next step or checkpoint write), saving nothing;
 * a third SIGTERM gets the default action (the process dies at once).
 
 The handler is installed only in the main thread and the previous one is restored on exit.
@@ -34,6 +37,19 @@ def _say(message: str) -> None:
         os.write(sys.stdout.fileno(), (message + "\n").encode())
 
 
+_UNSAFE_DIRS = (os.path.dirname(logging.__file__),)
+_UNSAFE_FILES = (threading.__file__,)
+
+
+def _unsafe_to_raise(frame: FrameType | None) -> bool:
+    """Whether the interrupted code is the ``logging`` or ``threading`` modules' own: an exception raised there can
+    be ignored by the interpreter (fork hooks, finalisers) after a lock was taken and before it was released."""
+    if frame is None:
+        return False
+    filename = frame.f_code.co_filename
+    return filename in _UNSAFE_FILES or os.path.dirname(filename) in _UNSAFE_DIRS
+
+
 class StepAbandoned(SystemExit):
     """Raised by the second SIGTERM; a ``SystemExit`` so that ``except Exception`` blocks do not swallow it."""
 
@@ -56,12 +72,20 @@ class GracefulStop:
     def requested(self) -> bool:
         return self.received > 0
 
+    def start(self, doing: str) -> None:
+        """Name the work about to start (``doing``, for the messages); raise :class:`StepAbandoned` instead when the
+        second signal came but its exception did not unwind the loop (deferred by the handler, or swallowed)."""
+        self.doing = doing
+        if self.abandoned:
+            raise StepAbandoned()
+
     def stop_before(self, doing: str) -> bool:
         """Name the work about to start (``doing``), then say whether to stop instead: a signal came and its message
         did not name this work. A signal that lands once ``doing`` is set names it and lets it finish; one that
         landed before named what was already done (checking :attr:`requested` before setting ``doing`` let a
-        signal in between name the finished step while the loop went on to finish and checkpoint the next)."""
-        self.doing = doing
+        signal in between name the finished step while the loop went on to finish and checkpoint the next).
+        Raises :class:`StepAbandoned` as :meth:`start` does."""
+        self.start(doing)
         return self.requested and self.announced != doing
 
     @property
@@ -87,6 +111,8 @@ class GracefulStop:
             return
         signal.signal(self.signum, signal.SIG_DFL)  # a third one kills at once
         _say(f"[trainer] second {name} received: abandoning {self.doing or 'the current work'}")
+        if _unsafe_to_raise(frame):  # the loop raises it at its next safe point (``start``)
+            return
         raise StepAbandoned()
 
     def __enter__(self) -> GracefulStop:
