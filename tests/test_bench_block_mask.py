@@ -82,6 +82,15 @@ def test_block_fill_counts_attended_pairs_against_whole_blocks():
 
 
 def test_the_report_gives_the_block_fill():
+    """The report's fills are those of its layout's masks (recomputed here), between 0 and 1."""
+    from verl.workers.actor.packed_block_mask import packed_block_mask, shared_prompt_block_mask
+
     row = bbm.main(["--tokens", "4096", "--reference-max", "1", "--repeats", "1"])["results"][0]
     for key in ("shared_block_fill", "packed_block_fill", "document_tile_fill"):
         assert 0.3 < row[key] <= 1.0, (key, row[key])
+    segments, prefixes, positions = bbm.memagent_layout(4096, 700, 128, 8, 0.12, seed=0)  # the defaults
+    shared = bbm.block_fill(shared_prompt_block_mask(segments, prefixes), bbm.attended_pairs(segments, prefixes))
+    assert row["shared_block_fill"] == pytest.approx(shared)
+    plain = bbm.block_fill(packed_block_mask(positions), bbm.attended_pairs(segments, segments))
+    assert row["packed_block_fill"] == pytest.approx(plain)
+    assert row["document_tile_fill"] == pytest.approx(bbm.document_tile_fill(segments))

@@ -138,6 +138,7 @@ def test_packed_layout_is_planned_from_host_copies(value_model, monkeypatch):
     computed before the device work, so the passes do not wait on the device): the device-side ``pack_rows`` is
     never called, the plans carry the flat target positions, and the values and the update are those of the padded
     critic."""
+    import verl.workers.actor.forward as forward
     import verl.workers.critic.dp_critic as dp_critic
 
     def no_device_packing(*args, **kwargs):
@@ -145,14 +146,14 @@ def test_packed_layout_is_planned_from_host_copies(value_model, monkeypatch):
 
     monkeypatch.setattr(dp_critic, "pack_rows", no_device_packing)
     seen = []
-    original = dp_critic.host_plan
+    original = forward.host_plan  # what the data-parallel base plans each micro-batch with
 
     def recording_host_plan(input_ids, *args, **kwargs):
         plan = original(input_ids, *args, **kwargs)
         seen.append((input_ids.device.type, plan.packed is not None and plan.packed.target_index is not None))
         return plan
 
-    monkeypatch.setattr(dp_critic, "host_plan", recording_host_plan)
+    monkeypatch.setattr(forward, "host_plan", recording_host_plan)
     data = make_batch(5, seed=3)
     packed = DataParallelPPOCritic(critic_config(use_remove_padding=True), value_model)
     torch.testing.assert_close(packed.compute_values(data), plain_values(value_model, data), atol=1e-5, rtol=0)

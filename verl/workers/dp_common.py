@@ -40,6 +40,10 @@ class DataParallelComponent:
     ``super().__init__(module, dp_group)``.
     """
 
+    # what each micro-batch's host plan prepares beyond packing (``_host_plan``); the actor may turn them on
+    use_fused_kernels = False
+    share_prompts = False
+
     def __init__(self, module: nn.Module, dp_group: Optional[dist.ProcessGroup] = None):
         self.module = module
         self.dp_group = dp_group
@@ -85,8 +89,22 @@ class DataParallelComponent:
                 yield None, dummy.to(self.device), self._host_plan(dummy.select(*FORWARD_KEYS).to("cpu"))
 
     def _host_plan(self, host: TensorDict) -> HostPlan:
-        """The layout of one micro-batch (``forward.HostPlan``) from host copies of its ``FORWARD_KEYS``."""
-        raise NotImplementedError
+        """The layout of one micro-batch (``forward.host_plan``) from host copies of its ``FORWARD_KEYS``: packed rows
+        under ``settings.use_remove_padding``, the fused head's valid positions and shared prompts where the subclass
+        turned ``use_fused_kernels`` / ``share_prompts`` on (the actor)."""
+        from verl.workers.actor.forward import host_plan, packed_length_multiple  # the actor package imports us
+
+        return host_plan(
+            host["input_ids"],
+            host["attention_mask"],
+            host["position_ids"],
+            host["responses"].shape[-1],
+            use_remove_padding=bool(self.settings.use_remove_padding),
+            use_fused_kernels=self.use_fused_kernels,
+            length_multiple=packed_length_multiple(self.module),
+            device=self.device,
+            share_prompts=self.share_prompts,
+        )
 
     def _micro_batch_rows(
         self, seqlens: torch.Tensor, use_dynamic: bool, micro_batch_size: int, max_token_len: int

@@ -45,9 +45,7 @@ from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import (
     HostPlan,
     forward_response_log_probs,
-    host_plan,
     host_to_device,
-    packed_length_multiple,
     supports_logits_to_keep,
 )
 from verl.workers.actor.fused_logprob import supports_fused_head
@@ -151,17 +149,7 @@ class DataParallelPPOActor(DataParallelComponent):
         return [[order[i] for i in part] for part in self._micro_batch_rows(seqlens, False, micro_batch_size, 0)]
 
     def _host_plan(self, host: TensorDict) -> HostPlan:
-        plan = host_plan(
-            host["input_ids"],
-            host["attention_mask"],
-            host["position_ids"],
-            host["responses"].shape[-1],
-            use_remove_padding=self.settings.use_remove_padding,
-            use_fused_kernels=self.use_fused_kernels,
-            length_multiple=packed_length_multiple(self.actor_module),
-            device=self.device,
-            share_prompts=self.share_prompts,
-        )
+        plan = super()._host_plan(host)
         if plan.packed is not None:
             self.shared_prompt_tokens += plan.packed.tokens_saved
         return plan

@@ -34,7 +34,6 @@ from verl.utils.fsdp_utils import clip_grad_norm
 from verl.utils.torch_functional import host_to_device
 from verl.workers.actor.forward import (
     HostPlan,
-    host_plan,
     pack_rows,
     packed_length_multiple,
     packed_model_inputs,
@@ -197,18 +196,6 @@ class DataParallelPPOCritic(DataParallelComponent):
             position_ids=micro["position_ids"],
             response_length=micro["responses"].shape[-1],
             plan=plan,
-        )
-
-    def _host_plan(self, host: TensorDict) -> HostPlan:
-        return host_plan(
-            host["input_ids"],
-            host["attention_mask"],
-            host["position_ids"],
-            host["responses"].shape[-1],
-            use_remove_padding=bool(self.settings.use_remove_padding),
-            use_fused_kernels=False,
-            length_multiple=packed_length_multiple(self.critic_module),
-            device=self.device,
         )
 
     # ------------------------------------------------------------------ values
