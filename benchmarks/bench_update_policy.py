@@ -65,6 +65,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -294,8 +295,8 @@ def build_model(args, device: torch.device, remove_padding: bool, use_liger: boo
 
 def profile_calls(calls: dict, device: torch.device, path: str, write: bool, header: str = "") -> None:
     """Run each of ``calls`` (name -> no-argument function) once under ``torch.profiler.profile`` and write
-    ``header`` and each call's ``key_averages()`` table (40 rows, by self CUDA time on CUDA, else self CPU time) to
-    ``path``."""
+    ``header`` and each call's wall-clock seconds and ``key_averages()`` table (40 rows, by self CUDA time on CUDA, else
+    self CPU time) to ``path``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -303,10 +304,13 @@ def profile_calls(calls: dict, device: torch.device, path: str, write: bool, hea
     tables = []
     for name, call in calls.items():
         with profile(activities=activities) as prof:
+            start = time.perf_counter()
             call()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-        tables.append(f"== {name} (sorted by {sort_by})\n{prof.key_averages().table(sort_by=sort_by, row_limit=40)}")
+            seconds = time.perf_counter() - start
+        table = prof.key_averages().table(sort_by=sort_by, row_limit=40)
+        tables.append(f"== {name} (sorted by {sort_by}; {seconds:.3f} s wall-clock, profiler overhead included)\n{table}")
     if write:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("\n\n".join(([header] if header else []) + tables) + "\n")
