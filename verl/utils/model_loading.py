@@ -107,6 +107,10 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
 # ref pass 4.66 s vs 5.32 s; SmolLM2-135M (hidden 576, 8 chunks of 512, groups of 8, 8% shared), one H100: the
 # log-prob pass at 131,072 tokens per micro-batch 2.66-3.65 s shared on flex vs 0.90 s torch_varlen unshared, the
 # update 4.08-4.12 s vs 3.40-3.44 s (flex unshared: 2.70 s and 3.87 s, so the kernel, not the sharing, is slower).
+# At the 135M layout, one H100 (nineteenth run): Qwen2.5-0.5B (hidden 896) log-prob 4.31 s shared on flex vs 1.94 s,
+# update 8.84 vs 7.29 s; Qwen2.5-1.5B log-prob 5.67 vs 4.65 s, update 18.46 vs 18.31 s: at that short layout 1.5B
+# too would run ~5% faster on torch_varlen, at MemAgent's own 1.5B layout (above) ~10% slower. A rule by the share
+# of tokens a group's prompts save would fit both; the hidden size fits the recipes' model/layout pairs.
 SHARED_PROMPTS_MIN_HIDDEN_SIZE = 1024
 
 
