@@ -310,7 +310,9 @@ def profile_calls(calls: dict, device: torch.device, path: str, write: bool, hea
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
         table = prof.key_averages().table(sort_by=sort_by, row_limit=40)
-        tables.append(f"== {name} (sorted by {sort_by}; {seconds:.3f} s wall-clock, profiler overhead included)\n{table}")
+        tables.append(
+            f"== {name} (sorted by {sort_by}; {seconds:.3f} s wall-clock, profiler overhead included)\n{table}"
+        )
     if write:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("\n\n".join(([header] if header else []) + tables) + "\n")

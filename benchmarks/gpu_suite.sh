@@ -83,6 +83,15 @@ if want update_attn; then
         --out "$OUT/update_policy_flex_liger_nockpt_unshared.json"
     run update_varlen_group8 ${UPDATE/--grad-ckpt/} --group 8 --attn torch_varlen --liger on \
         --out "$OUT/update_policy_varlen_liger_nockpt_group8.json"
+    # the same with documents of 6 chunks (16 questions, about the same tokens): a group's first turns are a smaller
+    # share of the tokens (~11% against ~20%; nineteenth run: at 8% a 1.5B model ran ~5% faster unshared on
+    # torch_varlen), so whether sharing on flex still pays at MemAgent's usual document lengths
+    six_chunks=${UPDATE/--conversations 32 --chunks 3/--conversations 16 --chunks 6}
+    for variant in "shared flex_attention" "varlen torch_varlen --no-share-prompts"; do
+        set -- $variant
+        run update_6chunks_$1 ${six_chunks/--grad-ckpt/} --group 8 --attn $2 ${3:-} --liger on \
+            --out "$OUT/update_policy_6chunks_$1.json"
+    done
 fi
 if want train_step; then
     run train_step_1p5b $STEP --shape qwen2.5-1.5b $BIG_SIZES --steps 3 --overlap both \

@@ -115,7 +115,6 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     """``--profile`` after the results are printed and written (a profile that fails keeps them), on one
     mini-batch's rows (the first 2 of 4) in one optimizer step."""
     import json
-    import re
     import subprocess
 
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update_policy.py"
