@@ -173,7 +173,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--count-only",
         action="store_true",
-        help="no model, no timing: micro-batch counts, padded/packed token ratios, entropy work (update_counts.py)",
+        help="no model, no timing: micro-batch counts, padded/packed token ratios, entropy work (update_counts.py); "
+        "packed micro-batches padded as --attn pads them (default: the trainer's automatic choice on a GPU)",
     )
     p.add_argument(
         "--layout",
@@ -204,11 +205,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def counted_attention(args) -> str:
+    """The attention ``--count-only`` counts packed micro-batches for: ``--attn``, else the trainer's automatic
+    choice on a GPU without flash-attn (``flex_attention`` where prompts are shared and the model's hidden size is
+    large enough, ``model_loading.shares_prompts_on_flex``, else ``torch_varlen``). flex_attention pads every packed
+    micro-batch to whole blocks of 128 tokens."""
+    if args.attn:
+        return args.attn
+    from verl.utils.model_loading import shares_prompts_on_flex
+
+    shared = not args.no_share_prompts and shares_prompts_on_flex(shape_config(args.shape))
+    return "flex_attention" if shared else "torch_varlen"
+
+
 def count_only(args) -> dict:
-    """``--count-only``: the counts of ``update_counts.count_report`` for this run's batch shape (one GPU's rows)."""
+    """``--count-only``: the counts of ``update_counts.count_report`` for this run's batch shape (one GPU's rows),
+    packed micro-batches padded as :func:`counted_attention`'s attention pads them."""
     from update_counts import count_report, memagent_lengths
 
     vocab_size = shape_config(args.shape).vocab_size
+    attn = counted_attention(args)
     width = None
     if args.layout == "memagent":
         prompts, responses = memagent_lengths(
@@ -225,10 +241,10 @@ def count_only(args) -> dict:
         args.mini_batches,
         args.token_budget,
         vocab_size,
-        length_multiple=128 if args.attn == "flex_attention" else 1,
+        length_multiple=128 if attn == "flex_attention" else 1,
         width=width,
     )
-    report = {"benchmark": "update_policy_counts", "shape": args.shape, "layout": args.layout, **report}
+    report = {"benchmark": "update_policy_counts", "shape": args.shape, "layout": args.layout, "attn": attn, **report}
     print(json.dumps({k: v for k, v in report.items() if k != "mini_batches"}, indent=2))
     write_json(args.out, report)
     return report

@@ -238,3 +238,33 @@ def test_memagent_groups_share_their_first_turn_prompts():
     assert len(groups) == 15 - 2
     with pytest.raises(SystemExit):
         parse_args(["--group", "0"])
+
+
+def test_count_only_pads_micro_batches_for_the_attention_the_trainer_would_pick():
+    """``--count-only`` without ``--attn`` counts for the trainer's automatic choice on a GPU without flash-attn:
+    flex_attention (micro-batches padded to whole blocks of 128) where prompts are shared on a model with a hidden
+    size >= 1024 (Qwen2.5-1.5B), torch_varlen (no padding) for SmolLM2-135M or with ``--no-share-prompts``;
+    ``--attn`` wins. Packed totals: the valid tokens unpadded; whole blocks, fewer than 256 more per micro-batch,
+    with flex_attention."""
+    from bench_update_policy import count_only, parse_args
+
+    common = ["--count-only", "--layout", "memagent", "--conversations", "4", "--chunks", "2", "--chunk", "300"]
+    common += ["--memory", "50", "--final-len", "40", "--token-budget", "2000", "--mini-batches", "2"]
+    big = count_only(parse_args(common + ["--shape", "qwen2.5-1.5b"]))
+    big_unshared = count_only(parse_args(common + ["--shape", "qwen2.5-1.5b", "--no-share-prompts"]))
+    small = count_only(parse_args(common + ["--shape", "smollm2-135m"]))
+    small_flex = count_only(parse_args(common + ["--shape", "smollm2-135m", "--attn", "flex_attention"]))
+    assert [r["attn"] for r in (big, big_unshared, small, small_flex)] == [
+        "flex_attention",
+        "torch_varlen",
+        "torch_varlen",
+        "flex_attention",
+    ]
+    for flex, plain in ((big, big_unshared), (small_flex, small)):
+        assert len(flex["mini_batches"]) == len(plain["mini_batches"]) == 2
+        for flex_mini, plain_mini in zip(flex["mini_batches"], plain["mini_batches"]):
+            valid, parts = plain_mini["valid_tokens"], plain_mini["micro_batches"]["current"]
+            assert flex_mini["valid_tokens"] == valid and flex_mini["micro_batches"]["current"] == parts
+            assert plain_mini["packed_tokens"] == valid
+            assert flex_mini["packed_tokens"] % 128 == 0
+            assert valid < flex_mini["packed_tokens"] < valid + 256 * parts
