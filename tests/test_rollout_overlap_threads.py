@@ -251,7 +251,8 @@ def test_next_rollout_generates_while_the_update_runs_on_the_same_ray_worker(
     # perf/rollout/generate_s: the seconds with a generation in flight since the previous update; every rollout ran
     # before the last update ended (the last step launches none ahead), so the steps' sum is all of them
     gen_union = sum(t1 - t0 for t0, t1 in gens)  # generations never overlap each other here (one rollout thread)
-    assert sum(steps[s]["perf/rollout/generate_s"] for s in (1, 2, 3)) == pytest.approx(gen_union, abs=0.1)
+    per_step = [steps[s]["perf/rollout/generate_s"] for s in (1, 2, 3)]
+    assert sum(per_step) == pytest.approx(gen_union, abs=0.1), (per_step, gens, updates)
     assert all(steps[s]["perf/rollout/generate_s"] > 0 for s in (1, 2, 3))
     for s in (1, 2, 3):  # the hf engine's forwards and the seconds its batches ran, within the generate calls' time
         assert steps[s]["perf/rollout/engine_steps"] >= 4  # at least one memory turn + the final answer, each a batch

@@ -116,13 +116,16 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     mini-batch's rows (the first 2 of 4) in one optimizer step."""
     import json
     import subprocess
+    import time
 
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_update_policy.py"
     out, profile = tmp_path / "result.json", tmp_path / "profile.txt"
     command = [sys.executable, str(bench), "--shape", "tiny", "--device", "cpu", "--attn", "sdpa", "--rows", "4", "--mini-batches", "2",
                "--prompt-len", "32", "--response-len", "16", "--token-budget", "256", "--log-prob-token-budget",
                "256", "--steps", "1", "--no-baseline", "--liger", "--profile", str(profile), "--out", str(out)]  # fmt: skip
+    started = time.perf_counter()
     run = subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    elapsed = time.perf_counter() - started
     result = json.loads(out.read_text())
     assert (result["compile_layers"], result["liger"], result["use_liger"], result["liger_applied"]) == (
         False,
@@ -145,8 +148,9 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     text = profile.read_text()
     assert text.startswith(f"# profiled on a sub-batch: the first 2 of 4 rows of one batch ({tokens} of {total} valid")
     assert "one update_policy call of one optimizer step" in text
-    assert re.search(r"== compute_log_prob \(sorted by self_cpu_time_total; \d+\.\d{3} s wall-clock", text)
-    assert re.search(r"== update_policy \(sorted by self_cpu_time_total; \d+\.\d{3} s wall-clock", text)
+    for call in ("compute_log_prob", "update_policy"):  # each profiled call's own wall-clock seconds
+        match = re.search(rf"== {call} \(sorted by self_cpu_time_total; (\d+\.\d{{3}}) s wall-clock", text)
+        assert match and 0 < float(match.group(1)) < elapsed, (call, match, elapsed)
     assert "aten::mm" in text and len(text) < 100_000
     update_table = text[text.index("== update_policy") :]
     assert re.search(r"Optimizer\.step#AdamW\.step .* 1 *$", update_table, re.MULTILINE)  # one mini-batch: one step

@@ -66,6 +66,28 @@ class DataParallelComponent:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
         return tensor
 
+    def _micro_batches(
+        self, batch: TensorDict, use_dynamic: bool, micro_batch_size: int, max_token_len: int
+    ) -> list[list[int]]:
+        """Row-index lists of the micro-batches of ``batch`` (``_micro_batch_rows`` of its row lengths; the actor
+        keeps rows sharing a prompt together)."""
+        seqlens = batch["attention_mask"].sum(dim=-1)
+        return self._micro_batch_rows(seqlens, use_dynamic, micro_batch_size, max_token_len)
+
+    def _forward_micro_batches(
+        self, batch: TensorDict, use_dynamic: bool, micro_batch_size: int, max_token_len: int
+    ) -> Iterator[tuple[Optional[torch.Tensor], TensorDict, HostPlan]]:
+        """The no-grad passes' micro-batches (``compute_log_prob``, ``compute_values``): the rows of ``batch`` with
+        a valid token, split by :meth:`_micro_batches`, as ``(their row positions in batch, on the device, or None
+        for a dummy pass; micro-batch on the device; its HostPlan)`` (:meth:`_device_micro_batches`)."""
+        active = torch.nonzero(batch["attention_mask"].sum(dim=-1) > 0).flatten()  # rows without tokens: skipped
+        active_batch = batch[active]
+        micro_rows = self._micro_batches(active_batch, use_dynamic, micro_batch_size, max_token_len)
+        dummy = self._dummy_row(batch) if batch.batch_size[0] else None
+        active_device = host_to_device(active, self.device)
+        for index, micro, plan in self._device_micro_batches(active_batch, micro_rows, dummy):
+            yield (None if index is None else active_device[index]), micro, plan
+
     def _device_micro_batches(
         self, batch: TensorDict, micro_rows: list[list[int]], dummy: Optional[TensorDict]
     ) -> Iterator[tuple[Optional[torch.Tensor], TensorDict, HostPlan]]:

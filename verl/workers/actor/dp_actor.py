@@ -45,7 +45,6 @@ from verl.utils.fsdp_utils import clip_grad_norm
 from verl.workers.actor.forward import (
     HostPlan,
     forward_response_log_probs,
-    host_to_device,
     supports_logits_to_keep,
 )
 from verl.workers.actor.fused_logprob import supports_fused_head
@@ -200,24 +199,17 @@ class DataParallelPPOActor(DataParallelComponent):
         max_token_len = int(meta.get("max_token_len") or s.log_prob_token_budget)
         batch = data.select(batch_keys=list(_FORWARD_KEYS)).batch
         out_device = batch["input_ids"].device
-        num_rows, response_length = batch["responses"].shape
-        seqlens = batch["attention_mask"].sum(dim=-1)
-        active = torch.nonzero(seqlens > 0).flatten()  # rows with no valid token are not forwarded
 
         was_training = self.actor_module.training
         self.actor_module.eval()
-        micro_rows = self._micro_batches(batch[active], use_dynamic, micro_batch_size, max_token_len)
         # outputs stay on the device until all micro-batches are done (one copy back, not one per micro-batch)
-        log_probs = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
+        log_probs = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=self.device)
         entropys = torch.zeros_like(log_probs) if calculate_entropy else None
-        dummy = self._dummy_row(batch) if num_rows else None
-        active_device = host_to_device(active, self.device)
-        for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
+        for rows, micro, plan in self._forward_micro_batches(batch, use_dynamic, micro_batch_size, max_token_len):
             with self.micro_batch_scope():
-                lp, ent = self._forward(micro, temperature, calculate_entropy and index is not None, plan=plan)
-            if index is None:  # a dummy pass (this rank has fewer micro-batches): keeps collectives in step
+                lp, ent = self._forward(micro, temperature, calculate_entropy and rows is not None, plan=plan)
+            if rows is None:  # a dummy pass (this rank has fewer micro-batches): keeps collectives in step
                 continue
-            rows = active_device[index]
             log_probs[rows] = lp.float()
             if entropys is not None:
                 entropys[rows] = ent.float()

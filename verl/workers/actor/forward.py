@@ -66,11 +66,11 @@ import torch
 from torch import nn
 
 from verl.utils.lora import base_model
-from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from verl.utils.torch_functional import entropy_from_logits, host_to_device, logprobs_from_logits
 from verl.workers.actor import varlen_attention
 from verl.workers.actor.fused_logprob import chunked_log_probs, liger_available, liger_log_probs, lm_head_override
 from verl.workers.actor.packed_block_mask import attn_implementation, packed_attention_mask, supports_shared_prompts
-from verl.workers.actor.packed_rows import PackedRows, host_to_device, padded_packed_length
+from verl.workers.actor.packed_rows import PackedRows, padded_packed_length
 from verl.workers.actor.shared_prompts import shared_prompt_layout
 
 __all__ = [
@@ -82,7 +82,6 @@ __all__ = [
     "packed_model_inputs",
     "HostPlan",
     "host_plan",
-    "host_to_device",
     "padded_packed_length",
     "forward_response_log_probs",
 ]

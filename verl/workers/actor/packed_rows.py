@@ -2,7 +2,8 @@
 
 ``PackedRows`` is what ``forward.pack_rows`` and ``shared_prompts.shared_prompt_layout`` build and the forward passes
 read (``forward.py``'s module docstring has the layouts); ``padded_packed_length`` is the trailing padding that keeps
-flex_attention's compiled shapes whole blocks; ``host_to_device`` (``verl.utils.torch_functional``) the copy of a host plan to the device.
+flex_attention's compiled shapes whole blocks. ``PackedRows.to`` copies a host plan to the device
+(``verl.utils.torch_functional.host_to_device``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from verl.utils.torch_functional import host_to_device
 
-__all__ = ["PackedRows", "host_to_device", "padded_packed_length"]
+__all__ = ["PackedRows", "padded_packed_length"]
 
 
 @dataclass

@@ -31,7 +31,6 @@ from torch import nn
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import AGG_MODES, compute_value_loss, grad_acc_mode, local_loss_normalizer
 from verl.utils.fsdp_utils import clip_grad_norm
-from verl.utils.torch_functional import host_to_device
 from verl.workers.actor.forward import (
     HostPlan,
     pack_rows,
@@ -213,21 +212,15 @@ class DataParallelPPOCritic(DataParallelComponent):
         max_token_len = int(meta.get("max_token_len") or s.forward_token_budget)
         batch = data.select(batch_keys=list(_FORWARD_KEYS)).batch
         out_device = batch["input_ids"].device
-        num_rows, response_length = batch["responses"].shape
-        seqlens = batch["attention_mask"].sum(dim=-1)
-        active = torch.nonzero(seqlens > 0).flatten()
 
         was_training = self.critic_module.training
         self.critic_module.eval()
-        micro_rows = self._micro_batch_rows(seqlens[active], use_dynamic, micro_batch_size, max_token_len)
         # values stay on the device until all micro-batches are done (one copy back, not one per micro-batch)
-        values = torch.zeros(num_rows, response_length, dtype=torch.float32, device=self.device)
-        dummy = self._dummy_row(batch) if num_rows else None
-        active_device = host_to_device(active, self.device)
-        for index, micro, plan in self._device_micro_batches(batch[active], micro_rows, dummy):
+        values = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=self.device)
+        for rows, micro, plan in self._forward_micro_batches(batch, use_dynamic, micro_batch_size, max_token_len):
             micro_values = self._forward(micro, plan)
-            if index is not None:  # None: a dummy pass (this rank has fewer micro-batches), keeps collectives in step
-                values[active_device[index]] = micro_values
+            if rows is not None:  # None: a dummy pass (this rank has fewer micro-batches), keeps collectives in step
+                values[rows] = micro_values
         values = values.to(out_device)
         self.critic_module.train(was_training)
         return values
