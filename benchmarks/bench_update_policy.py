@@ -10,8 +10,12 @@ training step (forward + backward) and 2 x params for a forward-only log-prob pa
 recomputation of gradient checkpointing are not counted (the usual convention), so MFU understates the work
 done for long sequences. ``--peak-flops`` defaults to 790e12 (dense bf16 measured on one H200 here).
 
-Every timed call gets a fresh batch with new lengths (after one warm-up call), so recompiles of
-``flex_attention`` for new shapes are part of what is measured.
+Every call gets a fresh batch with new lengths, so recompiles of ``flex_attention`` for new shapes are part of what
+is measured. Two warm-up calls (``--warmup-calls``) come first: torch.compile makes a static graph for the first
+shape and a dynamic one at the first new shape (automatic dynamic shapes), once per grad mode, and in a real run both
+happen in the first steps; with one warm-up call the dynamic compile could land in the first timed call (it did,
+when every micro-batch of the warm-up batch padded to the same length). Each phase records the graphs compiled
+during its timed calls (``compiled_graphs_timed``, 0 when none was).
 ``--compile-layers`` compiles in the warm-up call too; the JSON records ``compiled_graphs``, the graphs
 ``torch.compile`` made in this process (layers, and flex_attention's own), ``--liger`` as asked (``auto``, the
 default, is the trainer's ``use_liger: null``), what it resolved to (``use_liger``) and whether liger's kernels are
@@ -74,7 +78,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import SHAPES, shape_config, write_json  # noqa: E402  (also puts the repository root on sys.path)
-from device_timing import timed  # noqa: E402
+from device_timing import compiled_graphs, timed, timed_with_graphs  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh, reshard_fsdp  # noqa: E402
@@ -158,7 +162,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="actor.calculate_entropy=True: entropies in every update micro-batch (the behaviour before; off: none)",
     )
-    p.add_argument("--steps", type=int, default=3, help="timed calls (after one warm-up call)")
+    p.add_argument("--steps", type=int, default=3, help="timed calls (after the warm-up calls)")
+    p.add_argument(
+        "--warmup-calls",
+        type=int,
+        default=2,
+        help="untimed calls before the timed ones, each on its own fresh batch (2: the second compiles "
+        "flex_attention's dynamic-shape graph, module docstring)",
+    )
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
     p.add_argument("--check", action="store_true", help="also compare packed vs padded log-probs (max abs diff)")
@@ -198,6 +209,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-share-prompts", action="store_true", help="the actor's share_prompts=False")
     args = p.parse_args(argv)
+    if args.warmup_calls < 1:
+        p.error(f"--warmup-calls must be >= 1, got {args.warmup_calls}")
     if args.profile_rows is not None and args.profile_rows < 1:
         p.error(f"--profile-rows must be >= 1, got {args.profile_rows}")
     if args.group < 1:
@@ -457,8 +470,8 @@ def run_baseline(args, batches: list[DataProto], device: torch.device, num_param
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    seconds = timed(step, args.steps, device)
-    tokens = sum(float(batches[i].batch["attention_mask"].sum()) for i in range(1, args.steps + 1)) / args.steps
+    seconds = timed(step, args.steps, device, warmup=args.warmup_calls)
+    tokens = sum(float(b.batch["attention_mask"].sum()) for b in batches[args.warmup_calls :]) / args.steps
     result = {
         "tokens": tokens,
         "seconds": seconds,
@@ -509,8 +522,9 @@ def main(argv=None) -> dict:
     )
     actor = DataParallelPPOActor(config, model, optimizer)
     # a fresh batch (new lengths) for every call: shape changes are part of what is measured
-    batches = [synthetic_batch(args, vocab_size, seed=1000 * step + rank) for step in range(args.steps + 1)]
-    tokens = global_sum(sum(float(b.batch["attention_mask"].sum()) for b in batches[1:]) / args.steps, device)
+    warmup = args.warmup_calls
+    batches = [synthetic_batch(args, vocab_size, seed=1000 * step + rank) for step in range(warmup + args.steps)]
+    tokens = global_sum(sum(float(b.batch["attention_mask"].sum()) for b in batches[warmup:]) / args.steps, device)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -521,7 +535,7 @@ def main(argv=None) -> dict:
         batches[i].batch["old_log_probs"] = log_probs
         batches[i].batch["ref_log_prob"] = log_probs.clone()
 
-    log_prob_seconds = timed(log_prob_call, args.steps, device)
+    log_prob_seconds, log_prob_graphs = timed_with_graphs(log_prob_call, args.steps, device, warmup)
     check = {}
     if args.check:  # same rows through the other layout (bf16 compute: expect ~1e-1 max, not 1e-6)
         data = batches[0]
@@ -540,8 +554,7 @@ def main(argv=None) -> dict:
     def update_call(i: int):
         metrics.update(actor.update_policy(batches[i]))
 
-    update_seconds = timed(update_call, args.steps, device)
-    from torch._dynamo.utils import counters
+    update_seconds, update_graphs = timed_with_graphs(update_call, args.steps, device, warmup)
 
     result = {
         "benchmark": "update_policy",  # what suite_tables.py recognises a report by
@@ -554,7 +567,8 @@ def main(argv=None) -> dict:
         "grad_ckpt": args.grad_ckpt,
         "ckpt_every": args.ckpt_every,
         "compile_layers": args.compile_layers,
-        "compiled_graphs": int(counters["stats"]["unique_graphs"]),
+        "compiled_graphs": compiled_graphs(),
+        "warmup_calls": warmup,
         "liger": args.liger,  # as asked: auto (the trainer's choice), on or off
         "use_liger": use_liger,  # what it resolved to (model.use_liger)
         "liger_applied": liger_applied(model),  # whether liger's kernels are in the model (on without CUDA: not)
@@ -577,6 +591,7 @@ def main(argv=None) -> dict:
             "tokens_per_s": tokens / log_prob_seconds,
             "tokens_per_s_per_gpu": tokens / log_prob_seconds / world,
             "mfu": 2 * num_params * tokens / log_prob_seconds / (args.peak_flops * world),
+            "compiled_graphs_timed": log_prob_graphs,
         },
         "update_policy": {
             "seconds": update_seconds,
@@ -584,6 +599,7 @@ def main(argv=None) -> dict:
             "tokens_per_s_per_gpu": tokens / update_seconds / world,
             "mfu": 6 * num_params * tokens / update_seconds / (args.peak_flops * world),
             "grad_norm": metrics.get("actor/grad_norm"),
+            "compiled_graphs_timed": update_graphs,
         },
     }
     if device.type == "cuda":
@@ -595,10 +611,10 @@ def main(argv=None) -> dict:
         "steps": args.steps,
     }
     if args.profile:  # after the timed calls (compiled graphs and caches warm) and after their results are out
-        result["profile_rows_per_gpu"] = profiled_rows(args, len(batches[1]))
+        result["profile_rows_per_gpu"] = profiled_rows(args, len(batches[warmup]))
         if rank == 0:
             emit(result, args.out)
-        profile_sub_batch(args, actor, batches[1], device, write=rank == 0)
+        profile_sub_batch(args, actor, batches[warmup], device, write=rank == 0)
 
     actor = model = optimizer = None  # release before empty_cache
     if device.type == "cuda":

@@ -206,39 +206,28 @@ if want small_step; then
         --out "$OUT/train_step_135m_child_shared_flex.json" -- $FAST_135M algorithm.bypass_mode=True \
         actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child \
         actor_rollout_ref.model.attn_implementation=flex_attention
-    # the automatic attention (torch_varlen at 135M) leaves the one-step-off step bound by generation (nineteenth run:
-    # training waits 1.5 s a step for the rollout, whose decode steps take 6.8 ms beside training against 5.4 ms
-    # alone): SMs kept for the engine, the split balanced by the trainer from 16
-    run train_step_135m_child_balanced16 $STEP --shape smollm2-135m $SMALL_SIZES --steps 6 --overlap on \
-        --out "$OUT/train_step_135m_child_balanced16.json" -- $FAST_135M algorithm.bypass_mode=True \
-        actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child \
-        actor_rollout_ref.rollout.engine_reserved_sms=16 actor_rollout_ref.rollout.balance_reserved_sms=True
+    # issue 16's figure: the automatic attention (torch_varlen at 135M), one-step-off, 5 steps; compare with
+    # train_step_135m_sdpa above, same card. (Keeping SMs for the engine, rollout.engine_reserved_sms, does not apply
+    # here: with engine_process=child the engine's kernels come from another process, which takes turns with the
+    # training process on the GPU instead of sharing its SMs; the trainer says so and ignores the key.)
+    run train_step_135m_child_auto $STEP --shape smollm2-135m $SMALL_SIZES --steps 5 --overlap on \
+        --out "$OUT/train_step_135m_child_auto.json" -- $FAST_135M algorithm.bypass_mode=True \
+        actor_rollout_ref.rollout.cudagraph_max_tokens=8192 actor_rollout_ref.rollout.engine_process=child
     # the 135M passes alone with GRPO groups of 8 (the step's layout): prompts shared on flex_attention vs unshared on
-    # torch_varlen and on flex_attention, side by side (eighteenth run: torch_varlen 3x faster in the log-prob pass,
-    # which is why the automatic attention shares prompts only from a hidden size of 1024)
+    # torch_varlen and on flex_attention, side by side. (The eighteenth and nineteenth runs' "flex log-prob pass 3x
+    # slower" was a compile timed: with one warm-up call, flex's dynamic-shape graph compiled in the timed call;
+    # bench_update_policy.py now warms up twice and reports compiled_graphs_timed.)
     for variant in "shared_flex flex_attention" "unshared_varlen torch_varlen --no-share-prompts" \
         "unshared_flex flex_attention --no-share-prompts"; do
         set -- $variant
         run update_135m_group8_$1 ${UPDATE_135M/--attn torch_varlen/--attn $2} --liger on --token-budget 65536 --log-prob-token-budget 131072 \
             --group 8 ${3:-} --out "$OUT/update_135m_group8_$1.json"
     done
-    # why flex is slow at 135M (eighteenth run): its log-prob pass at the update's 65,536-token micro-batches, and
-    # bigger models at the 135M layout (Qwen2.5-0.5B, hidden 896: the automatic choice gives it torch_varlen) shared
-    # on flex vs unshared on torch_varlen
-    run update_135m_group8_unshared_flex_lp64k ${UPDATE_135M/--attn torch_varlen/--attn flex_attention} --liger on \
-        --token-budget 65536 --log-prob-token-budget 65536 --group 8 --no-share-prompts \
-        --out "$OUT/update_135m_group8_unshared_flex_lp64k.json"
-    # and where the time goes: one log-prob and one update call on ~131K tokens (160 rows), profiled, flex vs varlen;
-    # then on the whole batch (1152 rows, with dynamo's recompile log): in the nineteenth run the 160-row profile's
-    # kernels were 1.3x slower on flex, the timed whole-batch log-prob pass 3x
+    # where the time goes: one log-prob and one update call on ~131K tokens (160 rows), profiled, flex vs varlen
     for attn in flex_attention torch_varlen; do
         run update_135m_group8_profile_$attn ${UPDATE_135M/--attn torch_varlen/--attn $attn} --liger on \
             --token-budget 65536 --log-prob-token-budget 131072 --group 8 --no-share-prompts --steps 1 \
             --profile "$OUT/profile_135m_$attn.txt" --profile-rows 160 --out "$OUT/update_135m_group8_profile_$attn.json"
-        TORCH_LOGS=recompiles run update_135m_group8_profile_whole_$attn ${UPDATE_135M/--attn torch_varlen/--attn $attn} \
-            --liger on --token-budget 65536 --log-prob-token-budget 131072 --group 8 --no-share-prompts --steps 1 \
-            --profile "$OUT/profile_135m_whole_$attn.txt" --profile-rows 1152 \
-            --out "$OUT/update_135m_group8_profile_whole_$attn.json"
     done
     # (and Qwen2.5-1.5B at the same layout: whether the short sequences, not the model's size, make flex slow)
     for variant in "0p5b qwen2.5-0.5b shared_flex flex_attention" "0p5b qwen2.5-0.5b unshared_varlen torch_varlen" \

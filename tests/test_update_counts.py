@@ -134,6 +134,9 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
         False,  # asked for, but no CUDA here: a warning, nothing patched
     )
     assert result["compiled_graphs"] == 0 and result["profile"] == str(profile)
+    # two untimed calls before each phase's timed ones, and no compile timed (module docstring of the benchmark)
+    assert result["warmup_calls"] == 2
+    assert result["log_prob"]["compiled_graphs_timed"] == 0 == result["update_policy"]["compiled_graphs_timed"]
     assert result["benchmark"] == "update_policy"  # how benchmarks/suite_tables.py recognises the report
     assert result["profile_rows_per_gpu"] == 2 and result["rows_per_gpu"] == 4
     assert "| update_policy (FSDP2, 1 rank(s)) |" in run.stdout
@@ -141,7 +144,9 @@ def test_bench_profile_writes_both_tables_and_the_json_records_the_flags(tmp_pat
     from bench_common import shape_config
     from bench_update_policy import parse_args, synthetic_batch
 
-    profiled = synthetic_batch(parse_args(command[2:]), shape_config("tiny").vocab_size, seed=1000)  # call 1, rank 0
+    profiled = synthetic_batch(
+        parse_args(command[2:]), shape_config("tiny").vocab_size, seed=2000
+    )  # first timed call (2), rank 0
     mask = profiled.batch["attention_mask"]
     tokens, total = int(mask[:2].sum()), int(mask.sum())
     assert tokens < total

@@ -102,15 +102,14 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
 
 
 # The smallest hidden size for which the automatic attention choice shares prompts on flex_attention rather than
-# packing them unshared for torch_varlen. Measured (benchmarks/RESULTS.md): Qwen2.5-1.5B (hidden 1536, MemAgent
-# layout, 20% of the tokens shared), one H200: the update alone 15.8 s shared on flex vs 17.4 s torch_varlen, the
-# ref pass 4.66 s vs 5.32 s; SmolLM2-135M (hidden 576, 8 chunks of 512, groups of 8, 8% shared), one H100: the
-# log-prob pass at 131,072 tokens per micro-batch 2.66-3.65 s shared on flex vs 0.90 s torch_varlen unshared, the
-# update 4.08-4.12 s vs 3.40-3.44 s (flex unshared: 2.70 s and 3.87 s, so the kernel, not the sharing, is slower).
-# At the 135M layout, one H100 (nineteenth run): Qwen2.5-0.5B (hidden 896) log-prob 4.31 s shared on flex vs 1.94 s,
-# update 8.84 vs 7.29 s; Qwen2.5-1.5B log-prob 5.67 vs 4.65 s, update 18.46 vs 18.31 s: at that short layout 1.5B
-# too would run ~5% faster on torch_varlen, at MemAgent's own 1.5B layout (above) ~10% slower. A rule by the share
-# of tokens a group's prompts save would fit both; the hidden size fits the recipes' model/layout pairs.
+# packing them unshared for torch_varlen. Measured (benchmarks/RESULTS.md): Qwen2.5-1.5B, one H200, MemAgent's layout
+# of 3 chunks of 5,000 tokens (20% of the tokens shared): the update alone 15.8 s shared on flex vs 17.4 s on
+# torch_varlen, the ref pass 4.66 s vs 5.32 s; one H100, 6 chunks (9.4% shared): log-prob pass 4.56 vs 4.98 s, update
+# 16.46 vs 16.69 s. SmolLM2-135M (hidden 576, 8 chunks of 512, groups of 8, 8% shared), one H100: the one-step-off
+# step 105.0K tokens/s on torch_varlen vs 90.1K shared on flex, the update 3.40-3.44 s vs 4.08-4.12 s; Qwen2.5-0.5B
+# (hidden 896) at that layout: the update 7.29 s vs 8.84 s. (The log-prob figures at the 135M layout in the
+# eighteenth and nineteenth runs included flex's dynamic-shape compile; steady state flex's pass is ~1.15x
+# torch_varlen's there: twentieth run.) The hidden size fits the recipes' model/layout pairs.
 SHARED_PROMPTS_MIN_HIDDEN_SIZE = 1024
 
 
