@@ -40,7 +40,8 @@ Differences that stay (each side's defaults, reported in the JSON):
     under ``substitutions`` (``--upstream-no-remove-padding`` runs upstream padded instead). Nothing is stubbed.
 
 Tokens/s and MFU as in ``bench_update_policy.py``: valid tokens per call / seconds per call (mean of ``--steps``
-timed calls after one warm-up call, every call on a fresh batch), MFU = 6 x params (2 x for log-probs) x tokens/s /
+timed calls after two warm-up calls, ``--warmup-calls``, every call on a fresh batch; each phase reports
+``compiled_graphs_timed``, the graphs torch.compile made during its timed calls), MFU = 6 x params (2 x for log-probs) x tokens/s /
 ``--peak-flops``. Peak memory: ``torch.cuda.max_memory_allocated`` of each phase (on CPU the subprocess's peak RSS,
 which says little). The first (warm-up) ``update_policy`` call is the "first step" whose losses are compared; the
 log-probs of the first batch are compared token by token (max / mean absolute difference over response tokens).
@@ -86,7 +87,7 @@ import time
 from pathlib import Path
 
 import torch
-from device_timing import timed  # verl-free: the upstream side imports it too
+from device_timing import timed_with_graphs  # verl-free: the upstream side imports it too
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -137,7 +138,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="upstream: padded forward (its use_remove_padding=False) instead of packed rows",
     )
-    p.add_argument("--steps", type=int, default=3, help="timed calls per phase (after one warm-up call)")
+    p.add_argument("--steps", type=int, default=3, help="timed calls per phase (after the warm-up calls)")
+    p.add_argument(
+        "--warmup-calls",
+        type=int,
+        default=2,
+        help="untimed calls per phase before the timed ones, each on a fresh batch (2: the second one compiles "
+        "flex_attention's dynamic-shape graph; bench_update_policy.py's module docstring)",
+    )
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--sides", default="ours,upstream", help="which sides to run, in this order")
     p.add_argument(
@@ -158,6 +166,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rows % args.mini_batches:
         p.error(f"--rows ({args.rows}) must be a multiple of --mini-batches ({args.mini_batches})")
+    if args.warmup_calls < 1:
+        p.error(f"--warmup-calls must be >= 1, got {args.warmup_calls}")
     return args
 
 
@@ -204,7 +214,10 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
     model.save_pretrained(model_dir)
     num_params, vocab_size = count_parameters(model), model.config.vocab_size
     del model
-    batches = [synthetic_batch(args, vocab_size, seed=1000 * step).batch.to_dict() for step in range(args.steps + 1)]
+    batches = [
+        synthetic_batch(args, vocab_size, seed=1000 * step).batch.to_dict()
+        for step in range(args.warmup_calls + args.steps)
+    ]
     torch.save([{k: v.contiguous() for k, v in b.items()} for b in batches], workdir / "batches.pt")
     spec = dict(
         model_dir=str(model_dir),
@@ -223,6 +236,7 @@ def write_inputs(args, workdir: Path, device_type: str) -> dict:
         upstream_remove_padding=not args.upstream_no_remove_padding,
         upstream_fused=args.upstream_fused_kernels,
         steps=args.steps,
+        warmup_calls=args.warmup_calls,
         peak_flops=args.peak_flops,
         lr=1e-6,
         clip_ratio_low=0.2,
@@ -356,7 +370,7 @@ def main(argv=None) -> dict:
         results[side] = run_side(side, workdir, upstream, args.timeout)
         results[side]["wall_s"] = time.perf_counter() - t0
     batches = torch.load(spec["batches"])
-    tokens = sum(float(b["attention_mask"].sum()) for b in batches[1:]) / args.steps
+    tokens = sum(float(b["attention_mask"].sum()) for b in batches[args.warmup_calls :]) / args.steps
     report = {
         "benchmark": "vs_verl",  # what suite_tables.py recognises a report by
         "shape": args.shape,
@@ -447,7 +461,7 @@ def run_this_side(side: str, workdir: Path) -> dict:
         batches[i].batch["old_log_probs"] = info["log_prob"](actor, batches[i])
 
     _peak_mem(device)
-    log_prob_seconds = timed(log_prob_call, spec["steps"], device)
+    log_prob_seconds, log_prob_graphs = timed_with_graphs(log_prob_call, spec["steps"], device, spec["warmup_calls"])
     lp_mem = _peak_mem(device)
     torch.save(batches[0].batch["old_log_probs"].cpu(), workdir / f"log_probs0_{side}.pt")
     first: dict = {}
@@ -457,11 +471,11 @@ def run_this_side(side: str, workdir: Path) -> dict:
         if i == 0:
             first.update(info["first_step"](metrics))
 
-    update_seconds = timed(update_call, spec["steps"], device)
+    update_seconds, update_graphs = timed_with_graphs(update_call, spec["steps"], device, spec["warmup_calls"])
     up_mem = _peak_mem(device)
     first["micro_batches"], parts = info["partition"](actor, batches[0])
     first["pg_loss_expected_on_policy"] = _expected_pg_loss(parts, info["rule"])
-    tokens = sum(float(b.batch["attention_mask"].sum()) for b in batches[1:]) / spec["steps"]
+    tokens = sum(float(b.batch["attention_mask"].sum()) for b in batches[spec["warmup_calls"] :]) / spec["steps"]
     n, peak = spec["num_params"], spec["peak_flops"]
     from importlib.metadata import PackageNotFoundError, version
 
@@ -482,12 +496,14 @@ def run_this_side(side: str, workdir: Path) -> dict:
             "seconds": log_prob_seconds,
             "tokens_per_s": tokens / log_prob_seconds,
             "mfu": 2 * n * tokens / log_prob_seconds / peak,
+            "compiled_graphs_timed": log_prob_graphs,
             **lp_mem,
         },
         "update_policy": {
             "seconds": update_seconds,
             "tokens_per_s": tokens / update_seconds,
             "mfu": 6 * n * tokens / update_seconds / peak,
+            "compiled_graphs_timed": update_graphs,
             **up_mem,
         },
         "first_step": first,

@@ -64,10 +64,13 @@ def test_one_micro_batch_same_weights_same_losses(tmp_path):
     )  # upstream's own unpad copies only without flash-attn
 
     batches = torch.load(tmp_path / "batches.pt")
-    tokens = float(batches[1]["attention_mask"].sum())
+    # two warm-up calls (bench_update_policy.py's module docstring), then the one timed call
+    assert report["spec"]["warmup_calls"] == 2 and len(batches) == 3
+    tokens = float(batches[2]["attention_mask"].sum())
     expected = _on_policy_loss(batches[0]["advantages"], batches[0]["response_mask"])
     for side in (ours, up):
         assert side["tokens_per_call"] == tokens
+        assert side["log_prob"]["compiled_graphs_timed"] == 0 == side["update_policy"]["compiled_graphs_timed"]
         assert side["update_policy"]["tokens_per_s"] == pytest.approx(tokens / side["update_policy"]["seconds"])
         assert side["update_policy"]["mfu"] == pytest.approx(
             6 * report["spec"]["num_params"] * tokens / side["update_policy"]["seconds"] / 790e12

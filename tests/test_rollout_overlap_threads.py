@@ -175,25 +175,27 @@ def test_worker_refuses_a_weight_sync_while_it_generates(tiny_model_path):
 
 
 class RecordingWorker(ActorRolloutRefWorker):
-    """The real worker, recording the wall-clock intervals of its generate and update calls; every generation
-    lasts ``GEN_SECONDS`` longer (inside the guarded call, so the rollout thread is busy for it)."""
+    """The real worker, recording the intervals of its generate and update calls; every generation lasts
+    ``GEN_SECONDS`` longer (inside the guarded call, so the rollout thread is busy for it). The clock is
+    ``perf_counter``, as the worker's own ``RolloutGuard``: the wall clock may be stepped (NTP) mid-test, which would
+    make the recorded intervals disagree with the worker's ``perf/rollout/generate_s``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.intervals: list[tuple[str, float, float]] = []
 
     def _generate(self, prompts, params, seeds):
-        t0 = time.time()
+        t0 = time.perf_counter()
         out = super()._generate(prompts, params, seeds)
         time.sleep(GEN_SECONDS)
-        self.intervals.append(("generate", t0, time.time()))
+        self.intervals.append(("generate", t0, time.perf_counter()))
         return out
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRICS, concurrency_group=TRAIN_GROUP)
     def update_actor(self, data):
-        t0 = time.time()
+        t0 = time.perf_counter()
         out = super().update_actor(data)
-        self.intervals.append(("update", t0, time.time()))
+        self.intervals.append(("update", t0, time.perf_counter()))
         return out
 
     def recorded(self) -> list[tuple[str, float, float]]:
