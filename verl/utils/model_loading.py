@@ -108,7 +108,7 @@ def resolve_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
 # 16.46 vs 16.69 s. SmolLM2-135M (hidden 576, 8 chunks of 512, groups of 8, 8% shared), one H100: the one-step-off
 # step 105.0K tokens/s on torch_varlen vs 90.1K shared on flex, the update 3.40-3.44 s vs 4.08-4.12 s; Qwen2.5-0.5B
 # (hidden 896) at that layout: the update 7.29 s vs 8.84 s. (The log-prob figures at the 135M layout in the
-# eighteenth and nineteenth runs included flex's dynamic-shape compile; steady state flex's pass is ~1.15x
+# eighteenth and nineteenth runs included flex's dynamic-shape compile; without it flex's pass is 1.29x
 # torch_varlen's there: twentieth run.) The hidden size fits the recipes' model/layout pairs.
 SHARED_PROMPTS_MIN_HIDDEN_SIZE = 1024
 
