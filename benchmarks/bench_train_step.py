@@ -33,12 +33,18 @@ its step, writes the report of the steps done and does not start the next run of
 SIGKILL, ``--report-from <log dir>`` rebuilds the report from the logged steps::
 
     python benchmarks/bench_train_step.py --report-from /results/train_step.steps --out /results/train_step.json
+
+Settings that had no effect are in the report (``inert_settings``, per run) and printed first: the INERT keys set
+away from their default (``verl/trainer/config_keys.py``) and the trainer's "... has no effect: ..." warnings for
+settings that do not apply to this run (``rollout.engine_reserved_sms`` with the engine in a child process, say), so
+a comparison of two settings that were in fact the same run is seen as such.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -211,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         ]
         with initialize_config_dir(config_dir=str(Path(main_ppo.__file__).parent / "config"), version_base=None):
             cfg = compose(config_name="ppo_trainer", overrides=[*cfg_overrides, *extra, *overrides])
-        return main_ppo.run(cfg)
+        inert_keys = inert_key_rows(cfg)  # before the trainer resolves its settings in cfg
+        with NoEffectWarnings() as warnings:
+            try:
+                return main_ppo.run(cfg)
+            finally:  # kept in run.json, for the report of a run cut short too
+                meta.setdefault("inert_settings", {})[name] = [*inert_keys, *warnings.messages]
+                (log_dir / RUN_FILE).write_text(json.dumps(meta, indent=2))
 
     histories: dict[str, list[dict]] = {}
     try:
@@ -238,6 +250,33 @@ RUN_KEYS = ("gpus", "rollout", "batch", "n", "chunks", "chunk", "memory", "steps
 RUN_FILE = "run.json"
 RUN_NAMES = {False: "sync", True: "overlap"}
 MODES = {"off": [False], "on": [True], "both": [False, True]}
+
+
+class NoEffectWarnings(logging.Handler):
+    """Within ``with``: the warnings of this repository's loggers (``verl.*``) that say a setting has no effect."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "has no effect" in message and message not in self.messages:
+            self.messages.append(message)
+
+    def __enter__(self) -> NoEffectWarnings:
+        logging.getLogger("verl").addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger("verl").removeHandler(self)
+
+
+def inert_key_rows(cfg) -> list[str]:
+    """The INERT keys ``cfg`` sets away from their default, one row each as the trainer logs them."""
+    from verl.trainer.config_keys import find_inert_keys, format_inert_table
+
+    return format_inert_table(find_inert_keys(cfg))
 
 
 def default_log_dir(out: str | None, work: Path) -> Path:
@@ -307,6 +346,8 @@ def build_report(meta: dict, histories: dict[str, list[dict]], error: str | None
         "peak_flops": meta.get("peak_flops"),
         "steps": rows.get(wanted[0], []),
         "complete": all(len(rows.get(name, [])) >= meta["steps"] for name in wanted) and error is None,
+        # per run (sync / overlap): settings that had no effect (module docstring); absent in reports of older runs
+        "inert_settings": {name: meta.get("inert_settings", {}).get(name, []) for name in wanted},
         "env": meta.get("env") or bc.environment(),
     }
     # the steady steps of the run above (suite_tables.step_summary: after the first; one-step-off, with a rollout ahead)
@@ -337,6 +378,9 @@ def report_from_log_dir(log_dir: Path, out: str | None) -> int:
 def print_report(report: dict) -> None:
     """The report as JSON (stderr), its tables and the per-step memory peaks (stdout)."""
     print(json.dumps(report, indent=2), file=sys.stderr)
+    for name, settings in report.get("inert_settings", {}).items():
+        if settings:
+            print(f"settings with no effect in the {name} run:\n" + "\n".join(f"  {line}" for line in settings))
     print("\n" + train_step_table(report) + "\n\n" + steady_line(report.get("steady")))
     for r in report["steps"]:
         growth, in_use = r.get("gpu_growth_by_phase_gib", {}), r.get("gpu_in_use_by_phase_gib", {})

@@ -256,7 +256,11 @@ def train_step_header(name: str, report: dict) -> str:
     model = Path(str(report.get("model", "n/a"))).name
     overrides = " ".join(report.get("overrides") or []) or "none"
     state = "" if report.get("complete", True) else f" **incomplete: {report.get('error') or 'stopped early'}**"
-    return f"**{name}**: {model}, overlap {report.get('rollout_overlap', 'off')}, overrides: {overrides}{state}"
+    inert = sorted({line for lines in (report.get("inert_settings") or {}).values() for line in lines})
+    no_effect = f"; **no effect**: {'; '.join(inert)}" if inert else ""  # bench_train_step's module docstring
+    return (
+        f"**{name}**: {model}, overlap {report.get('rollout_overlap', 'off')}, overrides: {overrides}{no_effect}{state}"
+    )
 
 
 def train_step_tables(reports: list[tuple[str, dict]], problems: list) -> str:

@@ -239,8 +239,14 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
 
     out = tmp_path / "train_step.json"
     argv = ["--model", str(tiny_model_path), "--overlap", "both", "--steps", "3", "--batch", "1", "--n", "2"]
-    assert main([*argv, "--chunks", "2", "--out", str(out)]) == 0
+    # two settings with no effect here: an INERT key, and SMs kept for an engine that is not vLLM on a GPU
+    no_effect = ["actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.rollout.engine_reserved_sms=16"]
+    assert main([*argv, "--chunks", "2", "--out", str(out), "--", *no_effect]) == 0
     report = json.loads(out.read_text())
+    for name in ("sync", "overlap"):  # each run's, in the report and printed
+        inert = report["inert_settings"][name]
+        assert len(inert) == 2 and inert[0].startswith("actor_rollout_ref.hybrid_engine = False (default True)")
+        assert inert[1].startswith("actor_rollout_ref.rollout.engine_reserved_sms=16 has no effect: "), inert
     assert [r["staleness"] for r in report["steps"]] == [0.0, 0.0, 0.0]
     assert [r["staleness"] for r in report["overlap_steps"]] == [0.0, 1.0, 1.0]
     assert [r["wait_rollout_ahead"] for r in report["steps"]] == [0.0, 0.0, 0.0]
@@ -251,6 +257,9 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     assert summary["speedup"] == pytest.approx(summary["sync_step_s"] / summary["overlap_step_s"])
     printed = capsys.readouterr().out
     assert "One-step-off (trainer.rollout_overlap) vs synchronous" in printed and "speedup x" in printed
+    assert printed.index("settings with no effect in the sync run:\n  actor_rollout_ref.hybrid_engine") < printed.index(
+        "settings with no effect in the overlap run:"
+    )
     # which side of each overlapped step finished last: steps 1-2 had a rollout ahead, step 3 none
     ahead = report["overlap_steps"]
     assert [r["wait_rollout_ahead"] + r["rollout_ahead_idle"] > 0 for r in ahead] == [True, True, False]
@@ -264,7 +273,8 @@ def test_bench_train_step_runs_overlapped_and_synchronous_side_by_side(tiny_mode
     rebuilt_path = tmp_path / "rebuilt.json"
     assert main(["--report-from", str(log_dir), "--out", str(rebuilt_path)]) == 0
     rebuilt = json.loads(rebuilt_path.read_text())
-    for key in ("steps", "overlap_steps", "overlap_summary", "complete", "batch", "n", "chunks", "overrides", "env"):
+    keys = ("steps", "overlap_steps", "overlap_summary", "complete", "batch", "n", "chunks", "overrides", "env")
+    for key in (*keys, "inert_settings"):
         assert rebuilt[key] == report[key], key
 
 

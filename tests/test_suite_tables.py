@@ -273,3 +273,12 @@ def test_bypass_mode_runs_are_marked_in_the_summary(tmp_path, capsys):
     assert [(row["steps"], row["mean total s"], row["note"]) for row in summary] == [
         ("2, 3", "46.2", "bypass mode (no old-log-prob pass)")
     ]
+
+
+def test_train_step_header_names_the_settings_that_had_no_effect():
+    from suite_tables import train_step_header
+
+    report = {"model": "/m/smollm2", "rollout_overlap": "on", "overrides": ["a=1", "b=2"]}
+    assert train_step_header("r.json", report) == "**r.json**: smollm2, overlap on, overrides: a=1 b=2"
+    report["inert_settings"] = {"overlap": ["b=2 has no effect: why"], "sync": []}
+    assert train_step_header("r.json", report).endswith("overrides: a=1 b=2; **no effect**: b=2 has no effect: why")
