@@ -1,6 +1,6 @@
 """``benchmarks/gpu_suite.sh``: every command it would run names a benchmark that exists, passes flags and choices that
-benchmark's parser accepts, and Hydra overrides that the trainer's config has (checked with ``DRY_RUN=1``: nothing
-runs, no GPU needed)."""
+benchmark's parser accepts, and Hydra overrides that the trainer's config has and that act in the step benchmark's run
+(no INERT key, no SM split the engine cannot use; checked with ``DRY_RUN=1``: nothing runs, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -95,12 +95,45 @@ def test_benchmark_flags_parse(commands, monkeypatch):
         with monkeypatch.context() as patch:
             result = parse_with(script, argv, patch)
         if isinstance(result, tuple):  # parse_known_args: (namespace, the Hydra overrides)
-            _, extra = result
+            parsed, extra = result
             overrides = [word for word in extra if word != "--"]
             assert all("=" in word and not word.startswith("-") for word in overrides), f"{name}: {overrides}"
-            compose_config(overrides)  # every key exists in the trainer's config
+            cfg = compose_config(overrides)  # every key exists in the trainer's config
+            if script.endswith("bench_train_step.py"):
+                assert settings_without_effect(parsed, cfg) == [], name
         checked += 1
     assert checked >= 11
+
+
+def settings_without_effect(parsed: argparse.Namespace, cfg) -> list[str]:
+    """What a ``bench_train_step.py`` entry sets that cannot act in its (last) run: INERT keys set away from their
+    default, and SMs kept for an engine that does not share the training process's SMs
+    (``verl/workers/config/rollout.py::engine_sms_not_applicable``). The suite's runs are vLLM on a GPU."""
+    from verl.trainer.config_keys import find_inert_keys, format_inert_table
+    from verl.workers.config.rollout import engine_sms_not_applicable
+
+    found = format_inert_table(find_inert_keys(cfg))
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.engine_reserved_sms > 0 or rollout.balance_reserved_sms:
+        why_not = engine_sms_not_applicable(parsed.overlap != "off", parsed.rollout == "vllm", rollout.engine_process)
+        found += [f"rollout.engine_reserved_sms / balance_reserved_sms: {why_not}"] if why_not else []
+    return found
+
+
+def test_settings_without_effect_are_found(monkeypatch):
+    """The check above can fail: the SM split with the engine in a child process (an entry of the nineteenth run's
+    suite, inert in the twentieth run), and an INERT key."""
+    sms = ["actor_rollout_ref.rollout.engine_reserved_sms=16", "actor_rollout_ref.rollout.balance_reserved_sms=True"]
+    argv = ["--device", "cuda", "--rollout", "vllm", "--overlap", "on", "--", *sms]
+    parsed, _ = parse_with("benchmarks/bench_train_step.py", argv, monkeypatch)
+    assert settings_without_effect(parsed, compose_config(sms)) == []  # in the worker's process: it acts
+    child = compose_config([*sms, "actor_rollout_ref.rollout.engine_process=child"])
+    assert settings_without_effect(parsed, child) == [
+        "rollout.engine_reserved_sms / balance_reserved_sms: rollout.engine_process=child (the engine's process does "
+        "not share the training SMs)"
+    ]
+    [row] = settings_without_effect(parsed, compose_config(["actor_rollout_ref.hybrid_engine=False"]))
+    assert row.startswith("actor_rollout_ref.hybrid_engine = False (default True)")
 
 
 def test_a_wrong_flag_is_caught(monkeypatch):
