@@ -78,7 +78,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import SHAPES, shape_config, write_json  # noqa: E402  (also puts the repository root on sys.path)
-from device_timing import compiled_graphs, timed, timed_with_graphs  # noqa: E402
+from device_timing import add_warmup_calls_argument, compiled_graphs, timed, timed_with_graphs  # noqa: E402
 
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.fsdp_utils import apply_fsdp2, build_optimizer, init_dp_mesh, reshard_fsdp  # noqa: E402
@@ -163,13 +163,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="actor.calculate_entropy=True: entropies in every update micro-batch (the behaviour before; off: none)",
     )
     p.add_argument("--steps", type=int, default=3, help="timed calls (after the warm-up calls)")
-    p.add_argument(
-        "--warmup-calls",
-        type=int,
-        default=2,
-        help="untimed calls before the timed ones, each on its own fresh batch (2: the second compiles "
-        "flex_attention's dynamic-shape graph, module docstring)",
-    )
+    add_warmup_calls_argument(p)
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain transformers baseline")
     p.add_argument("--check", action="store_true", help="also compare packed vs padded log-probs (max abs diff)")
@@ -209,8 +203,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--no-share-prompts", action="store_true", help="the actor's share_prompts=False")
     args = p.parse_args(argv)
-    if args.warmup_calls < 1:
-        p.error(f"--warmup-calls must be >= 1, got {args.warmup_calls}")
     if args.profile_rows is not None and args.profile_rows < 1:
         p.error(f"--profile-rows must be >= 1, got {args.profile_rows}")
     if args.group < 1:

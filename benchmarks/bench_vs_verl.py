@@ -87,7 +87,7 @@ import time
 from pathlib import Path
 
 import torch
-from device_timing import timed_with_graphs  # verl-free: the upstream side imports it too
+from device_timing import add_warmup_calls_argument, timed_with_graphs  # verl-free: the upstream side imports it too
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -139,13 +139,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="upstream: padded forward (its use_remove_padding=False) instead of packed rows",
     )
     p.add_argument("--steps", type=int, default=3, help="timed calls per phase (after the warm-up calls)")
-    p.add_argument(
-        "--warmup-calls",
-        type=int,
-        default=2,
-        help="untimed calls per phase before the timed ones, each on a fresh batch (2: the second one compiles "
-        "flex_attention's dynamic-shape graph; bench_update_policy.py's module docstring)",
-    )
+    add_warmup_calls_argument(p)
     p.add_argument("--peak-flops", type=float, default=790e12, help="peak FLOP/s of one device (bf16 dense)")
     p.add_argument("--sides", default="ours,upstream", help="which sides to run, in this order")
     p.add_argument(
@@ -166,8 +160,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.rows % args.mini_batches:
         p.error(f"--rows ({args.rows}) must be a multiple of --mini-batches ({args.mini_batches})")
-    if args.warmup_calls < 1:
-        p.error(f"--warmup-calls must be >= 1, got {args.warmup_calls}")
     return args
 
 

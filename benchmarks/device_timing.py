@@ -3,6 +3,7 @@ upstream verl's actor in a process where ``verl`` is the upstream package)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import torch
@@ -12,6 +13,27 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA kernels run asynchronously)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def add_warmup_calls_argument(parser: argparse.ArgumentParser) -> None:
+    """``--warmup-calls`` (default 2, at least 1): untimed calls before a phase's timed ones, each on a fresh batch.
+    Two, because torch.compile makes a static graph for the first shape and a dynamic one at the first new shape
+    (automatic dynamic shapes): the second warm-up call compiles flex_attention's dynamic graph, which one warm-up
+    call left to the first timed call when every micro-batch of the warm-up batch padded to the same length."""
+
+    def at_least_one(text: str) -> int:
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        return value
+
+    parser.add_argument(
+        "--warmup-calls",
+        type=at_least_one,
+        default=2,
+        help="untimed calls per phase before the timed ones, each on a fresh batch (2: the second one compiles "
+        "flex_attention's dynamic-shape graph; device_timing.add_warmup_calls_argument)",
+    )
 
 
 def timed(fn, steps: int, device: torch.device, warmup: int = 1) -> float:

@@ -8,21 +8,29 @@ GPU); with two warm-up calls on different shapes it does not.
 
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from device_timing import compiled_graphs, timed, timed_with_graphs  # noqa: E402
+from device_timing import add_warmup_calls_argument, compiled_graphs, timed, timed_with_graphs  # noqa: E402
 
 
 def test_timed_runs_the_warmup_calls_untimed_then_the_timed_ones():
     calls = []
-    seconds = timed(calls.append, steps=3, device=torch.device("cpu"), warmup=2)
+
+    def call(i: int):  # warm-up calls take 0.3 s, timed ones 0.02 s: the mean must leave the former out
+        calls.append(i)
+        time.sleep(0.3 if i < 2 else 0.02)
+
+    seconds = timed(call, steps=3, device=torch.device("cpu"), warmup=2)
     assert calls == [0, 1, 2, 3, 4]
-    assert seconds > 0
+    assert 0.02 <= seconds < 0.1
     calls.clear()
     timed(calls.append, steps=2, device=torch.device("cpu"))  # one warm-up call by default
     assert calls == [0, 1, 2]
@@ -49,3 +57,12 @@ def test_timed_with_graphs_counts_a_dynamic_recompile_in_the_timed_calls():
     before = compiled_graphs()
     _compiled_calls([8])(0)
     assert compiled_graphs() == before + 1
+
+
+def test_the_warmup_calls_argument_defaults_to_two_and_refuses_less_than_one(capsys):
+    parser = argparse.ArgumentParser()
+    add_warmup_calls_argument(parser)
+    assert parser.parse_args([]).warmup_calls == 2 and parser.parse_args(["--warmup-calls", "1"]).warmup_calls == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--warmup-calls", "0"])
+    assert "--warmup-calls: must be >= 1, got 0" in capsys.readouterr().err
